@@ -1,0 +1,39 @@
+# One command each: `make lab` (set-up, then JupyterLab on notebooks/) and `make test`
+# (set-up, then the whole suite). Set-up installs torch from the CPU wheel on disk first,
+# pinned, so that nothing ever downloads a multi-GB CUDA build.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_PIN := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: setup lab test test-fast notebooks bench bench-quick clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
+	$(BIN)/python -m pip install -q -e ".[test,lab,browser,bench]" "$(TORCH_PIN)"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	$(BIN)/jupyter lab notebooks/
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --nbval notebooks --sanitize-with notebooks/sanitize.cfg -p no:randomly
+	$(BIN)/python -m benchmarks.run --quick
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -x tests -m "not browser"
+
+notebooks: setup
+	$(BIN)/python -m tests.notebook_tools execute notebooks/*.ipynb
+
+bench: setup
+	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 $(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) build *.egg-info

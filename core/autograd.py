@@ -1,0 +1,651 @@
+"""Reverse mode: the Autograd level, its Tape, and the VJP rules.
+
+NOTE [Differentiator closures]
+A VJP rule is written the way TorchScript's symbolic gradients are: a forward that computes
+the result and returns a backward closure over what it saved,
+
+    def sin_vjp(x):
+        return ops.sin(x), lambda ct: (ops.mul(ct, ops.cos(x)),)
+
+The closure returns one cotangent per argument (``None`` for a symbolic zero, and for
+arguments that are numbers or integer indices). Broadcasting is undone with ``sum_to_size``.
+
+NOTE [Two ways to higher order]
+With ``create_graph=False`` (the default) a rule runs on the payloads, so the forward and
+the backward ops reach the level *below*; a second Autograd level stacked on top records them
+on its own tape (the seed's duplicated tapes, and what ``grad(grad(f))`` does).
+With ``create_graph=True`` the backward ops run on *this* level and are appended to this
+tape, so one tape holds the forward, the backward, and whatever uses the gradients (what
+PyTorch's ``backward(create_graph=True)`` does). The rule is then called on this level's
+values, with recording paused while its forward runs: the tape entry for the primitive
+stands for all of it. A rule's backward is differentiable through the inputs and the output
+it saved, which is what every rule here saves (as PyTorch's derivatives.yaml does).
+In JAX, the backward pass over such a tape is ``backward_pass``.
+"""
+import contextlib
+import math
+
+from . import ops
+from . import primitives as P
+from .dispatch import Dispatcher, FuncTensor, bind, name_of
+from .errors import MissingRuleError, TransformError
+from .names import fresh_name
+from .printing import format_equation, type_string
+
+vjp_rules: dict = {}
+
+
+class AutogradTensor(FuncTensor):
+    """A value of an Autograd level: its payload, plus a name that the tape refers to."""
+
+    __slots__ = ()
+
+
+class TapeEntry:
+    """One recorded primitive: what ran, on which names, and its backward closure."""
+
+    __slots__ = ("prim", "params", "inputs", "args", "output", "out_shape", "out_dtype",
+                 "backward")
+
+    def __init__(self, prim, params, inputs, args, output, out_shape, out_dtype, backward):
+        self.prim = prim
+        self.params = params
+        self.inputs = inputs  # a name per argument; None where the argument is a constant
+        self.args = args
+        self.output = output
+        self.out_shape = out_shape
+        self.out_dtype = out_dtype
+        self.backward = backward
+
+    @property
+    def input_labels(self) -> list:
+        """Readable names of all arguments, constants included (numbers as literals)."""
+        labels = []
+        for name, arg in zip(self.inputs, self.args):
+            if name is not None:
+                labels.append(name)
+            elif isinstance(arg, (int, float, bool)):
+                labels.append(repr(arg))
+            else:
+                labels.append(name_of(arg))
+        return labels
+
+    @property
+    def saved(self) -> dict:
+        """What the backward closure captured, by variable name (the saved context)."""
+        closure = getattr(self.backward, "__closure__", None) or ()
+        names = self.backward.__code__.co_freevars if closure else ()
+        return {n: c.cell_contents for n, c in zip(names, closure)}
+
+    def format(self) -> str:
+        """``v3:f32[4] = mul v1 v2``, the notation of programs."""
+        return format_equation(self.output, type_string(self.out_dtype, self.out_shape),
+                               self.prim.name, self.input_labels, self.params)
+
+    def __repr__(self):
+        return f"TapeEntry({self.format()})"
+
+
+class BackwardStep:
+    """One step of a backward pass: the entry propagated, its incoming cotangent, and what it
+    contributed to each input (``(name, contribution, gradient so far)`` triples).
+    Step 0 of every pass is the seed ``dL/dL = 1`` (``index`` is None)."""
+
+    __slots__ = ("index", "entry", "cotangent", "contributions")
+
+    def __init__(self, index, entry, cotangent, contributions):
+        self.index = index
+        self.entry = entry
+        self.cotangent = cotangent
+        self.contributions = contributions
+
+    def __repr__(self):
+        what = "seed" if self.entry is None else self.entry.format()
+        return f"BackwardStep({what}, contributions to {[c[0] for c in self.contributions]})"
+
+
+class Tape:
+    """The entries an Autograd level recorded, and the steps of its last backward pass.
+
+    >>> import torch
+    >>> from minifunctorch.core import Autograd, Torch, label
+    >>> d = Autograd(Torch())
+    >>> a, b = label(torch.tensor([1.0, 2.0]), "a"), label(torch.tensor([3.0, 4.0]), "b")
+    >>> loss = d.sum(d.mul(a, b), name="L")
+    >>> print(d.tape)
+    v0:f32[2] = mul a b
+    L:f32[] = sum v0 dim=(0,) keepdim=False
+    >>> d.grad(loss, [a, b])
+    [tensor([3., 4.]), tensor([1., 2.])]
+    >>> len(d.tape.steps)  # the seed, then one step per entry
+    3
+    """
+
+    def __init__(self, level_name="Autograd"):
+        self.level_name = level_name
+        self.entries: list[TapeEntry] = []
+        self.passes: list[list[BackwardStep]] = []
+
+    @property
+    def steps(self) -> list[BackwardStep]:
+        """The steps of the most recent backward pass."""
+        return self.passes[-1] if self.passes else []
+
+    def record(self, entry: TapeEntry) -> None:
+        self.entries.append(entry)
+
+    def backward(self, seeds: dict, *, record_steps: bool = True) -> dict:
+        """Propagate cotangents from ``seeds`` (name -> cotangent) back over the tape.
+
+        Returns the gradient map: name -> accumulated cotangent. Entries whose output got no
+        cotangent are skipped (a symbolic zero); fan-in is summed as it arrives.
+        """
+        gradients = dict(seeds)
+        steps = [BackwardStep(None, None, None, [(n, ct, ct) for n, ct in seeds.items()])]
+        for index in range(len(self.entries) - 1, -1, -1):
+            entry = self.entries[index]
+            ct = gradients.get(entry.output)
+            if ct is None:
+                continue
+            input_cts = entry.backward(ct)
+            assert len(input_cts) == len(entry.inputs), (
+                f"the vjp rule of {entry.prim.name} returned {len(input_cts)} cotangents for "
+                f"{len(entry.inputs)} arguments"
+            )
+            contributions = []
+            for name, input_ct in zip(entry.inputs, input_cts):
+                if name is None or input_ct is None:
+                    continue
+                previous = gradients.get(name)
+                total = input_ct if previous is None else ops.add(previous, input_ct)
+                gradients[name] = total
+                contributions.append((name, input_ct, total))
+            if record_steps:
+                steps.append(BackwardStep(index, entry, ct, contributions))
+        if record_steps:
+            self.passes.append(steps)
+        return gradients
+
+    def gradient_map(self, step: int | None = None, backward_pass: int = -1) -> dict:
+        """The gradient map after ``step`` of a backward pass (the last step by default):
+        name -> (gradient so far, [indices of the entries that contributed, or 'seed'])."""
+        steps = self.passes[backward_pass] if self.passes else []
+        last = len(steps) - 1 if step is None else step
+        result = {}
+        for position in range(last + 1):
+            entry_index = steps[position].index
+            for name, _, total in steps[position].contributions:
+                sources = result[name][1] if name in result else []
+                result[name] = (total, sources + ["seed" if entry_index is None else entry_index])
+        return result
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __str__(self):
+        return "\n".join(entry.format() for entry in self.entries)
+
+    def __repr__(self):
+        return f"<Tape of {self.level_name}: {len(self.entries)} entries>"
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(f"{self.level_name} tape ({len(self.entries)} entries)\n{self}")
+
+
+_active_captures: list[list] = []
+
+
+@contextlib.contextmanager
+def capture_tapes():
+    """Collect the tapes of every Autograd level created inside the block, outermost first.
+
+    >>> import torch
+    >>> from minifunctorch.core import capture_tapes, grad
+    >>> with capture_tapes() as tapes:
+    ...     _ = grad(lambda x: (x.sin() * x).sum())(torch.ones(3))
+    >>> [len(t) for t in tapes]
+    [3]
+    """
+    tapes: list[Tape] = []
+    _active_captures.append(tapes)
+    try:
+        yield tapes
+    finally:
+        _active_captures.remove(tapes)
+
+
+class Autograd(Dispatcher):
+    """Reverse-mode level: runs each primitive below it and records a tape entry.
+
+    >>> import torch
+    >>> from minifunctorch.core import Autograd, Torch, label
+    >>> a, b = label(torch.tensor([1.0, 2.0])), label(torch.tensor([3.0, 4.0]))
+    >>> d = Autograd(Torch())
+    >>> loss = d.sum(d.mul(d.add(a, b), b))
+    >>> d.grad(loss, [a, b])
+    [tensor([3., 4.]), tensor([ 7., 10.])]
+    """
+
+    transform_name = "grad"
+
+    def __init__(self, inner, *, name="Autograd", create_graph=False, record_steps=True):
+        super().__init__(inner, name=name)
+        self.create_graph = create_graph
+        self.tape = Tape(self.name)
+        self.record_steps = record_steps or bool(_active_captures)
+        self._paused = 0  # > 0 while a rule's forward runs under create_graph
+        for tapes in _active_captures:
+            tapes.append(self.tape)
+
+    def _payloads(self, args):
+        return [a.payload if isinstance(a, AutogradTensor) and a.dispatcher is self else a
+                for a in args]
+
+    def apply(self, prim, *args, **params):
+        if self._paused or not prim.differentiable:
+            out = bind(prim, *self._payloads(args), **params)
+            return AutogradTensor(self, out) if self._paused else out
+        rule = vjp_rules.get(prim)
+        if rule is None:
+            raise missing_rule_error(prim, "vjp", "grad")
+        inputs = tuple(a.name if isinstance(a, AutogradTensor) and a.dispatcher is self else None
+                       for a in args)
+        if self.create_graph:
+            self._paused += 1
+            try:
+                out, backward = rule(*args, **params)
+            finally:
+                self._paused -= 1
+            if not (isinstance(out, AutogradTensor) and out.dispatcher is self):
+                out = AutogradTensor(self, out)
+        else:
+            out_payload, backward = rule(*self._payloads(args), **params)
+            out = AutogradTensor(self, out_payload)
+        if out.name in inputs:  # a rule returned its input unchanged: keep names distinct
+            out._name = fresh_name()
+        shape = out.shape
+        self.tape.record(TapeEntry(prim, params, inputs, args, out.name, tuple(shape),
+                                   out.dtype, backward))
+        return out
+
+    def wrap_adopted(self, payload, original):
+        return AutogradTensor(self, payload, name_of(original))
+
+    def wrap_input(self, value, name=None):
+        """Make ``value`` an input of this level (what ``grad`` does to its arguments)."""
+        return AutogradTensor(self, value, name)
+
+    def grad(self, loss, inputs):
+        """The gradients of ``loss`` with respect to ``inputs`` (the seed's explicit API).
+
+        Inputs are matched by name. With ``create_graph=False`` the gradients are values of
+        the level below; with ``create_graph=True`` they are values of this level and can be
+        differentiated again on the same tape.
+        """
+        loss = self.adopt(loss)
+        if tuple(loss.shape) != ():
+            raise TransformError(
+                f"{self.name}.grad(loss, inputs): expected a scalar loss, got shape "
+                f"{tuple(loss.shape)}. Fix: reduce it first, e.g. d.sum(loss)."
+            )
+        seed = ops.ones_like(loss if self.create_graph else loss.payload)
+        gradients = self.tape.backward({loss.name: seed}, record_steps=self.record_steps)
+        result = []
+        for x in inputs:
+            g = gradients.get(name_of(x))
+            if g is None:
+                adopted = self.adopt(x)
+                g = ops.zeros_like(adopted if self.create_graph else adopted.payload)
+            result.append(g)
+        return result
+
+
+def missing_rule_error(prim, table, transform):
+    return MissingRuleError(
+        f"{transform}: the primitive '{prim.name}' has no {table} rule, so {transform} cannot "
+        f"handle it. Fix: register one ({table}_rules[{prim.name}_p] = ...), or wrap the "
+        "computation in a custom_vjp function that supplies its backward."
+    )
+
+
+# --- helpers ---------------------------------------------------------------------------------
+def sum_to_size(ct, shape):
+    """Undo broadcasting: sum ``ct`` down to ``shape`` (TorchScript's ``sum_to_size``)."""
+    if ct is None:
+        return None
+    shape = tuple(shape)
+    ct_shape = ops.shape_of(ct)
+    if ct_shape == shape:
+        return ct
+    lead = len(ct_shape) - len(shape)
+    dims = tuple(range(lead)) + tuple(
+        lead + i for i, size in enumerate(shape) if size == 1 and ct_shape[lead + i] != 1
+    )
+    return ops.reshape(ops.sum(ct, dims, keepdim=True), *shape)
+
+
+def _is_tensor(value):
+    return not isinstance(value, (int, float, bool))
+
+
+def _unreduced_shape(x_shape, dim):
+    """The keepdim=True shape of a reduction of ``x_shape`` over ``dim``."""
+    return tuple(1 if i in dim else size for i, size in enumerate(x_shape))
+
+
+def nondifferentiable_vjp(prim):
+    """The rule of a primitive whose output has zero derivative."""
+    def vjp(*args, **params):
+        return bind(prim, *args, **params), lambda ct: (None,) * len(args)
+    return vjp
+
+
+for _prim in (P.sign_p, P.eq_p, P.ne_p, P.lt_p, P.le_p, P.gt_p, P.ge_p, P.full_like_p,
+              P.detach_p):
+    vjp_rules[_prim] = nondifferentiable_vjp(_prim)
+
+
+# --- elementwise -------------------------------------------------------------------------------
+def neg_vjp(x):
+    return ops.neg(x), lambda ct: (ops.neg(ct),)
+vjp_rules[P.neg_p] = neg_vjp
+
+
+def exp_vjp(x):
+    out = ops.exp(x)
+    return out, lambda ct: (ops.mul(ct, out),)
+vjp_rules[P.exp_p] = exp_vjp
+
+
+def log_vjp(x):
+    return ops.log(x), lambda ct: (ops.div(ct, x),)
+vjp_rules[P.log_p] = log_vjp
+
+
+def sin_vjp(x):
+    return ops.sin(x), lambda ct: (ops.mul(ct, ops.cos(x)),)
+vjp_rules[P.sin_p] = sin_vjp
+
+
+def cos_vjp(x):
+    return ops.cos(x), lambda ct: (ops.neg(ops.mul(ct, ops.sin(x))),)
+vjp_rules[P.cos_p] = cos_vjp
+
+
+def tanh_vjp(x):
+    out = ops.tanh(x)
+    return out, lambda ct: (ops.mul(ct, ops.sub(1, ops.mul(out, out))),)
+vjp_rules[P.tanh_p] = tanh_vjp
+
+
+def sigmoid_vjp(x):
+    out = ops.sigmoid(x)
+    return out, lambda ct: (ops.mul(ct, ops.mul(out, ops.sub(1, out))),)
+vjp_rules[P.sigmoid_p] = sigmoid_vjp
+
+
+def relu_vjp(x):
+    out = ops.relu(x)
+    return out, lambda ct: (ops.where(ops.gt(out, 0), ct, 0.0),)
+vjp_rules[P.relu_p] = relu_vjp
+
+
+def abs_vjp(x):
+    return ops.abs(x), lambda ct: (ops.mul(ct, ops.sign(x)),)
+vjp_rules[P.abs_p] = abs_vjp
+
+
+def sqrt_vjp(x):
+    out = ops.sqrt(x)
+    return out, lambda ct: (ops.div(ct, ops.mul(out, 2)),)
+vjp_rules[P.sqrt_p] = sqrt_vjp
+
+
+# --- broadcasting binary ops: each cotangent is summed back to its input's shape ---------------
+def add_vjp(x, y):
+    def backward(ct):
+        return (sum_to_size(ct, ops.shape_of(x)) if _is_tensor(x) else None,
+                sum_to_size(ct, ops.shape_of(y)) if _is_tensor(y) else None)
+    return ops.add(x, y), backward
+vjp_rules[P.add_p] = add_vjp
+
+
+def sub_vjp(x, y):
+    def backward(ct):
+        return (sum_to_size(ct, ops.shape_of(x)) if _is_tensor(x) else None,
+                sum_to_size(ops.neg(ct), ops.shape_of(y)) if _is_tensor(y) else None)
+    return ops.sub(x, y), backward
+vjp_rules[P.sub_p] = sub_vjp
+
+
+def mul_vjp(x, y):
+    def backward(ct):
+        return (sum_to_size(ops.mul(ct, y), ops.shape_of(x)) if _is_tensor(x) else None,
+                sum_to_size(ops.mul(ct, x), ops.shape_of(y)) if _is_tensor(y) else None)
+    return ops.mul(x, y), backward
+vjp_rules[P.mul_p] = mul_vjp
+
+
+def div_vjp(x, y):
+    def backward(ct):
+        x_bar = sum_to_size(ops.div(ct, y), ops.shape_of(x)) if _is_tensor(x) else None
+        y_bar = None
+        if _is_tensor(y):
+            y_bar = sum_to_size(ops.neg(ops.div(ops.mul(ct, x), ops.mul(y, y))), ops.shape_of(y))
+        return x_bar, y_bar
+    return ops.div(x, y), backward
+vjp_rules[P.div_p] = div_vjp
+
+
+def pow_vjp(x, y):
+    out = ops.pow(x, y)
+
+    def backward(ct):
+        x_bar = y_bar = None
+        if _is_tensor(x):
+            if isinstance(y, (int, float)):
+                x_bar = None if y == 0 else ops.mul(ct, ops.mul(ops.pow(x, y - 1), y))
+            else:
+                x_bar = sum_to_size(ops.mul(ct, ops.mul(y, ops.pow(x, ops.sub(y, 1)))),
+                                    ops.shape_of(x))
+        if _is_tensor(y):
+            log_x = math.log(x) if isinstance(x, (int, float)) else ops.log(x)
+            y_bar = sum_to_size(ops.mul(ct, ops.mul(out, log_x)), ops.shape_of(y))
+        return x_bar, y_bar
+    return out, backward
+vjp_rules[P.pow_p] = pow_vjp
+
+
+def where_vjp(condition, x, y):
+    def backward(ct):
+        return (None,
+                sum_to_size(ops.where(condition, ct, 0.0), ops.shape_of(x)) if _is_tensor(x) else None,
+                sum_to_size(ops.where(condition, 0.0, ct), ops.shape_of(y)) if _is_tensor(y) else None)
+    return ops.where(condition, x, y), backward
+vjp_rules[P.where_p] = where_vjp
+
+
+# --- reductions --------------------------------------------------------------------------------
+def _expand_back(ct, x_shape, dim, keepdim):
+    """Put reduced dims back (size 1) and broadcast ``ct`` to ``x_shape``."""
+    if not keepdim:
+        ct = ops.reshape(ct, *_unreduced_shape(x_shape, dim))
+    return ops.expand(ct, *x_shape)
+
+
+def sum_vjp(x, *, dim, keepdim):
+    x_shape = ops.shape_of(x)
+    return (bind(P.sum_p, x, dim=dim, keepdim=keepdim),
+            lambda ct: (_expand_back(ct, x_shape, dim, keepdim),))
+vjp_rules[P.sum_p] = sum_vjp
+
+
+def mean_vjp(x, *, dim, keepdim):
+    x_shape = ops.shape_of(x)
+    count = math.prod(x_shape[d] for d in dim)
+    return (bind(P.mean_p, x, dim=dim, keepdim=keepdim),
+            lambda ct: (_expand_back(ops.div(ct, count), x_shape, dim, keepdim),))
+vjp_rules[P.mean_p] = mean_vjp
+
+
+def _extremum_vjp(prim):
+    def vjp(x, *, dim, keepdim):
+        out = bind(prim, x, dim=dim, keepdim=keepdim)
+        unreduced = _unreduced_shape(ops.shape_of(x), dim)
+
+        def backward(ct):
+            # ties share the gradient evenly, as in PyTorch
+            is_extremum = ops.eq(x, ops.reshape(out, *unreduced))
+            count = ops.sum(is_extremum, dim, keepdim=True)
+            return (ops.div(ops.mul(ops.reshape(ct, *unreduced), is_extremum), count),)
+        return out, backward
+    return vjp
+
+
+vjp_rules[P.amax_p] = _extremum_vjp(P.amax_p)
+vjp_rules[P.amin_p] = _extremum_vjp(P.amin_p)
+
+
+def logsumexp_vjp(x, *, dim, keepdim):
+    out = bind(P.logsumexp_p, x, dim=dim, keepdim=keepdim)
+    unreduced = _unreduced_shape(ops.shape_of(x), dim)
+
+    def backward(ct):
+        softmax = ops.exp(ops.sub(x, ops.reshape(out, *unreduced)))
+        return (ops.mul(ops.reshape(ct, *unreduced), softmax),)
+    return out, backward
+vjp_rules[P.logsumexp_p] = logsumexp_vjp
+
+
+def softmax_vjp(x, *, dim):
+    out = bind(P.softmax_p, x, dim=dim)
+
+    def backward(ct):
+        inner = ops.sum(ops.mul(ct, out), dim, keepdim=True)
+        return (ops.mul(out, ops.sub(ct, inner)),)
+    return out, backward
+vjp_rules[P.softmax_p] = softmax_vjp
+
+
+def log_softmax_vjp(x, *, dim):
+    out = bind(P.log_softmax_p, x, dim=dim)
+
+    def backward(ct):
+        return (ops.sub(ct, ops.mul(ops.exp(out), ops.sum(ct, dim, keepdim=True))),)
+    return out, backward
+vjp_rules[P.log_softmax_p] = log_softmax_vjp
+
+
+# --- linear algebra ----------------------------------------------------------------------------
+def matmul_vjp(x, y):
+    x_rank, y_rank = len(ops.shape_of(x)), len(ops.shape_of(y))
+
+    def backward(ct):
+        if x_rank == 1 and y_rank == 1:  # a dot product: ct is a scalar
+            return ops.mul(ct, y), ops.mul(ct, x)
+        # view vectors as matrices, so that both cotangents are matrix products
+        x_matrix = ops.unsqueeze(x, 0) if x_rank == 1 else x
+        y_matrix = ops.unsqueeze(y, 1) if y_rank == 1 else y
+        ct_matrix = ops.unsqueeze(ct, -2) if x_rank == 1 else ct
+        ct_matrix = ops.unsqueeze(ct_matrix, -1) if y_rank == 1 else ct_matrix
+        x_bar = sum_to_size(ops.matmul(ct_matrix, ops.transpose(y_matrix, -1, -2)),
+                            ops.shape_of(x_matrix))
+        y_bar = sum_to_size(ops.matmul(ops.transpose(x_matrix, -1, -2), ct_matrix),
+                            ops.shape_of(y_matrix))
+        return ops.reshape(x_bar, *ops.shape_of(x)), ops.reshape(y_bar, *ops.shape_of(y))
+    return ops.matmul(x, y), backward
+vjp_rules[P.matmul_p] = matmul_vjp
+
+
+# --- shape -------------------------------------------------------------------------------------
+def permute_vjp(x, *, dims):
+    inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
+    return bind(P.permute_p, x, dims=dims), lambda ct: (ops.permute(ct, *inverse),)
+vjp_rules[P.permute_p] = permute_vjp
+
+
+def _reshape_back_vjp(prim):
+    """Rules of the ops whose backward is a reshape to the input's shape."""
+    def vjp(x, **params):
+        x_shape = ops.shape_of(x)
+        return bind(prim, x, **params), lambda ct: (ops.reshape(ct, *x_shape),)
+    return vjp
+
+
+vjp_rules[P.reshape_p] = _reshape_back_vjp(P.reshape_p)
+vjp_rules[P.unsqueeze_p] = _reshape_back_vjp(P.unsqueeze_p)
+vjp_rules[P.squeeze_p] = _reshape_back_vjp(P.squeeze_p)
+
+
+def expand_vjp(x, *, shape):
+    x_shape = ops.shape_of(x)
+    return bind(P.expand_p, x, shape=shape), lambda ct: (sum_to_size(ct, x_shape),)
+vjp_rules[P.expand_p] = expand_vjp
+
+
+def cat_vjp(*xs, dim):
+    sizes = [ops.shape_of(x)[dim] for x in xs]
+
+    def backward(ct):
+        pieces, start = [], 0
+        for size in sizes:
+            pieces.append(ops.getitem(ct, (slice(None),) * dim + (slice(start, start + size),)))
+            start += size
+        return tuple(pieces)
+    return bind(P.cat_p, *xs, dim=dim), backward
+vjp_rules[P.cat_p] = cat_vjp
+
+
+def getitem_vjp(x, *, index):
+    x_shape = ops.shape_of(x)
+    return (bind(P.getitem_p, x, index=index),
+            lambda ct: (bind(P.scatter_index_p, ct, index=index, shape=x_shape),))
+vjp_rules[P.getitem_p] = getitem_vjp
+
+
+def scatter_index_vjp(x, *, index, shape):
+    return (bind(P.scatter_index_p, x, index=index, shape=shape),
+            lambda ct: (bind(P.getitem_p, ct, index=index),))
+vjp_rules[P.scatter_index_p] = scatter_index_vjp
+
+
+def diagonal_vjp(x, *, offset, dim1, dim2):
+    x_shape = ops.shape_of(x)
+    return (bind(P.diagonal_p, x, offset=offset, dim1=dim1, dim2=dim2),
+            lambda ct: (bind(P.diagonal_scatter_p, ct, offset=offset, dim1=dim1, dim2=dim2,
+                             shape=x_shape),))
+vjp_rules[P.diagonal_p] = diagonal_vjp
+
+
+def diagonal_scatter_vjp(x, *, offset, dim1, dim2, shape):
+    return (bind(P.diagonal_scatter_p, x, offset=offset, dim1=dim1, dim2=dim2, shape=shape),
+            lambda ct: (bind(P.diagonal_p, ct, offset=offset, dim1=dim1, dim2=dim2),))
+vjp_rules[P.diagonal_scatter_p] = diagonal_scatter_vjp
+
+
+def diag_embed_vjp(x, *, offset, dim1, dim2):
+    return (bind(P.diag_embed_p, x, offset=offset, dim1=dim1, dim2=dim2),
+            lambda ct: (bind(P.diagonal_p, ct, offset=offset, dim1=dim1, dim2=dim2),))
+vjp_rules[P.diag_embed_p] = diag_embed_vjp
+
+
+def gather_vjp(x, index, *, dim):
+    x_shape = ops.shape_of(x)
+    return (bind(P.gather_p, x, index, dim=dim),
+            lambda ct: (bind(P.scatter_add_p, ct, index, dim=dim, shape=x_shape), None))
+vjp_rules[P.gather_p] = gather_vjp
+
+
+def scatter_add_vjp(x, index, *, dim, shape):
+    return (bind(P.scatter_add_p, x, index, dim=dim, shape=shape),
+            lambda ct: (bind(P.gather_p, ct, index, dim=dim), None))
+vjp_rules[P.scatter_add_p] = scatter_add_vjp
+
+
+def convert_vjp(x, *, dtype):
+    x_dtype = x.dtype
+    return bind(P.convert_p, x, dtype=dtype), lambda ct: (ops.convert(ct, x_dtype),)
+vjp_rules[P.convert_p] = convert_vjp

@@ -1,0 +1,339 @@
+"""Vectorization: the Batched level (vmap) and the batching rules.
+
+A value of a Batched level is a payload with one extra dimension, ``bdim``, that runs over
+the examples; the level hides it, so user code sees the shape of one example. A rule takes
+the payloads and their bdims (``None`` for an unbatched constant) and returns
+``(out, out_bdim)``. Every rule issues one batched torch call (plus free views such as
+permute or unsqueeze) and never loops over the batch. In JAX this is ``BatchTrace``.
+"""
+from . import ops
+from . import primitives as P
+from .dispatch import Dispatcher, FuncTensor, bind, name_of, no_concrete_value
+from .errors import TransformUsageError
+
+batching_rules: dict = {}
+
+
+class BatchedTensor(FuncTensor):
+    """A value of a Batched level: ``payload`` holds every example along dim ``bdim``."""
+
+    __slots__ = ("bdim",)
+
+    def __init__(self, dispatcher, payload, bdim, name=None):
+        super().__init__(dispatcher, payload, name)
+        self.bdim = bdim
+
+    @property
+    def shape(self):
+        shape = self.payload.shape
+        return shape[:self.bdim] + shape[self.bdim + 1:]
+
+
+class Batched(Dispatcher):
+    """Vectorizing level: every value has a hidden batch dim of size ``length``.
+
+    >>> import torch
+    >>> from minifunctorch.core import Batched, Torch
+    >>> d = Batched(Torch(), length=3)
+    >>> xs = torch.arange(6.0).reshape(3, 2)   # explicit API: dim 0 is the batch
+    >>> d.sum(xs).payload                      # one sum per example
+    tensor([1., 5., 9.])
+    """
+
+    transform_name = "vmap"
+
+    def __init__(self, inner, *, length, name="Batched"):
+        super().__init__(inner, name=name)
+        self.length = length
+
+    def apply(self, prim, *args, **params):
+        values, bdims = [], []
+        for a in args:
+            if isinstance(a, BatchedTensor) and a.dispatcher is self:
+                values.append(a.payload)
+                bdims.append(a.bdim)
+            else:
+                values.append(a)
+                bdims.append(None)
+        if all(b is None for b in bdims):
+            return bind(prim, *values, **params)
+        rule = batching_rules.get(prim)
+        if rule is None:
+            from .autograd import missing_rule_error
+            raise missing_rule_error(prim, "batching", "vmap")
+        out, out_bdim = rule(values, bdims, **params)
+        if out_bdim is None:
+            return out
+        return BatchedTensor(self, out, out_bdim)
+
+    def wrap_input(self, value, bdim, name=None):
+        return BatchedTensor(self, value, bdim, name)
+
+    def wrap_adopted(self, payload, original):
+        size = ops.shape_of(payload)[0] if ops.shape_of(payload) else None
+        if size != self.length:
+            raise TransformUsageError(
+                f"{self.name}: a tensor given to a Batched level directly is read as a batch "
+                f"along dim 0 of size {self.length}, got shape {ops.shape_of(payload)}. "
+                "Fix: stack the examples along dim 0."
+            )
+        return BatchedTensor(self, payload, 0, name_of(original))
+
+    def lower(self, value):
+        return move_bdim(value.payload, value.bdim, 0)
+
+    def concrete(self, value):
+        raise no_concrete_value(value, "bool() or .item()")
+
+
+# --- helpers -----------------------------------------------------------------------------------
+def move_bdim(x, bdim, destination):
+    """Move the batch dim of ``x`` from ``bdim`` to ``destination`` (a permute)."""
+    if bdim == destination:
+        return x
+    rank = len(ops.shape_of(x))
+    dims = [d for d in range(rank) if d != bdim]
+    dims.insert(destination, bdim)
+    return ops.permute(x, *dims)
+
+
+def batch_size(values, bdims):
+    for value, bdim in zip(values, bdims):
+        if bdim is not None:
+            return ops.shape_of(value)[bdim]
+    raise AssertionError("a batching rule was called with no batched argument")
+
+
+def to_front(values, bdims, *, expand_unbatched=False):
+    """Move every batch dim to the front; optionally broadcast unbatched values along it."""
+    size = batch_size(values, bdims) if expand_unbatched else None
+    moved = []
+    for value, bdim in zip(values, bdims):
+        if bdim is not None:
+            moved.append(move_bdim(value, bdim, 0))
+        elif expand_unbatched and not isinstance(value, (int, float, bool)):
+            moved.append(ops.expand(ops.unsqueeze(value, 0), size, *ops.shape_of(value)))
+        else:
+            moved.append(value)
+    return moved
+
+
+def physical_dim(dim, bdim):
+    """Where logical dim ``dim`` of one example lives in a payload batched at ``bdim``."""
+    return dim if dim < bdim else dim + 1
+
+
+def elementwise_batch(prim):
+    """Rule of a one-input op that acts element by element: the batch dim stays in place."""
+    def rule(values, bdims, **params):
+        return bind(prim, *values, **params), bdims[0]
+    return rule
+
+
+for _prim in (P.neg_p, P.exp_p, P.log_p, P.sin_p, P.cos_p, P.tanh_p, P.sigmoid_p, P.relu_p,
+              P.abs_p, P.sqrt_p, P.sign_p, P.full_like_p, P.convert_p, P.detach_p):
+    batching_rules[_prim] = elementwise_batch(_prim)
+
+
+def broadcasting_batch(prim):
+    """Rule of an op whose tensor arguments broadcast together (add, mul, where, ...).
+
+    When every batched argument has the same bdim and the full rank, and the batch dim sits
+    left of every dim an unbatched argument broadcasts against, the payloads already line
+    up. Otherwise batch dims move to the front and batched arguments get size-1 dims after
+    it, so that broadcasting from the right never meets the batch dim.
+    """
+    def rule(values, bdims, **params):
+        ranks = [len(ops.shape_of(v)) - (b is not None) for v, b in zip(values, bdims)]
+        out_rank = max(ranks)
+        batched = {b for b in bdims if b is not None}
+        if len(batched) == 1:
+            bdim = next(iter(batched))
+            aligned = True
+            for value, b, rank in zip(values, bdims, ranks):
+                if b is not None:
+                    aligned = aligned and rank == out_rank
+                elif not isinstance(value, (int, float, bool)):
+                    aligned = aligned and bdim < out_rank + 1 - rank
+            if aligned:
+                return bind(prim, *values, **params), bdim
+        moved = []
+        for value, bdim, rank in zip(values, bdims, ranks):
+            if bdim is None:
+                moved.append(value)
+                continue
+            value = move_bdim(value, bdim, 0)
+            if rank < out_rank:
+                shape = ops.shape_of(value)
+                value = ops.reshape(value, shape[0], *([1] * (out_rank - rank)), *shape[1:])
+            moved.append(value)
+        return bind(prim, *moved, **params), 0
+    return rule
+
+
+for _prim in (P.add_p, P.sub_p, P.mul_p, P.div_p, P.pow_p, P.eq_p, P.ne_p, P.lt_p, P.le_p,
+              P.gt_p, P.ge_p, P.where_p):
+    batching_rules[_prim] = broadcasting_batch(_prim)
+
+
+def reduction_batch(prim):
+    """Rule of a reduction over ``dim``: reduce the matching physical dims in place."""
+    def rule(values, bdims, *, dim, keepdim):
+        (x,), (bdim,) = values, bdims
+        out = bind(prim, x, dim=tuple(physical_dim(d, bdim) for d in dim), keepdim=keepdim)
+        out_bdim = bdim if keepdim else bdim - sum(1 for d in dim if d < bdim)
+        return out, out_bdim
+    return rule
+
+
+for _prim in (P.sum_p, P.mean_p, P.amax_p, P.amin_p, P.logsumexp_p):
+    batching_rules[_prim] = reduction_batch(_prim)
+
+
+def softmax_like_batch(prim):
+    def rule(values, bdims, *, dim):
+        (x,), (bdim,) = values, bdims
+        return bind(prim, x, dim=physical_dim(dim, bdim)), bdim
+    return rule
+
+
+batching_rules[P.softmax_p] = softmax_like_batch(P.softmax_p)
+batching_rules[P.log_softmax_p] = softmax_like_batch(P.log_softmax_p)
+
+
+# --- linear algebra ----------------------------------------------------------------------------
+def matmul_batch(values, bdims):
+    """Batched matmul with torch.matmul's vector and broadcasting semantics.
+
+    Vectors are viewed as matrices (x: 1 x k, y: k x 1), batched operands get their batch
+    dim in front and size-1 dims so that the logical batch dims line up, and the added dims
+    are dropped afterwards. Per-example outer products (an inner size of 1) and dot products
+    use a broadcast multiply rather than a matmul with an inner dimension of 1.
+    """
+    (x, y), (x_bdim, y_bdim) = values, bdims
+    x_rank = len(ops.shape_of(x)) - (x_bdim is not None)
+    y_rank = len(ops.shape_of(y)) - (y_bdim is not None)
+    x, y = to_front([x, y], [x_bdim, y_bdim])
+    if x_rank == 1 and y_rank == 1:
+        # a dot product per example
+        return ops.sum(ops.mul(x, y), -1), 0
+    if x_bdim is None and x_rank == 2 and y_rank == 1:
+        # (n, k) @ (B, k): one matrix product (B, k) @ (k, n)
+        return ops.matmul(y, ops.transpose(x, 0, 1)), 0
+    if x_rank == 1:
+        x = ops.unsqueeze(x, -2)
+    if y_rank == 1:
+        y = ops.unsqueeze(y, -1)
+    # logical batch dims (all but the last two) must line up for the batched operands
+    x_batch_rank, y_batch_rank = max(x_rank, 2) - 2, max(y_rank, 2) - 2
+    batch_rank = max(x_batch_rank, y_batch_rank)
+    if x_bdim is not None and x_batch_rank < batch_rank:
+        shape = ops.shape_of(x)
+        x = ops.reshape(x, shape[0], *([1] * (batch_rank - x_batch_rank)), *shape[1:])
+    if y_bdim is not None and y_batch_rank < batch_rank:
+        shape = ops.shape_of(y)
+        y = ops.reshape(y, shape[0], *([1] * (batch_rank - y_batch_rank)), *shape[1:])
+    if ops.shape_of(x)[-1] == 1:
+        out = ops.mul(x, y)  # an outer product: broadcast, not a matmul with inner size 1
+    else:
+        out = ops.matmul(x, y)
+    if x_rank == 1:
+        out = ops.squeeze(out, -2)
+    if y_rank == 1:
+        out = ops.squeeze(out, -1)
+    return out, 0
+
+
+batching_rules[P.matmul_p] = matmul_batch
+
+
+# --- shape -------------------------------------------------------------------------------------
+def permute_batch(values, bdims, *, dims):
+    (x,), (bdim,) = values, bdims
+    physical = (bdim,) + tuple(physical_dim(d, bdim) for d in dims)
+    return bind(P.permute_p, x, dims=physical), 0
+batching_rules[P.permute_p] = permute_batch
+
+
+def reshape_batch(values, bdims, *, shape):
+    (x,), (bdim,) = values, bdims
+    x = move_bdim(x, bdim, 0)
+    return bind(P.reshape_p, x, shape=(ops.shape_of(x)[0],) + shape), 0
+batching_rules[P.reshape_p] = reshape_batch
+
+
+def unsqueeze_batch(values, bdims, *, dim):
+    (x,), (bdim,) = values, bdims
+    return bind(P.unsqueeze_p, move_bdim(x, bdim, 0), dim=dim + 1), 0
+batching_rules[P.unsqueeze_p] = unsqueeze_batch
+
+
+def squeeze_batch(values, bdims, *, dim):
+    (x,), (bdim,) = values, bdims
+    return bind(P.squeeze_p, move_bdim(x, bdim, 0), dim=tuple(d + 1 for d in dim)), 0
+batching_rules[P.squeeze_p] = squeeze_batch
+
+
+def expand_batch(values, bdims, *, shape):
+    (x,), (bdim,) = values, bdims
+    x = move_bdim(x, bdim, 0)
+    x_shape = ops.shape_of(x)
+    missing = len(shape) - (len(x_shape) - 1)
+    if missing:
+        x = ops.reshape(x, x_shape[0], *([1] * missing), *x_shape[1:])
+    return bind(P.expand_p, x, shape=(x_shape[0],) + shape), 0
+batching_rules[P.expand_p] = expand_batch
+
+
+def cat_batch(values, bdims, *, dim):
+    moved = to_front(values, bdims, expand_unbatched=True)
+    return bind(P.cat_p, *moved, dim=dim + 1), 0
+batching_rules[P.cat_p] = cat_batch
+
+
+def getitem_batch(values, bdims, *, index):
+    (x,), (bdim,) = values, bdims
+    return bind(P.getitem_p, move_bdim(x, bdim, 0), index=(slice(None),) + index), 0
+batching_rules[P.getitem_p] = getitem_batch
+
+
+def scatter_index_batch(values, bdims, *, index, shape):
+    (x,), (bdim,) = values, bdims
+    x = move_bdim(x, bdim, 0)
+    return bind(P.scatter_index_p, x, index=(slice(None),) + index,
+                shape=(ops.shape_of(x)[0],) + shape), 0
+batching_rules[P.scatter_index_p] = scatter_index_batch
+
+
+def diagonal_batch(values, bdims, *, offset, dim1, dim2):
+    (x,), (bdim,) = values, bdims
+    return bind(P.diagonal_p, move_bdim(x, bdim, 0), offset=offset, dim1=dim1 + 1,
+                dim2=dim2 + 1), 0
+batching_rules[P.diagonal_p] = diagonal_batch
+
+
+def diagonal_scatter_batch(values, bdims, *, offset, dim1, dim2, shape):
+    (x,), (bdim,) = values, bdims
+    x = move_bdim(x, bdim, 0)
+    return bind(P.diagonal_scatter_p, x, offset=offset, dim1=dim1 + 1, dim2=dim2 + 1,
+                shape=(ops.shape_of(x)[0],) + shape), 0
+batching_rules[P.diagonal_scatter_p] = diagonal_scatter_batch
+
+
+def diag_embed_batch(values, bdims, *, offset, dim1, dim2):
+    (x,), (bdim,) = values, bdims
+    return bind(P.diag_embed_p, move_bdim(x, bdim, 0), offset=offset, dim1=dim1 + 1,
+                dim2=dim2 + 1), 0
+batching_rules[P.diag_embed_p] = diag_embed_batch
+
+
+def gather_batch(values, bdims, *, dim):
+    x, index = to_front(values, bdims, expand_unbatched=True)
+    return bind(P.gather_p, x, index, dim=dim + 1), 0
+batching_rules[P.gather_p] = gather_batch
+
+
+def scatter_add_batch(values, bdims, *, dim, shape):
+    x, index = to_front(values, bdims, expand_unbatched=True)
+    return bind(P.scatter_add_p, x, index, dim=dim + 1, shape=(ops.shape_of(x)[0],) + shape), 0
+batching_rules[P.scatter_add_p] = scatter_add_batch

@@ -1,0 +1,294 @@
+"""Forward mode: the Forward level (JVP) and the JVP rules.
+
+A value of a Forward level carries a primal and a tangent. ``None`` is a symbolic zero
+tangent: a constant has one, and a rule that receives only zeros is never called (the
+primitive runs on the primals alone, one level down). In JAX this is ``JVPTrace``.
+
+A rule takes the primals and the tangents as tuples and returns ``(out, out_dot)``.
+"""
+import math
+
+from . import ops
+from . import primitives as P
+from .dispatch import Dispatcher, FuncTensor, bind, name_of
+
+jvp_rules: dict = {}
+
+
+class ForwardTensor(FuncTensor):
+    """A value of a Forward level: ``payload`` is the primal, ``tangent`` its tangent."""
+
+    __slots__ = ("tangent",)
+
+    def __init__(self, dispatcher, primal, tangent, name=None):
+        super().__init__(dispatcher, primal, name)
+        self.tangent = tangent
+
+
+class Forward(Dispatcher):
+    """Forward-mode (JVP) level.
+
+    >>> import torch
+    >>> from minifunctorch.core import Forward, Torch
+    >>> d = Forward(Torch())
+    >>> x = d.wrap_input(torch.tensor(0.0), torch.tensor(1.0))
+    >>> y = d.sin(x)
+    >>> y.payload, y.tangent   # sin(0) and cos(0) * 1
+    (tensor(0.), tensor(1.))
+    """
+
+    transform_name = "jvp"
+
+    def __init__(self, inner, *, name="Forward"):
+        super().__init__(inner, name=name)
+
+    def apply(self, prim, *args, **params):
+        primals, tangents = [], []
+        for a in args:
+            if isinstance(a, ForwardTensor) and a.dispatcher is self:
+                primals.append(a.payload)
+                tangents.append(a.tangent)
+            else:
+                primals.append(a)
+                tangents.append(None)
+        if not prim.differentiable or all(t is None for t in tangents):
+            return bind(prim, *primals, **params)
+        rule = jvp_rules.get(prim)
+        if rule is None:
+            from .autograd import missing_rule_error
+            raise missing_rule_error(prim, "jvp", "jvp")
+        out, out_dot = rule(primals, tangents, **params)
+        if out_dot is None:
+            return out
+        return ForwardTensor(self, out, out_dot)
+
+    def wrap_input(self, primal, tangent, name=None):
+        return ForwardTensor(self, primal, tangent, name)
+
+    def wrap_adopted(self, payload, original):
+        return ForwardTensor(self, payload, None, name_of(original))
+
+
+# --- helpers: tangent arithmetic with symbolic zeros ------------------------------------------
+def add_tangents(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return ops.add(a, b)
+
+
+def scale_tangent(tangent, factor):
+    return None if tangent is None else ops.mul(tangent, factor)
+
+
+def broadcast_tangent(tangent, shape):
+    """A tangent broadcast to the output's shape (a lone tangent of a broadcast input)."""
+    if tangent is None or ops.shape_of(tangent) == tuple(shape):
+        return tangent
+    return ops.expand(tangent, *shape)
+
+
+def nondifferentiable_jvp(prim):
+    def jvp(primals, tangents, **params):
+        return bind(prim, *primals, **params), None
+    return jvp
+
+
+for _prim in (P.sign_p, P.eq_p, P.ne_p, P.lt_p, P.le_p, P.gt_p, P.ge_p, P.full_like_p,
+              P.detach_p):
+    jvp_rules[_prim] = nondifferentiable_jvp(_prim)
+
+
+def linear_jvp(prim):
+    """For ops that are linear in their first argument: the tangent goes through the same op."""
+    def jvp(primals, tangents, **params):
+        x_dot = tangents[0]
+        out = bind(prim, *primals, **params)
+        return out, None if x_dot is None else bind(prim, x_dot, *primals[1:], **params)
+    return jvp
+
+
+for _prim in (P.neg_p, P.sum_p, P.mean_p, P.permute_p, P.reshape_p, P.unsqueeze_p,
+              P.squeeze_p, P.expand_p, P.getitem_p, P.scatter_index_p, P.diagonal_p,
+              P.diagonal_scatter_p, P.diag_embed_p, P.gather_p, P.scatter_add_p, P.convert_p):
+    jvp_rules[_prim] = linear_jvp(_prim)
+
+
+# --- elementwise -------------------------------------------------------------------------------
+def exp_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    out = ops.exp(x)
+    return out, ops.mul(x_dot, out)
+jvp_rules[P.exp_p] = exp_jvp
+
+
+def log_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    return ops.log(x), ops.div(x_dot, x)
+jvp_rules[P.log_p] = log_jvp
+
+
+def sin_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    return ops.sin(x), ops.mul(x_dot, ops.cos(x))
+jvp_rules[P.sin_p] = sin_jvp
+
+
+def cos_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    return ops.cos(x), ops.neg(ops.mul(x_dot, ops.sin(x)))
+jvp_rules[P.cos_p] = cos_jvp
+
+
+def tanh_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    out = ops.tanh(x)
+    return out, ops.mul(x_dot, ops.sub(1, ops.mul(out, out)))
+jvp_rules[P.tanh_p] = tanh_jvp
+
+
+def sigmoid_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    out = ops.sigmoid(x)
+    return out, ops.mul(x_dot, ops.mul(out, ops.sub(1, out)))
+jvp_rules[P.sigmoid_p] = sigmoid_jvp
+
+
+def relu_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    out = ops.relu(x)
+    return out, ops.where(ops.gt(out, 0), x_dot, 0.0)
+jvp_rules[P.relu_p] = relu_jvp
+
+
+def abs_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    return ops.abs(x), ops.mul(x_dot, ops.sign(x))
+jvp_rules[P.abs_p] = abs_jvp
+
+
+def sqrt_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    out = ops.sqrt(x)
+    return out, ops.div(x_dot, ops.mul(out, 2))
+jvp_rules[P.sqrt_p] = sqrt_jvp
+
+
+# --- broadcasting binary ops -------------------------------------------------------------------
+def add_jvp(primals, tangents):
+    out = ops.add(*primals)
+    return out, broadcast_tangent(add_tangents(*tangents), ops.shape_of(out))
+jvp_rules[P.add_p] = add_jvp
+
+
+def sub_jvp(primals, tangents):
+    out = ops.sub(*primals)
+    x_dot, y_dot = tangents
+    out_dot = add_tangents(x_dot, None if y_dot is None else ops.neg(y_dot))
+    return out, broadcast_tangent(out_dot, ops.shape_of(out))
+jvp_rules[P.sub_p] = sub_jvp
+
+
+def mul_jvp(primals, tangents):
+    (x, y), (x_dot, y_dot) = primals, tangents
+    out = ops.mul(x, y)
+    out_dot = add_tangents(scale_tangent(x_dot, y), scale_tangent(y_dot, x))
+    return out, broadcast_tangent(out_dot, ops.shape_of(out))
+jvp_rules[P.mul_p] = mul_jvp
+
+
+def div_jvp(primals, tangents):
+    (x, y), (x_dot, y_dot) = primals, tangents
+    out = ops.div(x, y)
+    out_dot = add_tangents(
+        None if x_dot is None else ops.div(x_dot, y),
+        None if y_dot is None else ops.neg(ops.div(ops.mul(y_dot, out), y)),
+    )
+    return out, broadcast_tangent(out_dot, ops.shape_of(out))
+jvp_rules[P.div_p] = div_jvp
+
+
+def pow_jvp(primals, tangents):
+    (x, y), (x_dot, y_dot) = primals, tangents
+    out = ops.pow(x, y)
+    x_part = y_part = None
+    if x_dot is not None:
+        if isinstance(y, (int, float)):
+            x_part = None if y == 0 else ops.mul(x_dot, ops.mul(ops.pow(x, y - 1), y))
+        else:
+            x_part = ops.mul(x_dot, ops.mul(y, ops.pow(x, ops.sub(y, 1))))
+    if y_dot is not None:
+        log_x = math.log(x) if isinstance(x, (int, float)) else ops.log(x)
+        y_part = ops.mul(y_dot, ops.mul(out, log_x))
+    return out, broadcast_tangent(add_tangents(x_part, y_part), ops.shape_of(out))
+jvp_rules[P.pow_p] = pow_jvp
+
+
+def where_jvp(primals, tangents):
+    (condition, x, y), (_, x_dot, y_dot) = primals, tangents
+    out = ops.where(condition, x, y)
+    out_dot = ops.where(condition, 0.0 if x_dot is None else x_dot,
+                        0.0 if y_dot is None else y_dot)
+    return out, broadcast_tangent(out_dot, ops.shape_of(out))
+jvp_rules[P.where_p] = where_jvp
+
+
+# --- reductions --------------------------------------------------------------------------------
+def _unreduced(x, dim):
+    return tuple(1 if i in dim else size for i, size in enumerate(ops.shape_of(x)))
+
+
+def _extremum_jvp(prim):
+    def jvp(primals, tangents, *, dim, keepdim):
+        (x,), (x_dot,) = primals, tangents
+        out = bind(prim, x, dim=dim, keepdim=keepdim)
+        is_extremum = ops.eq(x, ops.reshape(out, *_unreduced(x, dim)))
+        count = ops.sum(is_extremum, dim, keepdim=keepdim)
+        picked = ops.sum(ops.mul(x_dot, is_extremum), dim, keepdim=keepdim)
+        return out, ops.div(picked, count)
+    return jvp
+
+
+jvp_rules[P.amax_p] = _extremum_jvp(P.amax_p)
+jvp_rules[P.amin_p] = _extremum_jvp(P.amin_p)
+
+
+def logsumexp_jvp(primals, tangents, *, dim, keepdim):
+    (x,), (x_dot,) = primals, tangents
+    out = bind(P.logsumexp_p, x, dim=dim, keepdim=keepdim)
+    softmax = ops.exp(ops.sub(x, ops.reshape(out, *_unreduced(x, dim))))
+    return out, ops.sum(ops.mul(x_dot, softmax), dim, keepdim=keepdim)
+jvp_rules[P.logsumexp_p] = logsumexp_jvp
+
+
+def softmax_jvp(primals, tangents, *, dim):
+    (x,), (x_dot,) = primals, tangents
+    out = bind(P.softmax_p, x, dim=dim)
+    inner = ops.sum(ops.mul(x_dot, out), dim, keepdim=True)
+    return out, ops.mul(out, ops.sub(x_dot, inner))
+jvp_rules[P.softmax_p] = softmax_jvp
+
+
+def log_softmax_jvp(primals, tangents, *, dim):
+    (x,), (x_dot,) = primals, tangents
+    out = bind(P.log_softmax_p, x, dim=dim)
+    return out, ops.sub(x_dot, ops.sum(ops.mul(x_dot, ops.exp(out)), dim, keepdim=True))
+jvp_rules[P.log_softmax_p] = log_softmax_jvp
+
+
+# --- linear algebra and concatenation ----------------------------------------------------------
+def matmul_jvp(primals, tangents):
+    (x, y), (x_dot, y_dot) = primals, tangents
+    out = ops.matmul(x, y)
+    out_dot = add_tangents(None if x_dot is None else ops.matmul(x_dot, y),
+                           None if y_dot is None else ops.matmul(x, y_dot))
+    return out, broadcast_tangent(out_dot, ops.shape_of(out))
+jvp_rules[P.matmul_p] = matmul_jvp
+
+
+def cat_jvp(primals, tangents, *, dim):
+    out = bind(P.cat_p, *primals, dim=dim)
+    dots = [ops.zeros_like(x) if t is None else t for x, t in zip(primals, tangents)]
+    return out, bind(P.cat_p, *dots, dim=dim)
+jvp_rules[P.cat_p] = cat_jvp

@@ -1,0 +1,37 @@
+"""Readable value names (v0, v1, ...) for tapes, logs and programs.
+
+NOTE [Names restart per transform call]
+The counter restarts whenever a top-level transform call begins (see ``transform_scope`` in
+dispatch.py), so that the same notebook cell prints the same names on every run. Names only
+need to be unique inside one top-level call: that is the scope of every tape and program.
+"""
+import itertools
+
+_counter = itertools.count()
+
+
+def fresh_name() -> str:
+    return f"v{next(_counter)}"
+
+
+def reset_names() -> None:
+    """Restart value names at v0. Called at the start of each top-level transform."""
+    global _counter
+    _counter = itertools.count()
+
+
+def label(tensor, name: str | None = None):
+    """Give a tensor a readable name, used by the explicit dispatcher API and by tapes.
+
+    >>> import torch
+    >>> from minifunctorch.core import label
+    >>> a = label(torch.ones(2), "a")
+    >>> a.t_name
+    'a'
+
+    A tensor keeps the first name it is given, as in the seed: labelling it again is a no-op.
+    """
+    if getattr(tensor, "t_name", None) is None:
+        tensor.t_name = name or fresh_name()
+    return tensor
+

@@ -1,0 +1,488 @@
+"""The operations, as functions: torch-like signatures in, normalized primitives out.
+
+This is the layer that user code reaches (through ``torch_api``, which maps ``torch.sum``,
+``Tensor.sum`` and ``F.linear`` here) and that rules are written in. Each function checks and
+normalizes its arguments (negative dims, ``dim=None``, ``-1`` in shapes) once, then calls
+``bind``. Composite operations (``linear``, ``cross_entropy``, ``stack``, ``trace``, ...) are
+written in terms of the others, so every transform handles them for free.
+
+Arrays are positional; static parameters are keywords.
+"""
+import builtins
+import math
+
+import torch
+
+from . import primitives as P
+from .dispatch import FuncTensor, bind
+from .errors import TransformUsageError
+
+_builtin_sum = builtins.sum
+_builtin_abs = builtins.abs
+
+
+def shape_of(value) -> tuple:
+    """The shape of a tensor or wrapped value as its own level sees it; () for numbers."""
+    if isinstance(value, (torch.Tensor, FuncTensor)):
+        return tuple(value.shape)
+    return ()
+
+
+def _rank(value) -> int:
+    return len(shape_of(value))
+
+
+def normalize_dim(dim: int, rank: int, *, op: str) -> int:
+    """A dim in [-rank, rank) as a non-negative int (a 0-d tensor accepts 0 and -1)."""
+    bound = builtins.max(rank, 1)
+    if not -bound <= dim < bound:
+        raise TransformUsageError(
+            f"{op}(..., dim={dim}): expected a dim in [{-bound}, {bound - 1}] for a tensor with "
+            f"{rank} dims, got {dim}. Fix: pass a dim that exists."
+        )
+    return dim % bound if rank else 0
+
+
+def normalize_dims(dim, rank: int, *, op: str) -> tuple:
+    """None -> all dims; an int or a sequence -> a sorted tuple of non-negative dims."""
+    if dim is None:
+        return tuple(range(rank))
+    if isinstance(dim, int):
+        dim = (dim,)
+    if rank == 0:
+        return ()
+    return tuple(sorted({normalize_dim(d, rank, op=op) for d in dim}))
+
+
+def _shape_arg(shape) -> tuple:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = shape[0]
+    return tuple(int(s) for s in shape)
+
+
+# --- elementwise ---------------------------------------------------------------------------
+def neg(x): return bind(P.neg_p, x)
+def exp(x): return bind(P.exp_p, x)
+def log(x): return bind(P.log_p, x)
+def sin(x): return bind(P.sin_p, x)
+def cos(x): return bind(P.cos_p, x)
+def tanh(x): return bind(P.tanh_p, x)
+def sigmoid(x): return bind(P.sigmoid_p, x)
+def sqrt(x): return bind(P.sqrt_p, x)
+def abs(x): return bind(P.abs_p, x)
+def sign(x): return bind(P.sign_p, x)
+def detach(x): return bind(P.detach_p, x)
+
+
+def relu(x, inplace=False):
+    if inplace:
+        raise TransformUsageError(
+            "relu(x, inplace=True): in-place ops are not supported inside transforms. "
+            "Fix: use relu(x)."
+        )
+    return bind(P.relu_p, x)
+
+
+def add(x, y, *, alpha=1):
+    return bind(P.add_p, x, y if alpha == 1 else mul(y, alpha))
+
+
+def sub(x, y, *, alpha=1):
+    return bind(P.sub_p, x, y if alpha == 1 else mul(y, alpha))
+
+
+def mul(x, y): return bind(P.mul_p, x, y)
+
+
+def div(x, y, *, rounding_mode=None):
+    if rounding_mode is not None:
+        raise TransformUsageError(
+            f"div(x, y, rounding_mode={rounding_mode!r}): only true division is differentiable "
+            "here. Fix: drop rounding_mode."
+        )
+    return bind(P.div_p, x, y)
+
+
+def pow(x, y): return bind(P.pow_p, x, y)
+def square(x): return bind(P.mul_p, x, x)
+def eq(x, y): return bind(P.eq_p, x, y)
+def ne(x, y): return bind(P.ne_p, x, y)
+def lt(x, y): return bind(P.lt_p, x, y)
+def le(x, y): return bind(P.le_p, x, y)
+def gt(x, y): return bind(P.gt_p, x, y)
+def ge(x, y): return bind(P.ge_p, x, y)
+def where(condition, x, y): return bind(P.where_p, condition, x, y)
+
+
+# --- reductions ----------------------------------------------------------------------------
+def sum(x, dim=None, keepdim=False, *, dtype=None):
+    out = bind(P.sum_p, x, dim=normalize_dims(dim, _rank(x), op="sum"), keepdim=keepdim)
+    return out if dtype is None else convert(out, dtype)
+
+
+def mean(x, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = convert(x, dtype)
+    return bind(P.mean_p, x, dim=normalize_dims(dim, _rank(x), op="mean"), keepdim=keepdim)
+
+
+def amax(x, dim=(), keepdim=False):
+    dims = normalize_dims(None if dim == () else dim, _rank(x), op="amax")
+    return bind(P.amax_p, x, dim=dims, keepdim=keepdim)
+
+
+def amin(x, dim=(), keepdim=False):
+    dims = normalize_dims(None if dim == () else dim, _rank(x), op="amin")
+    return bind(P.amin_p, x, dim=dims, keepdim=keepdim)
+
+
+def max(x, *rest, **kwargs):
+    if rest or kwargs:
+        raise TransformUsageError(
+            "max(x, dim): the (values, indices) form is not supported inside transforms. "
+            "Fix: use torch.amax(x, dim) for the values, or torch.maximum for two tensors."
+        )
+    return amax(x)
+
+
+def min(x, *rest, **kwargs):
+    if rest or kwargs:
+        raise TransformUsageError(
+            "min(x, dim): the (values, indices) form is not supported inside transforms. "
+            "Fix: use torch.amin(x, dim) for the values."
+        )
+    return amin(x)
+
+
+def logsumexp(x, dim, keepdim=False):
+    return bind(P.logsumexp_p, x, dim=normalize_dims(dim, _rank(x), op="logsumexp"),
+                keepdim=keepdim)
+
+
+def softmax(x, dim=None, _stacklevel=3, dtype=None):
+    if dim is None:
+        raise TransformUsageError("softmax(x): expected an explicit dim, got None. "
+                                  "Fix: pass dim=-1 (or the dim to normalize over).")
+    if dtype is not None:
+        x = convert(x, dtype)
+    return bind(P.softmax_p, x, dim=normalize_dim(dim, _rank(x), op="softmax"))
+
+
+def log_softmax(x, dim=None, _stacklevel=3, dtype=None):
+    if dim is None:
+        raise TransformUsageError("log_softmax(x): expected an explicit dim, got None. "
+                                  "Fix: pass dim=-1 (or the dim to normalize over).")
+    if dtype is not None:
+        x = convert(x, dtype)
+    return bind(P.log_softmax_p, x, dim=normalize_dim(dim, _rank(x), op="log_softmax"))
+
+
+# --- linear algebra ------------------------------------------------------------------------
+def matmul(x, y):
+    if _rank(x) == 0 or _rank(y) == 0:
+        raise TransformUsageError(
+            f"matmul(x, y): both arguments need at least 1 dim, got shapes {shape_of(x)} and "
+            f"{shape_of(y)}. Fix: use mul for scalars."
+        )
+    return bind(P.matmul_p, x, y)
+
+
+def dot(x, y):
+    if _rank(x) != 1 or _rank(y) != 1:
+        raise TransformUsageError(
+            f"dot(x, y): expected two 1-D tensors, got shapes {shape_of(x)} and {shape_of(y)}. "
+            "Fix: use matmul."
+        )
+    return bind(P.matmul_p, x, y)
+
+
+mm = mv = bmm = matmul
+
+
+# --- shape ---------------------------------------------------------------------------------
+def permute(x, *dims):
+    dims = _shape_arg(dims)
+    rank = _rank(x)
+    if len(dims) != rank:
+        raise TransformUsageError(
+            f"permute(x, {dims}): expected {rank} dims for a tensor of shape {shape_of(x)}, "
+            f"got {len(dims)}. Fix: name every dim once."
+        )
+    dims = tuple(normalize_dim(d, rank, op="permute") for d in dims)
+    if dims == tuple(range(rank)):
+        return x
+    return bind(P.permute_p, x, dims=dims)
+
+
+def transpose(x, dim0, dim1):
+    rank = _rank(x)
+    if rank == 0:
+        return x
+    dims = list(range(rank))
+    d0, d1 = normalize_dim(dim0, rank, op="transpose"), normalize_dim(dim1, rank, op="transpose")
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return permute(x, *dims)
+
+
+def t(x):
+    return transpose(x, 0, 1) if _rank(x) == 2 else x
+
+
+def _infer_shape(shape, numel, op, old_shape):
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise TransformUsageError(f"{op}(x, {tuple(shape)}): at most one -1 is allowed.")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = numel // known if known else 0
+    if math.prod(shape) != numel:
+        raise TransformUsageError(
+            f"{op}(x, {tuple(shape)}): shape {tuple(shape)} is invalid for a tensor of shape "
+            f"{old_shape} ({numel} elements). Fix: keep the number of elements."
+        )
+    return tuple(shape)
+
+
+def reshape(x, *shape):
+    old = shape_of(x)
+    new = _infer_shape(_shape_arg(shape), math.prod(old), "reshape", old)
+    if new == old:
+        return x
+    return bind(P.reshape_p, x, shape=new)
+
+
+view = reshape
+
+
+def flatten(x, start_dim=0, end_dim=-1):
+    old = shape_of(x)
+    if not old:
+        return reshape(x, 1)
+    start = normalize_dim(start_dim, len(old), op="flatten")
+    end = normalize_dim(end_dim, len(old), op="flatten")
+    return reshape(x, *old[:start], math.prod(old[start:end + 1]), *old[end + 1:])
+
+
+def unsqueeze(x, dim):
+    return bind(P.unsqueeze_p, x, dim=normalize_dim(dim, _rank(x) + 1, op="unsqueeze"))
+
+
+def squeeze(x, dim=None):
+    shape = shape_of(x)
+    if dim is None:
+        dims = tuple(i for i, s in enumerate(shape) if s == 1)
+    else:
+        dims = tuple(d for d in normalize_dims(dim, len(shape), op="squeeze") if shape[d] == 1)
+    if not dims:
+        return x
+    return bind(P.squeeze_p, x, dim=dims)
+
+
+def expand(x, *sizes):
+    sizes = _shape_arg(sizes)
+    old = shape_of(x)
+    offset = len(sizes) - len(old)
+    if offset < 0:
+        raise TransformUsageError(
+            f"expand(x, {sizes}): the target has fewer dims than the tensor's shape {old}. "
+            "Fix: give at least as many sizes as the tensor has dims."
+        )
+    new = tuple(old[i - offset] if s == -1 else s for i, s in enumerate(sizes))
+    for i, size in enumerate(old):
+        if size != 1 and size != new[i + offset]:
+            raise TransformUsageError(
+                f"expand(x, {sizes}): dim {i} of size {size} cannot expand to "
+                f"{new[i + offset]}. Fix: only dims of size 1 can grow."
+            )
+    if new == old:
+        return x
+    return bind(P.expand_p, x, shape=new)
+
+
+def broadcast_to(x, shape):
+    return expand(x, *shape)
+
+
+def expand_as(x, other):
+    return expand(x, *shape_of(other))
+
+
+def cat(tensors, dim=0):
+    tensors = list(tensors)
+    if not tensors:
+        raise TransformUsageError("cat([], dim): expected at least one tensor, got none.")
+    rank = _rank(tensors[0])
+    dim = normalize_dim(dim, rank, op="cat")
+    if len(tensors) == 1:
+        return tensors[0]
+    return bind(P.cat_p, *tensors, dim=dim)
+
+
+concat = concatenate = cat
+
+
+def stack(tensors, dim=0):
+    tensors = list(tensors)
+    if not tensors:
+        raise TransformUsageError("stack([], dim): expected at least one tensor, got none.")
+    dim = normalize_dim(dim, _rank(tensors[0]) + 1, op="stack")
+    return cat([unsqueeze(t_, dim) for t_ in tensors], dim)
+
+
+def _normalize_index(index, shape):
+    """Basic indexing as a tuple of non-negative ints, canonical slices and None."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    for item in index:
+        if isinstance(item, (torch.Tensor, FuncTensor, list)) or (
+            not isinstance(item, (int, slice, type(None))) and item is not Ellipsis
+        ):
+            raise TransformUsageError(
+                f"x[{item!r}]: only integer, slice, None and ... indexing is supported inside "
+                f"transforms, got {type(item).__name__}. Fix: use torch.gather or "
+                "torch.where for indexing with tensors."
+            )
+    consumed = _builtin_sum(1 for item in index if item is not None and item is not Ellipsis)
+    if consumed > len(shape):
+        raise TransformUsageError(
+            f"x[{index!r}]: too many indices for a tensor of shape {tuple(shape)}."
+        )
+    if Ellipsis in index:
+        position = index.index(Ellipsis)
+        fill = (slice(None),) * (len(shape) - consumed)
+        index = index[:position] + fill + index[position + 1:]
+    normalized = []
+    dim = 0
+    for item in index:
+        if item is None:
+            normalized.append(None)
+            continue
+        size = shape[dim]
+        if isinstance(item, int):
+            if not -size <= item < size:
+                raise TransformUsageError(
+                    f"x[{item}]: index {item} is out of bounds for dim {dim} of size {size}."
+                )
+            normalized.append(item % size)
+        else:
+            normalized.append(slice(*item.indices(size)))
+        dim += 1
+    return tuple(normalized)
+
+
+def getitem(x, index):
+    shape = shape_of(x)
+    index = _normalize_index(index, shape)
+    if all(item == slice(0, size, 1) for item, size in zip(index, shape)) and None not in index:
+        return x  # x[()], x[...], x[:]
+    return bind(P.getitem_p, x, index=index)
+
+
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    rank = _rank(x)
+    return bind(P.diagonal_p, x, offset=offset, dim1=normalize_dim(dim1, rank, op="diagonal"),
+                dim2=normalize_dim(dim2, rank, op="diagonal"))
+
+
+def diag_embed(x, offset=0, dim1=-2, dim2=-1):
+    rank = _rank(x) + 1
+    return bind(P.diag_embed_p, x, offset=offset,
+                dim1=normalize_dim(dim1, rank, op="diag_embed"),
+                dim2=normalize_dim(dim2, rank, op="diag_embed"))
+
+
+def diag(x, diagonal=0):
+    rank = _rank(x)
+    if rank == 1:
+        return diag_embed(x, offset=diagonal, dim1=0, dim2=1)
+    if rank == 2:
+        return bind(P.diagonal_p, x, offset=diagonal, dim1=0, dim2=1)
+    raise TransformUsageError(f"diag(x): expected a 1-D or 2-D tensor, got shape {shape_of(x)}.")
+
+
+def trace(x):
+    if _rank(x) != 2:
+        raise TransformUsageError(f"trace(x): expected a 2-D tensor, got shape {shape_of(x)}.")
+    return sum(diagonal(x))
+
+
+def gather(x, dim, index, *, sparse_grad=False):
+    return bind(P.gather_p, x, index, dim=normalize_dim(dim, _rank(x), op="gather"))
+
+
+# --- creation and conversion ---------------------------------------------------------------
+def full_like(x, fill_value, **ignored):
+    return bind(P.full_like_p, x, fill_value=fill_value)
+
+
+def zeros_like(x, **ignored):
+    return full_like(x, 0)
+
+
+def ones_like(x, **ignored):
+    return full_like(x, 1)
+
+
+def convert(x, dtype):
+    if x.dtype == dtype:
+        return x
+    return bind(P.convert_p, x, dtype=dtype)
+
+
+def to(x, *args, **kwargs):
+    dtype = kwargs.get("dtype")
+    for arg in args:
+        if isinstance(arg, torch.dtype):
+            dtype = arg
+    return x if dtype is None else convert(x, dtype)
+
+
+def clone(x, **ignored):
+    return x  # values inside transforms are never mutated, so a clone is the value itself
+
+
+contiguous = clone
+
+
+# --- torch.nn.functional -------------------------------------------------------------------
+def linear(x, weight, bias=None):
+    out = matmul(x, t(weight))
+    return out if bias is None else add(out, bias)
+
+
+def _reduce(loss, reduction, op):
+    if reduction == "mean":
+        return mean(loss)
+    if reduction == "sum":
+        return sum(loss)
+    if reduction == "none":
+        return loss
+    raise TransformUsageError(
+        f"{op}(..., reduction={reduction!r}): expected 'mean', 'sum' or 'none'."
+    )
+
+
+def nll_loss(log_probs, target, weight=None, size_average=None, ignore_index=-100,
+             reduce=None, reduction="mean"):
+    if weight is not None:
+        raise TransformUsageError("nll_loss(..., weight=...): class weights are not supported.")
+    class_dim = 1 if _rank(log_probs) > 1 else 0
+    picked = gather(log_probs, class_dim, unsqueeze(target, class_dim))
+    return _reduce(neg(squeeze(picked, class_dim)), reduction, "nll_loss")
+
+
+def cross_entropy(logits, target, weight=None, size_average=None, ignore_index=-100,
+                  reduce=None, reduction="mean", label_smoothing=0.0):
+    """Cross-entropy from class indices (or from class probabilities of the logits' shape)."""
+    if label_smoothing:
+        raise TransformUsageError("cross_entropy(..., label_smoothing=...): not supported.")
+    class_dim = 1 if _rank(logits) > 1 else 0
+    log_probs = log_softmax(logits, class_dim)
+    if target.dtype.is_floating_point:
+        return _reduce(neg(sum(mul(target, log_probs), class_dim)), reduction, "cross_entropy")
+    return nll_loss(log_probs, target, weight=weight, reduction=reduction)
+
+
+def mse_loss(x, target, size_average=None, reduce=None, reduction="mean"):
+    difference = sub(x, target)
+    return _reduce(mul(difference, difference), reduction, "mse_loss")

@@ -1,0 +1,165 @@
+"""Primitives: the operations every transform knows how to handle.
+
+NOTE [Primitives are data]
+A primitive is a name plus a torch implementation. It knows nothing about derivatives or
+batching: each transform keeps its own rule table keyed by primitive, in its own module
+(``vjp_rules`` in autograd.py, ``jvp_rules`` in forward.py, ``batching_rules`` in
+batching.py), and each rule is registered right under its function. This is JAX's layout
+(``ad.primitive_jvps[sin_p] = ...``). To add an operation, add a primitive here and one rule
+to each table; ``tests/test_rules_complete.py`` names any rule that is missing.
+
+Tensor arguments are positional; everything static (dims, shapes, flags) is a keyword
+parameter, already normalized (dims are tuples of non-negative ints), so that rules and
+programs never re-parse user arguments.
+
+NOTE [Shape rules by meta evaluation]
+A primitive's shape/dtype rule runs its torch implementation on "meta" tensors: tensors with
+a shape and a dtype but no storage. This is how PyTorch itself derives shapes (meta kernels),
+it is exact, including broadcasting and type promotion, and it costs no arithmetic.
+"""
+import torch
+
+
+class Primitive:
+    """An operation: a name, a torch implementation and a shape/dtype rule.
+
+    >>> from minifunctorch.core.primitives import sin_p
+    >>> import torch
+    >>> sin_p.impl(torch.zeros(2))
+    tensor([0., 0.])
+    >>> sin_p.shape_rule(torch.zeros(3, 2))
+    (torch.Size([3, 2]), torch.float32)
+    """
+
+    __slots__ = ("name", "impl", "differentiable")
+
+    def __init__(self, name, impl, *, differentiable=True):
+        self.name = name
+        self.impl = impl
+        # A non-differentiable primitive (comparisons, ones_like, ...) has outputs whose
+        # derivative is zero whatever its inputs: its jvp and vjp rules say so.
+        self.differentiable = differentiable
+
+    def shape_rule(self, *args, **params):
+        """The (shape, dtype) of the result, from the shapes and dtypes of the arguments."""
+        meta_args = [_to_meta(a) for a in args]
+        out = self.impl(*meta_args, **params)
+        return out.shape, out.dtype
+
+    def __repr__(self):
+        return self.name
+
+
+def _to_meta(value):
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return value  # a Python number
+    return torch.empty(tuple(shape), dtype=value.dtype, device="meta")
+
+
+PRIMITIVES: dict[str, Primitive] = {}
+
+
+def primitive(name, impl, *, differentiable=True) -> Primitive:
+    """Create and register a built-in primitive."""
+    assert name not in PRIMITIVES, f"primitive {name!r} is defined twice"
+    prim = Primitive(name, impl, differentiable=differentiable)
+    PRIMITIVES[name] = prim
+    return prim
+
+
+# --- elementwise, one input ---------------------------------------------------------------
+neg_p = primitive("neg", torch.neg)
+exp_p = primitive("exp", torch.exp)
+log_p = primitive("log", torch.log)
+sin_p = primitive("sin", torch.sin)
+cos_p = primitive("cos", torch.cos)
+tanh_p = primitive("tanh", torch.tanh)
+sigmoid_p = primitive("sigmoid", torch.sigmoid)
+relu_p = primitive("relu", torch.relu)
+abs_p = primitive("abs", torch.abs)
+sqrt_p = primitive("sqrt", torch.sqrt)
+sign_p = primitive("sign", torch.sign, differentiable=False)
+
+# --- elementwise, two inputs with broadcasting (either may be a Python number) -------------
+add_p = primitive("add", torch.add)
+sub_p = primitive("sub", torch.sub)
+mul_p = primitive("mul", torch.mul)
+div_p = primitive("div", torch.div)
+pow_p = primitive("pow", torch.pow)
+eq_p = primitive("eq", torch.eq, differentiable=False)
+ne_p = primitive("ne", torch.ne, differentiable=False)
+lt_p = primitive("lt", torch.lt, differentiable=False)
+le_p = primitive("le", torch.le, differentiable=False)
+gt_p = primitive("gt", torch.gt, differentiable=False)
+ge_p = primitive("ge", torch.ge, differentiable=False)
+where_p = primitive("where", torch.where)
+
+# --- reductions (dim is a tuple of non-negative ints) ---------------------------------------
+sum_p = primitive("sum", lambda x, *, dim, keepdim: torch.sum(x, dim, keepdim=keepdim))
+mean_p = primitive("mean", lambda x, *, dim, keepdim: torch.mean(x, dim, keepdim=keepdim))
+amax_p = primitive("amax", lambda x, *, dim, keepdim: torch.amax(x, dim, keepdim=keepdim))
+amin_p = primitive("amin", lambda x, *, dim, keepdim: torch.amin(x, dim, keepdim=keepdim))
+logsumexp_p = primitive(
+    "logsumexp", lambda x, *, dim, keepdim: torch.logsumexp(x, dim, keepdim=keepdim)
+)
+softmax_p = primitive("softmax", lambda x, *, dim: torch.softmax(x, dim))
+log_softmax_p = primitive("log_softmax", lambda x, *, dim: torch.log_softmax(x, dim))
+
+# --- linear algebra -------------------------------------------------------------------------
+matmul_p = primitive("matmul", torch.matmul)
+
+# --- shape ----------------------------------------------------------------------------------
+permute_p = primitive("permute", lambda x, *, dims: x.permute(dims))
+reshape_p = primitive("reshape", lambda x, *, shape: x.reshape(shape))
+unsqueeze_p = primitive("unsqueeze", lambda x, *, dim: x.unsqueeze(dim))
+squeeze_p = primitive("squeeze", lambda x, *, dim: x.squeeze(dim))
+expand_p = primitive("expand", lambda x, *, shape: x.expand(shape))
+cat_p = primitive("cat", lambda *xs, dim: torch.cat(xs, dim))
+# Basic indexing: `index` is a tuple of ints, slices and None (no Ellipsis, no tensors).
+getitem_p = primitive("getitem", lambda x, *, index: x[index])
+
+
+def _scatter_index(x, *, index, shape):
+    out = x.new_zeros(shape)
+    out[index] = x
+    return out
+
+
+# The transpose of getitem: zeros of `shape`, with x written at `index`.
+scatter_index_p = primitive("scatter_index", _scatter_index)
+diagonal_p = primitive(
+    "diagonal",
+    lambda x, *, offset, dim1, dim2: torch.diagonal(x, offset, dim1, dim2),
+)
+diag_embed_p = primitive(
+    "diag_embed",
+    lambda x, *, offset, dim1, dim2: torch.diag_embed(x, offset, dim1, dim2),
+)
+gather_p = primitive("gather", lambda x, index, *, dim: torch.gather(x, dim, index))
+
+
+def _scatter_add(x, index, *, dim, shape):
+    return x.new_zeros(shape).scatter_add_(dim, index, x)
+
+
+# The transpose of gather: zeros of `shape`, with x summed into the places `index` names.
+scatter_add_p = primitive("scatter_add", _scatter_add)
+
+# --- creation and conversion ----------------------------------------------------------------
+full_like_p = primitive(
+    "full_like",
+    lambda x, *, fill_value: torch.full_like(x, fill_value),
+    differentiable=False,
+)
+convert_p = primitive("convert", lambda x, *, dtype: x.to(dtype))
+# Identity whose derivative is zero: `x.detach()` inside a transform (JAX's stop_gradient).
+detach_p = primitive("detach", lambda x: x.detach(), differentiable=False)
+
+
+def _diagonal_scatter(x, *, offset, dim1, dim2, shape):
+    return torch.diagonal_scatter(x.new_zeros(shape), x, offset, dim1, dim2)
+
+
+# The transpose of diagonal: zeros of `shape`, with x written on the chosen diagonal.
+diagonal_scatter_p = primitive("diagonal_scatter", _diagonal_scatter)
