@@ -274,6 +274,12 @@ class Autograd(Dispatcher):
     def wrap_adopted(self, payload, original):
         return AutogradTensor(self, payload, name_of(original))
 
+    def renamed(self, old_name, new_name):
+        for entry in reversed(self.tape.entries):
+            if entry.output == old_name:
+                entry.output = new_name
+                return
+
     def wrap_input(self, value, name=None):
         """Make ``value`` an input of this level (what ``grad`` does to its arguments)."""
         return AutogradTensor(self, value, name)
@@ -471,7 +477,8 @@ vjp_rules[P.where_p] = where_vjp
 # --- reductions --------------------------------------------------------------------------------
 def _expand_back(ct, x_shape, dim, keepdim):
     """Put reduced dims back (size 1) and broadcast ``ct`` to ``x_shape``."""
-    if not keepdim:
+    if not keepdim and dim != tuple(range(len(dim))):
+        # expand can only add leading dims: put inner reduced dims back as size 1 first
         ct = ops.reshape(ct, *_unreduced_shape(x_shape, dim))
     return ops.expand(ct, *x_shape)
 

@@ -191,6 +191,17 @@ def name_of(value) -> str:
     return label(value).t_name
 
 
+def rename(value, name):
+    """Give a value, and every payload under it, a new name (``d.sum(x, name="L0")``)."""
+    while isinstance(value, FuncTensor):
+        old_name = value.name
+        value._name = name
+        value.dispatcher.renamed(old_name, name)
+        value = value.payload
+    if isinstance(value, torch.Tensor):
+        value.t_name = name
+
+
 def bind(prim, *args, **params):
     """Apply a primitive at the highest level among its arguments (a torch call if none)."""
     top = None
@@ -239,6 +250,9 @@ class Dispatcher:
         """Make an (already adopted) inner value a value of this level (explicit API)."""
         raise NotImplementedError
 
+    def renamed(self, old_name, new_name):
+        """Hook: a value of this level was renamed (Autograd updates its tape)."""
+
     def lower(self, value):
         """A value of this level, seen from the level below (the seed's unlift)."""
         return value.payload
@@ -278,10 +292,8 @@ class Dispatcher:
         def explicit_op(*args, name=None, **kwargs):
             adopted = [self._adopt_argument(a) for a in args]
             out = op(*adopted, **kwargs)
-            if name is not None and isinstance(out, FuncTensor):
-                out._name = name
-            elif name is not None and isinstance(out, torch.Tensor):
-                out.t_name = name
+            if name is not None:
+                rename(out, name)
             return out
 
         explicit_op.__name__ = op_name
