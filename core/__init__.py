@@ -20,6 +20,11 @@ from .errors import (
 )
 from .forward import Forward, jvp_rules
 from .names import label, reset_names
+from .program import Equation, Literal, Program, Var
+from .tracing import TracerTensor, Tracing, trace
+from .source_to_source import split_vjp, vjp_program
+from .passes import simplify
+from .jit import jit
 from .primitives import PRIMITIVES, Primitive
 from .transforms import (
     functional_call,
@@ -41,5 +46,6 @@ __all__ = [
     "TransformError", "TransformUsageError", "TypecheckError", "UnsupportedOperationError",
     "batching_rules", "bind", "capture_tapes", "custom_vjp", "functional_call", "grad",
     "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "jvp_rules", "label", "linearize",
-    "reset_names", "vjp", "vjp_rules", "vmap",
+    "reset_names", "vjp", "vjp_rules", "vmap", "trace", "Program", "Var", "Literal",
+    "Equation", "Tracing", "TracerTensor", "split_vjp", "vjp_program", "simplify", "jit",
 ]

@@ -319,7 +319,11 @@ def missing_rule_error(prim, table, transform):
 
 # --- helpers ---------------------------------------------------------------------------------
 def sum_to_size(ct, shape):
-    """Undo broadcasting: sum ``ct`` down to ``shape`` (TorchScript's ``sum_to_size``)."""
+    """Undo broadcasting: sum ``ct`` down to ``shape`` (TorchScript's ``sum_to_size``).
+
+    Leading dims that broadcasting added are summed away; dims where ``shape`` has size 1
+    are summed with keepdim.
+    """
     if ct is None:
         return None
     shape = tuple(shape)
@@ -327,10 +331,12 @@ def sum_to_size(ct, shape):
     if ct_shape == shape:
         return ct
     lead = len(ct_shape) - len(shape)
-    dims = tuple(range(lead)) + tuple(
-        lead + i for i, size in enumerate(shape) if size == 1 and ct_shape[lead + i] != 1
-    )
-    return ops.reshape(ops.sum(ct, dims, keepdim=True), *shape)
+    if lead:
+        ct = ops.sum(ct, tuple(range(lead)))
+    stretched = tuple(i for i, size in enumerate(shape) if size == 1 and ct_shape[lead + i] != 1)
+    if stretched:
+        ct = ops.sum(ct, stretched, keepdim=True)
+    return ct
 
 
 def _is_tensor(value):

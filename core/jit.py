@@ -1,0 +1,126 @@
+"""jit: trace once per input signature, then replay straight-line code.
+
+NOTE [What a cache hit costs]
+A call flattens its arguments (optree, in C), builds the signature (pytree structure, and
+for each tensor its shape, dtype and device; other leaves by value, as static arguments),
+looks it up, and calls the generated function. The generated function is plain Python with
+the torch calls written out and the captured constants bound as its globals, so nothing is
+interpreted per call. ``backend='inductor'`` hands the exported FX graph to torch.compile.
+
+NOTE [jit under other transforms]
+Called on values of a transform (``vmap(jit(f))``, ``grad(jit(f))``), jit still traces once
+for the signature, but evaluates the program with ``bind``, equation by equation, so the
+surrounding transform applies its rules to each of them. This is how a jaxpr is handled
+inside JAX's transforms.
+"""
+import functools
+
+import optree
+import torch
+
+from .dispatch import FuncTensor
+from .errors import TransformUsageError
+from .passes import simplify
+from .tracing import trace_flat
+
+
+def _signature(leaves):
+    parts = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            parts.append((leaf.shape, leaf.dtype, leaf.device))
+        elif isinstance(leaf, FuncTensor):
+            parts.append(("transformed", tuple(leaf.shape), leaf.dtype))
+        else:
+            try:
+                hash(leaf)
+            except TypeError:
+                raise TransformUsageError(
+                    f"jit(f)(<inputs>): a non-tensor argument of type {type(leaf).__name__} is "
+                    "static and must be hashable. Fix: pass it as a tensor, or as a hashable "
+                    "value (a number, a string, a tuple)."
+                ) from None
+            parts.append(("static", leaf))
+    return tuple(parts)
+
+
+class _Compiled:
+    __slots__ = ("program", "run", "out_treedef", "has_transformed_constants")
+
+    def __init__(self, program, backend):
+        self.program = program
+        self.out_treedef = program.out_treedef
+        self.has_transformed_constants = any(isinstance(c, FuncTensor)
+                                             for _, c in program.constants)
+        if self.has_transformed_constants:
+            self.run = None
+        elif backend is None:
+            self.run = program.compile_python()
+        elif backend == "inductor":
+            graph_module = program.to_fx()
+            self.run = torch.compile(graph_module, backend="inductor", dynamic=False)
+        else:
+            raise TransformUsageError(
+                f"jit(f, backend={backend!r}): expected backend=None (generated Python) or "
+                "'inductor' (torch.compile)."
+            )
+
+
+class jit:
+    """Compile ``f``: trace it once per input signature and replay the generated code.
+
+    >>> import torch
+    >>> from minifunctorch.core import jit, grad
+    >>> f = jit(grad(lambda x: (x.sin() ** 2).sum()))
+    >>> f(torch.zeros(3))
+    tensor([0., 0., 0.])
+    >>> f.cache_size()
+    1
+
+    ``f.program_for(*args)`` returns the Program that a call with these arguments replays.
+    """
+
+    def __init__(self, f, backend=None):
+        if backend not in (None, "inductor"):
+            raise TransformUsageError(
+                f"jit(f, backend={backend!r}): expected backend=None (generated Python) or "
+                "'inductor' (torch.compile)."
+            )
+        functools.update_wrapper(self, f)
+        self.function = f
+        self.backend = backend
+        self._cache: dict = {}
+
+    def __call__(self, *args, **kwargs):
+        leaves, treedef = optree.tree_flatten((args, kwargs))
+        key = (treedef, _signature(leaves))
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self._compile(args, kwargs, key)
+        tensors = [leaf for leaf in leaves if isinstance(leaf, (torch.Tensor, FuncTensor))]
+        if compiled.run is None or any(isinstance(t, FuncTensor) for t in tensors):
+            outputs = compiled.program.evaluate_flat(tensors)
+        else:
+            outputs = compiled.run(*tensors)
+        return optree.tree_unflatten(compiled.out_treedef, list(outputs))
+
+    def _compile(self, args, kwargs, key):
+        program = simplify(trace_flat(self.function, args, kwargs))
+        compiled = _Compiled(program, self.backend)
+        if not compiled.has_transformed_constants:
+            self._cache[key] = compiled
+        return compiled
+
+    def program_for(self, *args, **kwargs):
+        """The (simplified) Program that a call with these arguments runs."""
+        leaves, treedef = optree.tree_flatten((args, kwargs))
+        key = (treedef, _signature(leaves))
+        compiled = self._cache.get(key) or self._compile(args, kwargs, key)
+        return compiled.program
+
+    def cache_size(self) -> int:
+        """How many signatures have been traced (a repeated signature does not re-trace)."""
+        return len(self._cache)
+
+    def __repr__(self):
+        return f"jit({getattr(self.function, '__name__', 'f')}, backend={self.backend!r})"

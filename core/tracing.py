@@ -1,0 +1,162 @@
+"""Tracing: a level that records every primitive it sees into a Program.
+
+NOTE [Tracing with abstract values]
+A traced value carries no numbers: its payload is a "meta" tensor, with a shape and a dtype
+but no storage, and each primitive's result type comes from its shape rule. This is JAX's
+``make_jaxpr`` with ShapedArrays. Tracing costs no arithmetic, the program works for any
+input of the same types, and Python control flow that needs a concrete value fails loudly
+instead of silently baking one branch into the program.
+
+Tracing composes like any level: in ``trace(grad(f))(x)`` the Autograd level sits above
+the Tracing level, so the program records the forward ops and then the backward ops that
+grad issued. Constants that the function captured become constant inputs of the program
+(Python numbers stay literals).
+"""
+import functools
+
+import optree
+import torch
+
+from .dispatch import Dispatcher, FuncTensor, new_level, transform_scope
+from .errors import TransformError, TransformUsageError
+from .program import Equation, Literal, Program, Var
+
+
+class TracerTensor(FuncTensor):
+    """A value of a Tracing level: a program variable, with a meta payload for its type."""
+
+    __slots__ = ("var",)
+
+    def __init__(self, dispatcher, var, name=None):
+        super().__init__(dispatcher, torch.empty(var.shape, dtype=var.dtype, device="meta"), name)
+        self.var = var
+
+    @property
+    def device(self):
+        return self.dispatcher.device
+
+
+class Tracing(Dispatcher):
+    """The level that builds a Program: one equation per primitive that reaches it."""
+
+    transform_name = "trace"
+
+    def __init__(self, inner, *, device=None, name="Tracing"):
+        super().__init__(inner, name=name)
+        self.device = device or torch.device("cpu")
+        self.inputs: list[Var] = []
+        self.constants: list[tuple[Var, object]] = []
+        self._constant_vars: dict[int, Var] = {}
+        self.equations: list[Equation] = []
+
+    def new_input(self, shape, dtype):
+        var = Var(tuple(shape), dtype)
+        self.inputs.append(var)
+        return TracerTensor(self, var)
+
+    def _operand(self, value):
+        if isinstance(value, TracerTensor) and value.dispatcher is self:
+            return value.var
+        if isinstance(value, (bool, int, float)):
+            return Literal(value)
+        if isinstance(value, (torch.Tensor, FuncTensor)):
+            return self._constant(value)
+        raise TransformUsageError(
+            f"trace: an operation received a {type(value).__name__}; expected tensors or "
+            "numbers. Fix: pass only tensors and numbers to torch operations."
+        )
+
+    def _constant(self, value):
+        var = self._constant_vars.get(id(value))
+        if var is None:
+            var = Var(tuple(value.shape), value.dtype)
+            self._constant_vars[id(value)] = var
+            self.constants.append((var, value))
+        return var
+
+    def apply(self, prim, *args, **params):
+        operands = [self._operand(a) for a in args]
+        meta_args = [a.payload if isinstance(a, TracerTensor) and a.dispatcher is self
+                     else (o.value if isinstance(o, Literal) else _meta_of(a))
+                     for a, o in zip(args, operands)]
+        out_meta = prim.impl(*meta_args, **params)
+        out = Var(tuple(out_meta.shape), out_meta.dtype)
+        self.equations.append(Equation(prim, operands, params, out))
+        return TracerTensor(self, out)
+
+    def concrete(self, value):
+        raise TransformError(
+            "trace: Python needed the concrete value of a traced tensor (bool(), .item(), an "
+            "if statement or a loop bound), but a traced value has only a shape and a dtype. "
+            "Fix: use torch.where for data-dependent choices, or keep the Python logic outside "
+            "the traced function."
+        )
+
+    def wrap_adopted(self, payload, original):
+        raise TransformUsageError(
+            "The Tracing level is used through trace(f)(*args), not through the explicit API."
+        )
+
+
+def _meta_of(value):
+    return torch.empty(tuple(value.shape), dtype=value.dtype, device="meta")
+
+
+def _is_array(value):
+    return isinstance(value, (torch.Tensor, FuncTensor))
+
+
+def trace_flat(f, args, kwargs=None, *, device=None, name=None):
+    """Trace ``f(*args, **kwargs)``; tensor leaves of args become program inputs.
+
+    Non-tensor leaves are static: they are passed to ``f`` as they are. Only the shapes and
+    dtypes of the tensor leaves matter (meta tensors are fine examples).
+    """
+    leaves, treedef = optree.tree_flatten((tuple(args), dict(kwargs or {})))
+    arrays = [leaf for leaf in leaves if _is_array(leaf)]
+    if device is None:
+        device = arrays[0].device if arrays else torch.device("cpu")
+    level = new_level(Tracing, device=device)
+    with transform_scope(level):
+        traced_leaves = [level.new_input(leaf.shape, leaf.dtype) if _is_array(leaf) else leaf
+                         for leaf in leaves]
+        traced_args, traced_kwargs = optree.tree_unflatten(treedef, traced_leaves)
+        out = f(*traced_args, **traced_kwargs)
+    out_leaves, out_treedef = optree.tree_flatten(out)
+    outputs = []
+    for leaf in out_leaves:
+        if isinstance(leaf, TracerTensor) and leaf.dispatcher is level:
+            outputs.append(leaf.var)
+        elif isinstance(leaf, (bool, int, float)):
+            outputs.append(Literal(leaf))
+        elif _is_array(leaf):
+            outputs.append(level._constant(leaf))
+        else:
+            raise TransformUsageError(
+                f"trace({getattr(f, '__name__', 'f')})(<inputs>): expected the function to "
+                f"return tensors, got a leaf of type {type(leaf).__name__}."
+            )
+    static = [None if _is_array(leaf) else leaf for leaf in leaves]
+    return Program(level.inputs, level.constants, level.equations, outputs,
+                   in_treedef=treedef, out_treedef=out_treedef, static_leaves=static,
+                   device=device, name=name or getattr(f, "__name__", "f"))
+
+
+def trace(f):
+    """Trace ``f`` (or any composition of transforms of it) into a :class:`Program`.
+
+    >>> import torch
+    >>> from minifunctorch.core import trace, grad
+    >>> print(trace(lambda x: torch.sin(x) * 2)(torch.ones(3)))
+    { lambda ; a:f32[3] .
+      let b:f32[3] = sin a
+          c:f32[3] = mul b 2
+      in (c,) }
+    >>> program = trace(grad(lambda x: torch.sin(x).sum()))(torch.ones(3))
+    >>> program(torch.zeros(3))
+    tensor([1., 1., 1.])
+    """
+    @functools.wraps(f)
+    def traced(*args, **kwargs):
+        return trace_flat(f, args, kwargs)
+    return traced
