@@ -23,14 +23,13 @@ lab: setup
 
 test: setup
 	$(BIN)/python -m pytest -q tests
-	$(BIN)/python -m pytest -q --nbval notebooks --sanitize-with notebooks/sanitize.cfg -p no:randomly
-	$(BIN)/python -m benchmarks.run --quick
+	$(BIN)/python -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -x tests -m "not browser"
 
 notebooks: setup
-	$(BIN)/python -m tests.notebook_tools execute notebooks/*.ipynb
+	$(BIN)/python notebooks/execute.py
 
 bench: setup
 	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 $(BIN)/python -m benchmarks.run

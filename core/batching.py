@@ -47,15 +47,16 @@ class Batched(Dispatcher):
         self.length = length
 
     def apply(self, prim, *args, **params):
-        values, bdims = [], []
+        values, bdims, batched = [], [], False
         for a in args:
-            if isinstance(a, BatchedTensor) and a.dispatcher is self:
+            if type(a) is BatchedTensor and a.dispatcher is self:
                 values.append(a.payload)
                 bdims.append(a.bdim)
+                batched = True
             else:
                 values.append(a)
                 bdims.append(None)
-        if all(b is None for b in bdims):
+        if not batched:
             return bind(prim, *values, **params)
         rule = batching_rules.get(prim)
         if rule is None:
@@ -144,6 +145,17 @@ def broadcasting_batch(prim):
     it, so that broadcasting from the right never meets the batch dim.
     """
     def rule(values, bdims, **params):
+        # fast path: the batched operands share one bdim and rank, the rest are numbers
+        shared_bdim, shared_rank, aligned = None, None, True
+        for value, bdim in zip(values, bdims):
+            if bdim is None:
+                aligned = aligned and isinstance(value, (int, float, bool))
+            elif shared_bdim is None:
+                shared_bdim, shared_rank = bdim, value.dim()
+            else:
+                aligned = aligned and bdim == shared_bdim and value.dim() == shared_rank
+        if aligned:
+            return bind(prim, *values, **params), shared_bdim
         ranks = [len(ops.shape_of(v)) - (b is not None) for v, b in zip(values, bdims)]
         out_rank = max(ranks)
         batched = {b for b in bdims if b is not None}
@@ -177,9 +189,20 @@ for _prim in (P.add_p, P.sub_p, P.mul_p, P.div_p, P.pow_p, P.eq_p, P.ne_p, P.lt_
 
 
 def reduction_batch(prim):
-    """Rule of a reduction over ``dim``: reduce the matching physical dims in place."""
+    """Rule of a reduction over ``dim``: reduce the matching physical dims in place.
+
+    NOTE [An empty dim tuple under vmap]
+    torch reads ``dim=()`` as "every dim", so passing it on to the payload would reduce the
+    batch dim too. The ops give ``dim=()`` for a 0-d example: nothing to reduce, the value
+    stays (with sum's dtype promotion). For an example with dims, ``()`` means all of them.
+    """
     def rule(values, bdims, *, dim, keepdim):
         (x,), (bdim,) = values, bdims
+        if not dim:
+            rank = len(ops.shape_of(x)) - 1
+            if rank == 0:
+                return ops.convert(x, prim.shape_rule(x, dim=dim, keepdim=keepdim)[1]), bdim
+            dim = tuple(range(rank))
         out = bind(prim, x, dim=tuple(physical_dim(d, bdim) for d in dim), keepdim=keepdim)
         out_bdim = bdim if keepdim else bdim - sum(1 for d in dim if d < bdim)
         return out, out_bdim

@@ -1,75 +1,70 @@
 """Random operations under vmap: ``randomness='error' | 'same' | 'different'``.
 
-NOTE [Why a torch function mode]
+NOTE [Guarding the random functions, not every function]
 ``torch.rand(3)`` inside a vmapped function receives no wrapped value, so no
-``__torch_function__`` of ours sees it. While a vmap runs, a ``TorchFunctionMode`` watches
-for the random functions only: with ``'error'`` it raises, with ``'same'`` it lets one draw
-be shared by every example, and with ``'different'`` it draws one sample per example (an
-extra leading dim, returned as a batched value).
+``__torch_function__`` of ours sees it. A TorchFunctionMode would, but it would also
+intercept every other torch call in the batch (and cost a Python call each). Instead, while
+a vmap runs, the few random *creation* functions of the ``torch`` module are swapped for
+guarded versions, and put back in ``finally``:
+- ``'error'`` raises a RandomnessError that names the function and the fix;
+- ``'same'`` draws once, shared by every example;
+- ``'different'`` draws one sample per example (a new leading dim, returned as a batched
+  value). Under nested vmaps each guard calls the one outside it, so the draw gets every
+  batch dim.
+Random functions applied to a wrapped value (``torch.rand_like(x)``, ``F.dropout(x)``) reach
+``__torch_function__`` and are handled (or refused) there.
 """
 import contextlib
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .errors import RandomnessError
 
-_CREATION = {torch.rand: torch.rand, torch.randn: torch.randn}
-_LIKE = {torch.rand_like: torch.rand, torch.randn_like: torch.randn}
-_OTHER = {torch.randint, torch.randint_like, torch.bernoulli, torch.normal, torch.multinomial,
-          torch.nn.functional.dropout, torch.dropout, torch.randperm,
-          torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_,
-          torch.Tensor.random_}
-RANDOM_FUNCTIONS = set(_CREATION) | set(_LIKE) | _OTHER
+CREATION_FUNCTIONS = ("rand", "randn", "randint", "randperm", "normal", "rand_like",
+                      "randn_like", "randint_like", "bernoulli", "multinomial")
+# the ones that 'different' knows how to batch: name -> how to read the shape of one example
+_SIZED = {"rand", "randn"}
+_LIKE = {"rand_like": "rand", "randn_like": "randn"}
 
 
-class _RandomnessMode(TorchFunctionMode):
-    def __init__(self, level, randomness, call):
-        super().__init__()
-        self.level = level
-        self.randomness = randomness
-        self.call = call
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func not in RANDOM_FUNCTIONS:
-            return func(*args, **kwargs)
-        name = getattr(func, "__name__", str(func))
-        if self.randomness == "error":
+def _guarded(name, original, level, randomness, call):
+    def guarded(*args, **kwargs):
+        if randomness == "error":
             raise RandomnessError(
-                f"{self.call}: {name} was called under vmap with randomness='error'. Fix: pass "
+                f"{call}: torch.{name} was called under vmap with randomness='error'. Fix: pass "
                 "randomness='different' (independent draws per example) or 'same' (one draw "
-                "shared by the batch) to vmap, or draw outside of vmap."
+                "shared by the batch) to vmap, or draw the random numbers outside of vmap."
             )
-        if self.randomness == "same" or (func not in _CREATION and func not in _LIKE):
-            if func in _LIKE or func in _OTHER:
-                # draw once for one example's shape; the batch shares it
-                return func(*[_unbatched(a) for a in args], **kwargs)
-            return func(*args, **kwargs)
-        # 'different': one draw per example, batched along a new leading dim
-        if func in _CREATION:
+        if randomness == "same" or (name not in _SIZED and name not in _LIKE):
+            if randomness == "different":
+                raise RandomnessError(
+                    f"{call}: torch.{name} cannot draw per-example samples under "
+                    "randomness='different'. Fix: use torch.rand or torch.randn, or draw "
+                    "outside of vmap."
+                )
+            return original(*args, **kwargs)
+        if name in _LIKE:
+            example = args[0]
+            kwargs.setdefault("dtype", example.dtype)
+            kwargs.setdefault("device", example.device)
+            draw = getattr(torch, _LIKE[name])(level.length, *example.shape, **kwargs)
+        else:
             size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) \
                 else args
-            draw = func(self.level.length, *size, **kwargs)
-        else:
-            example = args[0]
-            draw = _LIKE[func](self.level.length, *example.shape, dtype=example.dtype,
-                               device=example.device)
-        return self.level.wrap_input(draw, 0)
-
-
-def _unbatched(value):
-    from .dispatch import FuncTensor
-    if isinstance(value, FuncTensor):
-        raise RandomnessError(
-            "randomness='same' cannot draw from the distribution of a batched value. Fix: "
-            "draw with a shape (torch.rand(shape)) instead."
-        )
-    return value
+            draw = original(level.length, *size, **kwargs)
+        return level.wrap_input(draw, 0)
+    guarded.__name__ = name
+    return guarded
 
 
 @contextlib.contextmanager
 def random_guard(level, randomness, call):
-    """Watch random functions while a vmap runs (see the NOTE above)."""
-    with _RandomnessMode(level, randomness, call):
+    """Guard torch's random creation functions while a vmap runs (see the NOTE above)."""
+    originals = {name: getattr(torch, name) for name in CREATION_FUNCTIONS}
+    try:
+        for name, original in originals.items():
+            setattr(torch, name, _guarded(name, original, level, randomness, call))
         yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch, name, original)
