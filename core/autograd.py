@@ -241,7 +241,7 @@ class Autograd(Dispatcher):
             tapes.append(self.tape)
 
     def _payloads(self, args):
-        return [a.payload if isinstance(a, AutogradTensor) and a.dispatcher is self else a
+        return [a.payload if type(a) is AutogradTensor and a.dispatcher is self else a
                 for a in args]
 
     def apply(self, prim, *args, **params):
@@ -251,24 +251,30 @@ class Autograd(Dispatcher):
         rule = vjp_rules.get(prim)
         if rule is None:
             raise missing_rule_error(prim, "vjp", "grad")
-        inputs = tuple(a.name if isinstance(a, AutogradTensor) and a.dispatcher is self else None
-                       for a in args)
+        payloads, inputs = [], []
+        for a in args:
+            if type(a) is AutogradTensor and a.dispatcher is self:
+                payloads.append(a.payload)
+                inputs.append(a.name)
+            else:
+                payloads.append(a)
+                inputs.append(None)
         if self.create_graph:
             self._paused += 1
             try:
                 out, backward = rule(*args, **params)
             finally:
                 self._paused -= 1
-            if not (isinstance(out, AutogradTensor) and out.dispatcher is self):
+            if not (type(out) is AutogradTensor and out.dispatcher is self):
                 out = AutogradTensor(self, out)
         else:
-            out_payload, backward = rule(*self._payloads(args), **params)
+            out_payload, backward = rule(*payloads, **params)
             out = AutogradTensor(self, out_payload)
-        if out.name in inputs:  # a rule returned its input unchanged: keep names distinct
-            out._name = fresh_name()
-        shape = out.shape
-        self.tape.record(TapeEntry(prim, params, inputs, args, out.name, tuple(shape),
-                                   out.dtype, backward))
+        name = out.name
+        if name in inputs:  # a rule returned its input unchanged: keep names distinct
+            name = out._name = fresh_name()
+        self.tape.record(TapeEntry(prim, params, inputs, args, name, out.shape, out.dtype,
+                                   backward))
         return out
 
     def wrap_adopted(self, payload, original):

@@ -137,13 +137,11 @@ class FuncTensor:
     # --- torch functions and tensor methods -------------------------------------------------
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        from . import torch_api  # imported here: torch_api is built on ops, which needs bind
-        return torch_api.handle(func, args, kwargs or {})
+        return _torch_api().handle(func, args, kwargs or {})
 
     def __getattr__(self, attribute):
         # Only reached when normal lookup fails: tensor methods come from the torch_api table.
-        from . import torch_api
-        return torch_api.tensor_method(self, attribute)
+        return _torch_api().tensor_method(self, attribute)
 
     def __setitem__(self, index, value):
         raise InPlaceError(
@@ -182,6 +180,19 @@ class FuncTensor:
     @property
     def mT(self):
         return ops.transpose(self, -2, -1)
+
+
+def _torch_api():
+    """The torch_api module. It is built on ops, which is built on this module, so it is
+    imported on first use rather than at import time."""
+    global _torch_api_module
+    if _torch_api_module is None:
+        from . import torch_api
+        _torch_api_module = torch_api
+    return _torch_api_module
+
+
+_torch_api_module = None
 
 
 def name_of(value) -> str:
