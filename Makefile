@@ -31,8 +31,13 @@ test-fast: setup
 notebooks: setup
 	$(BIN)/python notebooks/execute.py
 
+# The glibc settings keep large freed blocks in the heap (no mmap/munmap and page faults
+# per call); benchmarks/RESULTS.md records the values it ran with.
 bench: setup
 	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 $(BIN)/python -m benchmarks.run
+
+bench-quick: setup
+	$(BIN)/python -m benchmarks.run --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info

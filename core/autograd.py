@@ -23,12 +23,13 @@ it saved, which is what every rule here saves (as PyTorch's derivatives.yaml doe
 In JAX, the backward pass over such a tape is ``backward_pass``.
 """
 import contextlib
+import functools
 import math
 
 from . import ops
 from . import primitives as P
 from .dispatch import Dispatcher, FuncTensor, bind, name_of
-from .errors import MissingRuleError, TransformError
+from .errors import MissingRuleError, NonScalarOutputError
 from .names import fresh_name
 from .printing import format_equation, type_string
 
@@ -44,13 +45,15 @@ class AutogradTensor(FuncTensor):
 class TapeEntry:
     """One recorded primitive: what ran, on which names, and its backward closure."""
 
-    __slots__ = ("prim", "params", "inputs", "args", "output", "out_shape", "out_dtype",
-                 "backward")
+    __slots__ = ("prim", "params", "inputs", "input_labels", "args", "output", "out_shape",
+                 "out_dtype", "backward")
 
-    def __init__(self, prim, params, inputs, args, output, out_shape, out_dtype, backward):
+    def __init__(self, prim, params, inputs, input_labels, args, output, out_shape, out_dtype,
+                 backward):
         self.prim = prim
         self.params = params
         self.inputs = inputs  # a name per argument; None where the argument is a constant
+        self.input_labels = input_labels  # names of all arguments, constants included
         self.args = args
         self.output = output
         self.out_shape = out_shape
@@ -58,23 +61,13 @@ class TapeEntry:
         self.backward = backward
 
     @property
-    def input_labels(self) -> list:
-        """Readable names of all arguments, constants included (numbers as literals)."""
-        labels = []
-        for name, arg in zip(self.inputs, self.args):
-            if name is not None:
-                labels.append(name)
-            elif isinstance(arg, (int, float, bool)):
-                labels.append(repr(arg))
-            else:
-                labels.append(name_of(arg))
-        return labels
-
-    @property
     def saved(self) -> dict:
         """What the backward closure captured, by variable name (the saved context)."""
-        closure = getattr(self.backward, "__closure__", None) or ()
-        names = self.backward.__code__.co_freevars if closure else ()
+        backward = self.backward
+        if isinstance(backward, functools.partial):  # custom_vjp: the saved values
+            return {"saved": backward.args[1]}
+        closure = getattr(backward, "__closure__", None) or ()
+        names = backward.__code__.co_freevars if closure else ()
         return {n: c.cell_contents for n, c in zip(names, closure)}
 
     def format(self) -> str:
@@ -125,6 +118,22 @@ class Tape:
         self.level_name = level_name
         self.entries: list[TapeEntry] = []
         self.passes: list[list[BackwardStep]] = []
+        self._constant_labels: dict[int, str] = {}
+
+    def label_of_constant(self, value) -> str:
+        """How the tape names an argument that is not one of its own values: a number as a
+        literal, a labelled tensor or a value of another level by its name, any other tensor
+        as c0, c1, ... in the order the tape first saw it (the tensor itself is not touched)."""
+        if isinstance(value, (int, float, bool)):
+            return repr(value)
+        if isinstance(value, FuncTensor):
+            return value.name
+        name = getattr(value, "t_name", None)
+        if name is None:
+            name = self._constant_labels.get(id(value))
+            if name is None:
+                name = self._constant_labels[id(value)] = f"c{len(self._constant_labels)}"
+        return name
 
     @property
     def steps(self) -> list[BackwardStep]:
@@ -251,14 +260,16 @@ class Autograd(Dispatcher):
         rule = vjp_rules.get(prim)
         if rule is None:
             raise missing_rule_error(prim, "vjp", "grad")
-        payloads, inputs = [], []
+        payloads, inputs, labels = [], [], []
         for a in args:
             if type(a) is AutogradTensor and a.dispatcher is self:
                 payloads.append(a.payload)
                 inputs.append(a.name)
+                labels.append(a.name)
             else:
                 payloads.append(a)
                 inputs.append(None)
+                labels.append(self.tape.label_of_constant(a))
         if self.create_graph:
             self._paused += 1
             try:
@@ -273,8 +284,8 @@ class Autograd(Dispatcher):
         name = out.name
         if name in inputs:  # a rule returned its input unchanged: keep names distinct
             name = out._name = fresh_name()
-        self.tape.record(TapeEntry(prim, params, inputs, args, name, out.shape, out.dtype,
-                                   backward))
+        self.tape.record(TapeEntry(prim, params, inputs, labels, args, name, out.shape,
+                                   out.dtype, backward))
         return out
 
     def wrap_adopted(self, payload, original):
@@ -299,7 +310,7 @@ class Autograd(Dispatcher):
         """
         loss = self.adopt(loss)
         if tuple(loss.shape) != ():
-            raise TransformError(
+            raise NonScalarOutputError(
                 f"{self.name}.grad(loss, inputs): expected a scalar loss, got shape "
                 f"{tuple(loss.shape)}. Fix: reduce it first, e.g. d.sum(loss)."
             )
@@ -422,6 +433,11 @@ def sqrt_vjp(x):
 vjp_rules[P.sqrt_p] = sqrt_vjp
 
 
+def _power(x, exponent):
+    """``x ** exponent`` for a number exponent, without the no-op ``pow x 1``."""
+    return x if exponent == 1 else ops.pow(x, exponent)
+
+
 # --- broadcasting binary ops: each cotangent is summed back to its input's shape ---------------
 def add_vjp(x, y):
     def backward(ct):
@@ -465,7 +481,7 @@ def pow_vjp(x, y):
         x_bar = y_bar = None
         if _is_tensor(x):
             if isinstance(y, (int, float)):
-                x_bar = None if y == 0 else ops.mul(ct, ops.mul(ops.pow(x, y - 1), y))
+                x_bar = None if y == 0 else ops.mul(ct, ops.mul(_power(x, y - 1), y))
             else:
                 x_bar = sum_to_size(ops.mul(ct, ops.mul(y, ops.pow(x, ops.sub(y, 1)))),
                                     ops.shape_of(x))

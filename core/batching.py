@@ -42,9 +42,10 @@ class Batched(Dispatcher):
 
     transform_name = "vmap"
 
-    def __init__(self, inner, *, length, name="Batched"):
+    def __init__(self, inner, *, length, name="Batched", call=None):
         super().__init__(inner, name=name)
         self.length = length
+        self.call = call or f"{name}(length={length})"
 
     def apply(self, prim, *args, **params):
         values, bdims, batched = [], [], False
@@ -84,7 +85,8 @@ class Batched(Dispatcher):
         return move_bdim(value.payload, value.bdim, 0)
 
     def concrete(self, value):
-        raise no_concrete_value(value, "bool() or .item()")
+        raise no_concrete_value(self.call, "Python asked for a concrete value (bool(), .item(), "
+                                "an if statement)")
 
 
 # --- helpers -----------------------------------------------------------------------------------

@@ -21,6 +21,18 @@ from .forward import jvp_rules
 from .primitives import Primitive
 
 
+def _run_custom_backward(custom, saved, count, ct):
+    cts = custom.bwd(saved, ct)
+    if not isinstance(cts, tuple) or len(cts) != count:
+        got = f"a tuple of length {len(cts)}" if isinstance(cts, tuple) else type(cts).__name__
+        raise TransformUsageError(
+            f"{custom.prim.name}: the custom backward must return a tuple with one cotangent "
+            f"per argument ({count}), got {got}. Fix: return (ct_x, ct_y, ...), with None for "
+            "arguments that get no gradient."
+        )
+    return cts
+
+
 class custom_vjp:
     """Decorator for a function with a custom backward.
 
@@ -70,19 +82,8 @@ class custom_vjp:
 
     def _vjp_rule(self, *args):
         out, saved = self.fwd(*args)
-        bwd = self.bwd
-        name = self.prim.name
-
-        def backward(ct):
-            cts = bwd(saved, ct)
-            if not isinstance(cts, tuple) or len(cts) != len(args):
-                raise TransformUsageError(
-                    f"{name}: the custom backward must return a tuple with one cotangent per "
-                    f"argument ({len(args)}), got {type(cts).__name__}"
-                    f"{' of length ' + str(len(cts)) if isinstance(cts, tuple) else ''}."
-                )
-            return cts
-        return out, backward
+        # The closure captures only `saved` (and the backward): that is the saved context.
+        return out, functools.partial(_run_custom_backward, self, saved, len(args))
 
     def _jvp_rule(self, primals, tangents):
         from .transforms import jvp

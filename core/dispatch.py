@@ -302,9 +302,10 @@ class Dispatcher:
 
         def explicit_op(*args, name=None, **kwargs):
             adopted = [self._adopt_argument(a) for a in args]
-            out = op(*adopted, **kwargs)
-            if name is not None:
-                rename(out, name)
+            with _explicit_call():
+                out = op(*adopted, **kwargs)
+                if name is not None:
+                    rename(out, name)
             return out
 
         explicit_op.__name__ = op_name
@@ -387,7 +388,10 @@ class Logger(Dispatcher):
         payloads = [a.payload if isinstance(a, FuncTensor) and a.dispatcher is self else a
                     for a in args]
         out = LoggedTensor(self, bind(prim, *payloads, **params))
-        self._print(out, prim, args, params)
+        if _explicit_depth:
+            _deferred_lines.append(lambda: self._print(out, prim, args, params))
+        else:
+            self._print(out, prim, args, params)
         return out
 
     def _print(self, out, prim, args, params):
@@ -402,6 +406,28 @@ class Logger(Dispatcher):
 
     def wrap_adopted(self, payload, original):
         return LoggedTensor(self, payload, name_of(original))
+
+
+# --- explicit calls: Logger lines wait until the result has its final name -----------------
+_explicit_depth = 0
+_deferred_lines: list = []
+
+
+@contextlib.contextmanager
+def _explicit_call():
+    """While an explicit op runs, Loggers defer their lines; they print once the op has
+    returned and ``name=`` has been applied, so a line shows the name the user chose."""
+    global _explicit_depth
+    _explicit_depth += 1
+    try:
+        yield
+    finally:
+        _explicit_depth -= 1
+        if _explicit_depth == 0:
+            lines = list(_deferred_lines)
+            _deferred_lines.clear()
+            for print_line in lines:
+                print_line()
 
 
 # --- the stack of transform levels -------------------------------------------------------------
@@ -443,9 +469,9 @@ def unsupported(what: str) -> UnsupportedOperationError:
     )
 
 
-def no_concrete_value(value, what) -> BatchedControlFlowError:
+def no_concrete_value(call, what) -> BatchedControlFlowError:
     return BatchedControlFlowError(
-        f"{what} on a value batched by vmap: a batched value has one value per example, so "
+        f"{call}: {what} on a value batched by vmap: a batched value has one value per example, so "
         "Python cannot branch on it or read it as a number. Fix: use torch.where(cond, a, b) "
         "instead of an if statement, or move the Python logic outside of vmap."
     )

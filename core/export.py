@@ -2,6 +2,7 @@
 
 Each equation becomes one ``call_function`` node whose target is the plain torch function
 (``torch.sin``, ``operator.mul``, ...), so ``GraphModule.code`` reads like hand-written code.
+The transposes of gather and diagonal are written as torch's own scatters into fresh zeros.
 """
 import operator
 
@@ -46,6 +47,13 @@ def program_to_fx(program) -> torch.fx.GraphModule:
             node = graph.call_function(torch.cat, (args,), {"dim": params["dim"]})
         elif prim is P.gather_p:
             node = graph.call_function(torch.gather, (args[0], params["dim"], args[1]))
+        elif prim is P.scatter_add_p:
+            zeros = graph.call_method("new_zeros", (args[0], params["shape"]))
+            node = graph.call_function(torch.scatter_add, (zeros, params["dim"], args[1], args[0]))
+        elif prim is P.diagonal_scatter_p:
+            zeros = graph.call_method("new_zeros", (args[0], params["shape"]))
+            node = graph.call_function(torch.diagonal_scatter, (zeros, args[0]), {
+                "offset": params["offset"], "dim1": params["dim1"], "dim2": params["dim2"]})
         else:
             target, renames = export_target(prim)
             kwargs = {renames.get(k, k): v for k, v in params.items()}

@@ -175,6 +175,11 @@ def sqrt_jvp(primals, tangents):
 jvp_rules[P.sqrt_p] = sqrt_jvp
 
 
+def _power(x, exponent):
+    """``x ** exponent`` for a number exponent, without the no-op ``pow x 1``."""
+    return x if exponent == 1 else ops.pow(x, exponent)
+
+
 # --- broadcasting binary ops -------------------------------------------------------------------
 def add_jvp(primals, tangents):
     out = ops.add(*primals)
@@ -215,7 +220,7 @@ def pow_jvp(primals, tangents):
     x_part = y_part = None
     if x_dot is not None:
         if isinstance(y, (int, float)):
-            x_part = None if y == 0 else ops.mul(x_dot, ops.mul(ops.pow(x, y - 1), y))
+            x_part = None if y == 0 else ops.mul(x_dot, ops.mul(_power(x, y - 1), y))
         else:
             x_part = ops.mul(x_dot, ops.mul(y, ops.pow(x, ops.sub(y, 1))))
     if y_dot is not None:

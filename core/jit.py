@@ -40,7 +40,8 @@ def _signature(leaves):
                     "static and must be hashable. Fix: pass it as a tensor, or as a hashable "
                     "value (a number, a string, a tuple)."
                 ) from None
-            parts.append(("static", leaf))
+            # with its type: 1 == 1.0 == True, but x * 1 and x * 1.0 differ for integer x
+            parts.append(("static", type(leaf), leaf))
     return tuple(parts)
 
 

@@ -483,6 +483,10 @@ def cross_entropy(logits, target, weight=None, size_average=None, ignore_index=-
     return nll_loss(log_probs, target, weight=weight, reduction=reduction)
 
 
-def mse_loss(x, target, size_average=None, reduce=None, reduction="mean"):
+def mse_loss(x, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    # torch >= 2.13 has a weight parameter and passes weight=None through __torch_function__
+    if weight is not None:
+        raise TransformUsageError("mse_loss(..., weight=...): element weights are not supported. "
+                                  "Fix: compute (weight * (x - target) ** 2) and reduce it.")
     difference = sub(x, target)
     return _reduce(mul(difference, difference), reduction, "mse_loss")

@@ -61,8 +61,13 @@ def eliminate_common_subexpressions(program):
     def resolve(operand):
         return replacement.get(operand, operand) if isinstance(operand, Var) else operand
 
+    # NOTE [Literal keys carry their type]
+    # 2 == 2.0 == True in Python, with one hash, but `mul a 2` and `mul a 2.0` differ for an
+    # integer `a` (i64 vs f32 results), so a literal's key is its type and its repr.
     def key_of(operand):
-        return ("literal", operand.value) if isinstance(operand, Literal) else id(operand)
+        if isinstance(operand, Literal):
+            return ("literal", type(operand.value), repr(operand.value))
+        return id(operand)
 
     for equation in program.equations:
         inputs = [resolve(o) for o in equation.inputs]
@@ -125,10 +130,14 @@ def fold_symbolic_zeros(program):
             elif is_zero(y) and isinstance(x, Var) and (x.shape, x.dtype) == (out.shape, out.dtype):
                 replacement[out] = x  # x + 0 and x - 0 are x
                 continue
-            elif prim is P.add_p and isinstance(y, Var) and (y.shape, y.dtype) == (out.shape, out.dtype):
+            # (x must be the zero: `1 + zeros` is not zeros, nor is `x + zeros` when the
+            # zeros broadcast x to a larger shape)
+            elif is_zero(x) and prim is P.add_p and isinstance(y, Var) \
+                    and (y.shape, y.dtype) == (out.shape, out.dtype):
                 replacement[out] = y  # 0 + y is y
                 continue
-            elif prim is P.sub_p and isinstance(y, Var) and (y.shape, y.dtype) == (out.shape, out.dtype):
+            elif is_zero(x) and prim is P.sub_p and isinstance(y, Var) \
+                    and (y.shape, y.dtype) == (out.shape, out.dtype):
                 equations.append(Equation(P.neg_p, [y], {}, out))  # 0 - y is -y
                 continue
         equations.append(Equation(prim, inputs, equation.params, out))

@@ -11,6 +11,7 @@ said while tracing.
 program gives the same program back.
 """
 import html
+import math
 import operator
 
 import optree
@@ -61,6 +62,12 @@ class Equation:
         self.inputs = list(inputs)
         self.params = dict(params)
         self.out = out
+
+    def __repr__(self):
+        operands = " ".join(repr(o.value) if isinstance(o, Literal) else o.type
+                            for o in self.inputs)
+        params = "".join(f" {k}={format_param(v)}" for k, v in self.params.items())
+        return f"Equation({self.out.type} = {self.prim.name} {operands}{params})"
 
 
 def _letters(index: int) -> str:
@@ -120,7 +127,8 @@ class Program:
         return names
 
     def _operand_text(self, operand, names):
-        return repr(operand.value) if isinstance(operand, Literal) else names[operand]
+        # "?" names a var that nothing defines, so that typecheck can show the equation
+        return repr(operand.value) if isinstance(operand, Literal) else names.get(operand, "?")
 
     def equation_text(self, equation, names=None) -> str:
         names = names or self.names()
@@ -221,7 +229,7 @@ class Program:
         leaves, treedef = optree.tree_flatten((tuple(args), dict(kwargs)))
         if self.in_treedef is not None and treedef != self.in_treedef:
             raise TransformUsageError(
-                f"{self.name} program(<inputs>): expected inputs with the traced structure "
+                f"program {self.name}(<inputs>): expected inputs with the traced structure "
                 f"{self.in_treedef}, got {treedef}. Fix: call it like the traced function."
             )
         if self.static_leaves is None:
@@ -230,13 +238,13 @@ class Program:
             tensors = [leaf for leaf, static in zip(leaves, self.static_leaves) if static is None]
         if len(tensors) != len(self.inputs):
             raise TransformUsageError(
-                f"{self.name} program(<inputs>): expected {len(self.inputs)} tensor inputs, got "
+                f"program {self.name}(<inputs>): expected {len(self.inputs)} tensor inputs, got "
                 f"{len(tensors)}."
             )
         for position, (value, var) in enumerate(zip(tensors, self.inputs)):
             if tuple(value.shape) != var.shape:
                 raise TransformUsageError(
-                    f"{self.name} program(<inputs>): input {position} should have type "
+                    f"program {self.name}(<inputs>): input {position} should have type "
                     f"{var.type}, got shape {tuple(value.shape)}. Fix: trace again for new "
                     "shapes (jit does this for you)."
                 )
@@ -276,13 +284,18 @@ class Program:
         for var, value in self.constants:
             globals_[names[var]] = value
         args = ", ".join(names[v] for v in self.inputs)
-        lines = [f"def {function_name or _identifier(self.name)}({args}):"]
+        function_name = function_name or _identifier(self.name)
+        lines = [f"def {function_name}({args}):"]
+        # the generated function's own name and its locals are never reused for a callable
+        # (a custom function called `b` would be shadowed by the local `b`)
+        reserved = {function_name, *names.values()}
         for equation in self.equations:
-            operands = [repr(o.value) if isinstance(o, Literal) else names[o]
+            operands = [_literal_source(o.value) if isinstance(o, Literal) else names[o]
                         for o in equation.inputs]
-            expression = emit_call(equation.prim, operands, equation.params, globals_)
+            expression = emit_call(equation.prim, operands, equation.params, globals_,
+                                   reserved=reserved)
             lines.append(f"    {names[equation.out]} = {expression}")
-        outputs = ", ".join(repr(o.value) if isinstance(o, Literal) else names[o]
+        outputs = ", ".join(_literal_source(o.value) if isinstance(o, Literal) else names[o]
                             for o in self.outputs)
         lines.append(f"    return ({outputs}{',' if len(self.outputs) == 1 else ''})")
         return "\n".join(lines) + "\n", globals_
@@ -350,20 +363,23 @@ def export_target(prim):
     return prim.impl, {}  # scatter_index, scatter_add, diagonal_scatter, custom functions
 
 
-def _callable_name(target, globals_):
+def _callable_name(target, globals_, reserved=()):
     if getattr(target, "__module__", None) == "torch" and hasattr(torch, target.__name__):
         return f"torch.{target.__name__}"
     if target is torch.Tensor.to:
         return "torch.Tensor.to"
     name = _identifier(getattr(target, "__name__", "function"))
-    while name in globals_ and globals_[name] is not target:
+    while name in reserved or (name in globals_ and globals_[name] is not target):
         name += "_"
     globals_[name] = target
     return name
 
 
-def emit_call(prim, operands, params, globals_) -> str:
-    """One equation's right-hand side as Python source."""
+def emit_call(prim, operands, params, globals_, *, reserved=()) -> str:
+    """One equation's right-hand side as Python source (``reserved``: names not to use for
+    callables)."""
+    if prim is P.pow_p and operands[0].startswith("-"):
+        operands = [f"({operands[0]})", operands[1]]  # -2 ** a is -(2 ** a)
     if prim in INFIX:
         return f"{operands[0]} {INFIX[prim]} {operands[1]}"
     if prim is P.getitem_p:
@@ -374,14 +390,23 @@ def emit_call(prim, operands, params, globals_) -> str:
     if prim is P.gather_p:
         return f"torch.gather({operands[0]}, {params['dim']}, {operands[1]})"
     keywords = [f"{renames.get(k, k)}={_param_source(v)}" for k, v in params.items()]
-    return f"{_callable_name(target, globals_)}({', '.join(operands + keywords)})"
+    return f"{_callable_name(target, globals_, reserved)}({', '.join(operands + keywords)})"
+
+
+def _literal_source(value):
+    """A number as Python source: ``repr``, except that inf and nan are not names."""
+    if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
+        return f"float('{value!r}')"
+    return repr(value)
 
 
 def _param_source(value):
+    # A parameter is a keyword argument, not a subscript: scatter_index's index=(slice(0, 2,
+    # 1),) keeps its slice objects (only getitem is written with the a[0:2] syntax).
     if isinstance(value, torch.dtype):
         return str(value)
-    if isinstance(value, tuple) and any(isinstance(v, slice) or v is None for v in value):
-        return f"({_index_source(value)},)" if len(value) == 1 else f"({_index_source(value)})"
+    if isinstance(value, float):
+        return _literal_source(value)
     return repr(value)
 
 

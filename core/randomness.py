@@ -11,13 +11,16 @@ guarded versions, and put back in ``finally``:
 - ``'different'`` draws one sample per example (a new leading dim, returned as a batched
   value). Under nested vmaps each guard calls the one outside it, so the draw gets every
   batch dim.
-Random functions applied to a wrapped value (``torch.rand_like(x)``, ``F.dropout(x)``) reach
-``__torch_function__`` and are handled (or refused) there.
+``rand_like(x)`` and ``randn_like(x)`` draw for the shape of one example, so they work on a
+batched ``x``. Other random functions applied to a wrapped value (``F.dropout(x)``, and
+``torch.rand_like(x)`` under grad or jvp) reach ``__torch_function__`` and are refused there.
 """
 import contextlib
 
 import torch
 
+from . import torch_api  # noqa: F401  (its tables must capture torch's own random functions,
+#                           so it is imported before any guard replaces them)
 from .errors import RandomnessError
 
 CREATION_FUNCTIONS = ("rand", "randn", "randint", "randperm", "normal", "rand_like",
@@ -27,7 +30,9 @@ _SIZED = {"rand", "randn"}
 _LIKE = {"rand_like": "rand", "randn_like": "randn"}
 
 
-def _guarded(name, original, level, randomness, call):
+def _guarded(name, originals, level, randomness, call):
+    original = originals[name]
+
     def guarded(*args, **kwargs):
         if randomness == "error":
             raise RandomnessError(
@@ -35,7 +40,17 @@ def _guarded(name, original, level, randomness, call):
                 "randomness='different' (independent draws per example) or 'same' (one draw "
                 "shared by the batch) to vmap, or draw the random numbers outside of vmap."
             )
-        if randomness == "same" or (name not in _SIZED and name not in _LIKE):
+        if name in _LIKE:
+            # Draw for the shape of one example (torch's own rand_like cannot take a batched
+            # value), with the creation function outside this guard rather than the guarded one.
+            example = args[0]
+            kwargs.setdefault("dtype", example.dtype)
+            kwargs.setdefault("device", example.device)
+            create = originals[_LIKE[name]]
+            if randomness == "same":
+                return create(*example.shape, **kwargs)
+            return level.wrap_input(create(level.length, *example.shape, **kwargs), 0)
+        if randomness == "same" or name not in _SIZED:
             if randomness == "different":
                 raise RandomnessError(
                     f"{call}: torch.{name} cannot draw per-example samples under "
@@ -43,16 +58,9 @@ def _guarded(name, original, level, randomness, call):
                     "outside of vmap."
                 )
             return original(*args, **kwargs)
-        if name in _LIKE:
-            example = args[0]
-            kwargs.setdefault("dtype", example.dtype)
-            kwargs.setdefault("device", example.device)
-            draw = getattr(torch, _LIKE[name])(level.length, *example.shape, **kwargs)
-        else:
-            size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) \
-                else args
-            draw = original(level.length, *size, **kwargs)
-        return level.wrap_input(draw, 0)
+        size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) \
+            else args
+        return level.wrap_input(original(level.length, *size, **kwargs), 0)
     guarded.__name__ = name
     return guarded
 
@@ -63,7 +71,7 @@ def random_guard(level, randomness, call):
     originals = {name: getattr(torch, name) for name in CREATION_FUNCTIONS}
     try:
         for name, original in originals.items():
-            setattr(torch, name, _guarded(name, original, level, randomness, call))
+            setattr(torch, name, _guarded(name, originals, level, randomness, call))
         yield
     finally:
         for name, original in originals.items():

@@ -104,15 +104,33 @@ def split_vjp(f):
                 "return only values computed from the inputs."
             )
         saved = _saved_values(autograd.tape, forward_level)
+        bwd = _backward_program(name, autograd, saved, out_leaves, inputs, device)
+        bwd, saved = _drop_unread_saved(bwd, saved)
         outputs = [o.payload.var for o in out_leaves] + [s.var for s in saved]
         fwd = simplify(Program(forward_level.inputs, forward_level.constants,
                                forward_level.equations, outputs, device=device,
                                name=f"{name}_fwd"))
         fwd.out_treedef = optree.tree_structure(
             (optree.tree_unflatten(out_treedef, [0] * len(out_leaves)), tuple([0] * len(saved))))
-        bwd = _backward_program(name, autograd, saved, out_leaves, inputs, device)
         return fwd, bwd
     return split
+
+
+def _drop_unread_saved(bwd, saved):
+    """Keep only the saved values that the (simplified) backward program reads.
+
+    NOTE [A closure captures more than its backward reads]
+    The saved context is read off the closures' cells, and a cell can hold a value that the
+    backward never computes with: in ``(x * W).sum() + x.exp().sum()`` with a constant ``W``,
+    add's closure holds both summands (to undo broadcasting) and mul's holds ``x`` for the
+    cotangent of ``W``, which nobody asked for and simplify drops. Saving those would keep
+    them alive between the passes for nothing (here ``x`` and both sums, besides ``exp x``),
+    so they are dropped from both programs, and the forward loses what only computed them.
+    """
+    read = {o for eq in bwd.equations for o in eq.inputs} | set(bwd.outputs)
+    kept = [i for i, var in enumerate(bwd.inputs[:len(saved)]) if var in read]
+    inputs = [bwd.inputs[i] for i in kept] + bwd.inputs[len(saved):]
+    return bwd.replace(inputs=inputs), [saved[i] for i in kept]
 
 
 def _backward_program(name, autograd, saved, out_leaves, inputs, device):

@@ -15,7 +15,7 @@ from .errors import InPlaceError, RandomnessError
 # name -> op, for names that exist both as torch.<name> and Tensor.<name>
 _SHARED = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sin", "cos", "tanh", "sigmoid",
-    "relu", "abs", "sqrt", "sign", "square", "eq", "ne", "lt", "le", "gt", "ge", "where",
+    "relu", "abs", "sqrt", "sign", "square", "eq", "ne", "lt", "le", "gt", "ge",
     "sum", "mean", "amax", "amin", "max", "min", "logsumexp", "softmax", "log_softmax",
     "matmul", "mm", "mv", "bmm", "dot", "permute", "transpose", "t", "reshape", "flatten",
     "unsqueeze", "squeeze", "broadcast_to", "diagonal", "diag", "diag_embed", "trace",
@@ -27,8 +27,11 @@ _TENSOR_ONLY = {
     "double": lambda x: ops.convert(x, torch.float64), "type_as": lambda x, o: ops.convert(x, o.dtype),
     "__getitem__": ops.getitem, "multiply": ops.mul, "divide": ops.div, "subtract": ops.sub,
     "negative": ops.neg,
+    # x.where(condition, y) is torch.where(condition, x, y): the tensor is the first choice
+    "where": lambda x, condition, y: ops.where(condition, x, y),
 }
 _TORCH_ONLY = {
+    "where": ops.where,
     "cat": ops.cat, "concat": ops.cat, "concatenate": ops.cat, "stack": ops.stack,
     "zeros_like": ops.zeros_like, "ones_like": ops.ones_like, "full_like": ops.full_like,
     "multiply": ops.mul, "divide": ops.div, "subtract": ops.sub, "negative": ops.neg,
@@ -109,6 +112,10 @@ def tensor_method(value, attribute):
 
 
 def _qualified_name(func):
+    # the public name: torch.fft.fft, not its binding torch._C._fft.fft_fft
+    public = torch.overrides.resolve_name(func)
+    if public is not None:
+        return public.replace("torch.Tensor.", "Tensor.", 1)
     module = getattr(func, "__module__", None) or "torch"
     name = getattr(func, "__name__", repr(func))
     if getattr(func, "__objclass__", None) is torch._C.TensorBase or module == "torch._tensor":

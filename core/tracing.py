@@ -41,8 +41,9 @@ class Tracing(Dispatcher):
 
     transform_name = "trace"
 
-    def __init__(self, inner, *, device=None, name="Tracing"):
+    def __init__(self, inner, *, device=None, name="Tracing", call="trace(f)(<inputs>)"):
         super().__init__(inner, name=name)
+        self.call = call
         self.device = device or torch.device("cpu")
         self.inputs: list[Var] = []
         self.constants: list[tuple[Var, object]] = []
@@ -62,7 +63,7 @@ class Tracing(Dispatcher):
         if isinstance(value, (torch.Tensor, FuncTensor)):
             return self._constant(value)
         raise TransformUsageError(
-            f"trace: an operation received a {type(value).__name__}; expected tensors or "
+            f"{self.call}: an operation received a {type(value).__name__}; expected tensors or "
             "numbers. Fix: pass only tensors and numbers to torch operations."
         )
 
@@ -86,7 +87,7 @@ class Tracing(Dispatcher):
 
     def concrete(self, value):
         raise TransformError(
-            "trace: Python needed the concrete value of a traced tensor (bool(), .item(), an "
+            f"{self.call}: Python needed the concrete value of a traced tensor (bool(), .item(), an "
             "if statement or a loop bound), but a traced value has only a shape and a dtype. "
             "Fix: use torch.where for data-dependent choices, or keep the Python logic outside "
             "the traced function."
@@ -116,7 +117,8 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
     arrays = [leaf for leaf in leaves if _is_array(leaf)]
     if device is None:
         device = arrays[0].device if arrays else torch.device("cpu")
-    level = new_level(Tracing, device=device)
+    name = name or getattr(f, "__name__", "f")
+    level = new_level(Tracing, device=device, call=f"trace({name})(<inputs>)")
     with transform_scope(level):
         traced_leaves = [level.new_input(leaf.shape, leaf.dtype) if _is_array(leaf) else leaf
                          for leaf in leaves]
@@ -133,13 +135,13 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
             outputs.append(level._constant(leaf))
         else:
             raise TransformUsageError(
-                f"trace({getattr(f, '__name__', 'f')})(<inputs>): expected the function to "
+                f"trace({name})(<inputs>): expected the function to "
                 f"return tensors, got a leaf of type {type(leaf).__name__}."
             )
     static = [None if _is_array(leaf) else leaf for leaf in leaves]
     return Program(level.inputs, level.constants, level.equations, outputs,
                    in_treedef=treedef, out_treedef=out_treedef, static_leaves=static,
-                   device=device, name=name or getattr(f, "__name__", "f"))
+                   device=device, name=name)
 
 
 def trace(f):

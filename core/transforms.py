@@ -264,7 +264,8 @@ def jvp(f, primals, tangents, has_aux=False):
         if tuple(p.shape) != tuple(t.shape):
             raise TransformUsageError(
                 f"{call}: expected each tangent to have its primal's shape, got a tangent of "
-                f"shape {tuple(t.shape)} for a primal of shape {tuple(p.shape)}."
+                f"shape {tuple(t.shape)} for a primal of shape {tuple(p.shape)}. Fix: give each "
+                "tangent its primal's shape."
             )
     level = new_level(Forward)
     with transform_scope(level):
@@ -313,10 +314,11 @@ def _broadcast_dims(dims, tree, call, what):
         return optree.tree_flatten(optree.tree_broadcast_prefix(dims, tree, none_is_leaf=True),
                                    none_is_leaf=True)[0]
     except (ValueError, TypeError) as error:
+        where = "input" if what == "in_dims" else "output"
         raise TransformUsageError(
-            f"{call}: {what} is not compatible with the structure of "
-            f"{'inputs' if what == 'in_dims' else 'outputs'}: {error}. Fix: give one dim per "
-            "argument (a tuple as long as the arguments), or a single int or None for all."
+            f"{call}: {what} is not compatible with the structure of {where}s: "
+            f"{str(error).rstrip('.')}. Fix: give one dim per {where} (a tuple as long as the "
+            f"{where}s, or a matching pytree prefix), or a single int or None for all."
         ) from None
 
 
@@ -360,7 +362,9 @@ def vmap(f, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         outputs = []
         for start in range(0, size, chunk_size):
             stop = min(start + chunk_size, size)
-            chunk = [leaf if d is None else ops.getitem(leaf, (slice(None),) * d + (slice(start, stop),))
+            # d may be negative (in_dims=-1): count the leading full slices from the front
+            chunk = [leaf if d is None else
+                     ops.getitem(leaf, (slice(None),) * (d % leaf.dim()) + (slice(start, stop),))
                      for leaf, d in zip(arg_leaves, dim_leaves)]
             outputs.append(_vmap_call(f, chunk, arg_treedef, dim_leaves, stop - start, kwargs,
                                       out_dims, randomness, call))
@@ -405,7 +409,7 @@ def _batch_size(arg_leaves, dim_leaves, call):
 
 def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, randomness,
                call):
-    level = new_level(Batched, length=size)
+    level = new_level(Batched, length=size, call=call)
     with transform_scope(level), random_guard(level, randomness, call):
         wrapped = [leaf if d is None else level.wrap_input(leaf, d % len(leaf.shape))
                    for leaf, d in zip(arg_leaves, dim_leaves)]

@@ -1,0 +1,327 @@
+"""Misuse raises a TransformError subclass whose message names the call, what was expected,
+what was got and the fix; and the engine is usable right after (no level left behind)."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import minifunctorch.core as mf
+from minifunctorch.core import (
+    BatchedControlFlowError,
+    InPlaceError,
+    MissingRuleError,
+    NonScalarOutputError,
+    Primitive,
+    RandomnessError,
+    TransformError,
+    TransformUsageError,
+    UnsupportedOperationError,
+    bind,
+    vjp_rules,
+)
+from minifunctorch.core import dispatch
+
+# torch.func scripts its decompositions on first use; torch deprecates torch.jit.script
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+
+x3 = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+batch = torch.arange(6.0, dtype=torch.float64).reshape(2, 3)
+
+
+def check_engine_still_works():
+    """The stack holds only the Torch level, and normal transforms run and are right."""
+    assert len(dispatch._transform_stack) == 1, dispatch._transform_stack
+    torch.testing.assert_close(mf.grad(lambda x: (x.sin() * x).sum())(x3),
+                               x3.sin() + x3 * x3.cos())
+    torch.testing.assert_close(mf.vmap(lambda x: x.sum())(batch), batch.sum(1))
+    torch.testing.assert_close(mf.jvp(torch.exp, (x3,), (torch.ones(3, dtype=torch.float64),)),
+                               (x3.exp(), x3.exp()))
+
+
+def raises(error_type, pattern, function, *args):
+    with pytest.raises(error_type, match=pattern) as info:
+        function(*args)
+    assert isinstance(info.value, TransformError), "every user error is a TransformError"
+    check_engine_still_works()
+    return info.value
+
+
+# --- grad ----------------------------------------------------------------------------------------
+def test_grad_of_non_scalar_output():
+    def f(x):
+        return x * 2
+    error = raises(NonScalarOutputError,
+                   r"^grad\(f\)\(<inputs>\): expected the function to return a scalar tensor "
+                   r"\(shape \(\)\), got shape \(3,\)\. Fix: .*jacrev.*%%jacobian",
+                   mf.grad(f), x3)
+    assert isinstance(error, ValueError)
+
+
+def test_grad_of_non_scalar_output_inside_vmap_and_grad():
+    raises(NonScalarOutputError, r"^grad\(<lambda>\)\(<inputs>\): .*got shape \(2,\)",
+           mf.vmap(mf.grad(lambda x: x[:2])), batch)
+    raises(NonScalarOutputError, r"^grad\(<lambda>\)\(<inputs>\): .*got shape \(3,\)",
+           mf.grad(lambda x: mf.grad(lambda y: y * x)(x).sum()), x3)
+
+
+@pytest.mark.parametrize("argnums, shown", [(2, "2"), ((0, 5), r"\(0, 5\)"), (-3, "-3")])
+def test_argnums_out_of_range(argnums, shown):
+    def f(x, y):
+        return (x * y).sum()
+    raises(TransformUsageError,
+           rf"^grad\(f, argnums={shown}\)\(<inputs>\): argnums={shown} is out of range: the "
+           r"function got 2 positional argument\(s\)\. Fix: use argnums between -2 and 1\.",
+           mf.grad(f, argnums=argnums), x3, x3)
+
+
+def test_argnums_of_the_wrong_type():
+    raises(TransformUsageError, r"^grad\(<lambda>, argnums=1\.5\)\(<inputs>\): expected argnums "
+           r"to be an int or a non-empty tuple of ints, got 1\.5\. Fix:",
+           mf.grad(lambda x: x.sum(), argnums=1.5), x3)
+    raises(TransformUsageError, r"^jacrev\(<lambda>\)\(<inputs>\): argnums=3 is out of range",
+           mf.jacrev(lambda x: x, argnums=3), x3)
+
+
+def test_has_aux_without_a_pair():
+    raises(TransformUsageError, r"^grad\(<lambda>\)\(<inputs>\): with has_aux=True the function "
+           r"must return a pair \(output, aux\).*Fix:",
+           mf.grad(lambda x: x.sum(), has_aux=True), x3)
+
+
+def test_grad_of_a_non_tensor_argument():
+    raises(TransformUsageError, r"^grad\(<lambda>\)\(<inputs>\): expected argument 0 to contain "
+           r"only tensors, got a leaf of type float\. Fix:",
+           mf.grad(lambda x: x * 2), 3.0)
+
+
+# --- vmap ----------------------------------------------------------------------------------------
+def test_in_dims_not_matching_the_number_of_inputs():
+    def f(x, y):
+        return x + y
+    raises(TransformUsageError,
+           r"^vmap\(f, in_dims=\(0,\)\)\(<inputs>\): in_dims is not compatible with the "
+           r"structure of inputs.*Fix:",
+           mf.vmap(f, in_dims=(0,)), batch, batch)
+
+
+def test_in_dims_not_matching_the_structure_of_an_input():
+    def f(tree):
+        return tree["a"]
+    raises(TransformUsageError,
+           r"(?s)^vmap\(f, in_dims=\(\{'b': 0\},\)\)\(<inputs>\): in_dims is not compatible with "
+           r"the structure of inputs: .*key.*Fix:",
+           mf.vmap(f, in_dims=({"b": 0},)), {"a": batch})
+    raises(TransformUsageError,
+           r"^vmap\(f, in_dims=\(\(0, 0\),\)\)\(<inputs>\): in_dims is not compatible with the "
+           r"structure of inputs",
+           mf.vmap(f, in_dims=((0, 0),)), batch)
+
+
+def test_in_dim_out_of_range():
+    raises(TransformUsageError, r"^vmap\(<lambda>, in_dims=2\)\(<inputs>\): in_dim=2 is out of "
+           r"range for an input of shape \(2, 3\)\. Fix: use a dim in \[-2, 1\]\.",
+           mf.vmap(lambda x: x, in_dims=2), batch)
+
+
+def test_inconsistent_batch_sizes():
+    error = raises(TransformUsageError,
+                   r"^vmap\(add\)\(<inputs>\): expected all batched inputs to have the same "
+                   r"batch size, got size 2 for input\(s\) \[0\], size 4 for input\(s\) \[1\]\. "
+                   r"Fix:",
+                   mf.vmap(torch.add), batch, torch.ones(4, 3, dtype=torch.float64))
+    assert isinstance(error, ValueError)
+
+
+@pytest.mark.parametrize("in_dims", [None, (None, None)], ids=str)
+def test_vmap_with_no_batched_input(in_dims):
+    raises(TransformUsageError, r"^vmap\(add, in_dims=.*\)\(<inputs>\): at least one input must "
+           r"be batched, but in_dims is None for every input\. Fix:",
+           mf.vmap(torch.add, in_dims=in_dims), x3, x3)
+
+
+def test_out_dims_errors():
+    raises(TransformUsageError,
+           r"(?s)^vmap\(<lambda>\)\(<inputs>\): out_dims is not compatible with the "
+           r"structure of outputs.*Fix: give one dim per output",
+           mf.vmap(lambda x: x, out_dims=(0, 0)), batch)
+    raises(TransformUsageError, r"^vmap\(<lambda>\)\(<inputs>\): out_dims is None for an output "
+           r"that varies over the batch\. Fix:",
+           mf.vmap(lambda x: x, out_dims=None), batch)
+
+
+def test_vmap_options_are_checked():
+    with pytest.raises(TransformUsageError, match=r"randomness='sometimes'.*'error', 'same' or "
+                       r"'different'"):
+        mf.vmap(lambda x: x, randomness="sometimes")
+    with pytest.raises(TransformUsageError, match=r"chunk_size=0.*positive int"):
+        mf.vmap(lambda x: x, chunk_size=0)
+    check_engine_still_works()
+
+
+def test_python_control_flow_on_a_batched_value():
+    def f(x):
+        return x if x.sum() > 0 else -x
+    error = raises(BatchedControlFlowError, r"^vmap\(f\)\(<inputs>\): Python asked for a concrete "
+                   r"value \(bool\(\), \.item\(\).*on a value batched by vmap.*Fix: use "
+                   r"torch\.where", mf.vmap(f), batch)
+    assert isinstance(error, RuntimeError)
+
+
+def test_item_on_a_batched_value():
+    raises(BatchedControlFlowError, r"^vmap\(<lambda>\)\(<inputs>\): .*\.item\(\).* on a value batched by vmap",
+           mf.vmap(lambda x: x * x.sum().item()), batch)
+    raises(BatchedControlFlowError, r"on a value batched by vmap",
+           mf.vmap(lambda x: x * float(x[0])), batch)
+
+
+def test_control_flow_is_fine_on_unbatched_values_inside_vmap():
+    weights = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+
+    def f(x):
+        return x * weights if weights.sum() > 0 else x  # weights is not batched
+    torch.testing.assert_close(mf.vmap(f)(batch), batch * weights)
+
+
+def test_random_function_inside_vmap_with_randomness_error():
+    raises(RandomnessError, r"^vmap\(<lambda>\)\(<inputs>\): torch\.rand was called under vmap "
+           r"with randomness='error'\. Fix: pass randomness='different'",
+           mf.vmap(lambda x: x + torch.rand(3)), batch)
+    raises(RandomnessError, r"torch\.randn_like was called under vmap with randomness='error'",
+           mf.vmap(lambda x: x + torch.randn_like(x)), batch)
+    # the guards are gone afterwards
+    assert torch.rand(2).shape == (2,)
+
+
+def test_random_function_on_a_wrapped_value_under_grad():
+    raises(RandomnessError, r"torch\.rand_like: random operations on values inside a transform "
+           r"are not supported\. Fix: draw the random numbers outside",
+           mf.grad(lambda x: (torch.rand_like(x) * x).sum()), x3)
+
+
+def test_random_functions_are_recognized_whatever_runs_first():
+    """torch_api's table of random functions must not capture vmap's guarded versions when the
+    first wrapped op of a fresh process runs under vmap."""
+    code = (
+        "import torch, minifunctorch.core as mf\n"
+        "mf.vmap(lambda x: x.sin())(torch.zeros(2, 3))\n"
+        "try:\n"
+        "    mf.grad(lambda x: torch.rand_like(x).sum())(torch.zeros(3))\n"
+        "except mf.RandomnessError:\n"
+        "    print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+# --- missing rules and unsupported functions -----------------------------------------------------
+@pytest.fixture
+def vjp_only_primitive():
+    """A primitive with an impl and a vjp rule, and nothing else."""
+    double_p = Primitive("double", lambda x: x * 2)
+    vjp_rules[double_p] = lambda x: (bind(double_p, x), lambda ct: (ct * 2,))
+    yield double_p
+    del vjp_rules[double_p]
+
+
+def test_op_without_a_batching_rule_under_vmap(vjp_only_primitive):
+    double_p = vjp_only_primitive
+    torch.testing.assert_close(mf.grad(lambda x: bind(double_p, x).sum())(x3),
+                               torch.full((3,), 2.0, dtype=torch.float64))
+    error = raises(MissingRuleError, r"vmap.*'double' has no batching rule.*custom_vjp",
+                   mf.vmap(lambda x: bind(double_p, x)), batch)
+    assert isinstance(error, NotImplementedError)
+    raises(MissingRuleError, r"jvp.*'double' has no jvp rule.*custom_vjp",
+           mf.jvp, lambda x: bind(double_p, x), (x3,), (x3,))
+
+
+def test_op_without_a_vjp_rule_under_grad():
+    triple_p = Primitive("triple", lambda x: x * 3)
+    raises(MissingRuleError, r"grad.*'triple' has no vjp rule.*custom_vjp",
+           mf.grad(lambda x: bind(triple_p, x).sum()), x3)
+
+
+@pytest.mark.parametrize("function, name", [
+    (lambda x: torch.fft.fft(x).abs().sum(), r"torch\.fft\.fft"),
+    (lambda x: torch.cumsum(x, 0).sum(), r"torch\.cumsum"),
+    (lambda x: x.cumsum(0).sum(), r"x\.cumsum"),
+    (lambda x: torch.special.erf(x).sum(), r"torch\.special\.erf"),
+], ids=["fft", "cumsum", "method", "special"])
+def test_unsupported_torch_function_inside_grad(function, name):
+    error = raises(UnsupportedOperationError,
+                   rf"^(The tensor method )?{name} is not supported inside minifunctorch "
+                   r"transforms.*Fix:", mf.grad(function), x3)
+    assert isinstance(error, NotImplementedError)
+
+
+# --- in-place operations -------------------------------------------------------------------------
+def test_in_place_method_on_a_wrapped_value():
+    raises(InPlaceError, r"^x\.add_\(\.\.\.\): in-place operations on a value inside a transform "
+           r"are not supported\. Fix: use the out-of-place x\.add\(\.\.\.\)",
+           mf.grad(lambda x: x.add_(1).sum()), x3)
+    raises(InPlaceError, r"x\.mul_", mf.vmap(lambda x: x.mul_(2)), batch)
+
+
+def test_item_assignment_on_a_wrapped_value():
+    def f(x):
+        x[0] = 1.0
+        return x.sum()
+    raises(InPlaceError, r"^x\[0\] = \.\.\.: in-place assignment .*Fix:", mf.grad(f), x3)
+    raises(InPlaceError, r"x\[0\] = \.\.\.", mf.vmap(f), batch)
+    assert x3[0] == 0.5 and batch[0, 0] == 0.0, "the inputs were not modified"
+
+
+def test_out_argument_on_a_wrapped_value():
+    raises(InPlaceError, r"torch\.sin\(\.\.\., out=\.\.\.\).*Fix:",
+           mf.grad(lambda x: torch.sin(x, out=torch.empty(3)).sum()), x3)
+
+
+# --- jvp and vjp shapes --------------------------------------------------------------------------
+def test_jvp_with_mismatched_tangent_shape():
+    raises(TransformUsageError, r"^jvp\(sin\)\(<inputs>\): expected each tangent to have its "
+           r"primal's shape, got a tangent of shape \(4,\) for a primal of shape \(3,\)\. Fix:",
+           mf.jvp, torch.sin, (x3,), (torch.ones(4, dtype=torch.float64),))
+
+
+def test_jvp_with_mismatched_structures():
+    raises(TransformUsageError, r"^jvp\(<lambda>\)\(<inputs>\): expected tangents with the "
+           r"structure of primals",
+           mf.jvp, lambda x, y: x * y, (x3, x3), (x3,))
+    raises(TransformUsageError, r"^jvp\(sin\)\(<inputs>\): expected primals and tangents to be "
+           r"tuples, got Tensor and Tensor\. Fix:",
+           mf.jvp, torch.sin, x3, x3)
+
+
+def test_vjp_fn_with_wrong_cotangent_shape():
+    _, vjp_fn = mf.vjp(torch.sin, x3)
+    raises(TransformUsageError, r"^vjp_fn\(cotangents\): expected a cotangent of shape \(3,\), "
+           r"got \(4,\)\. Fix:", vjp_fn, torch.ones(4, dtype=torch.float64))
+    raises(TransformUsageError, r"^vjp_fn\(cotangents\): expected cotangents with the structure "
+           r"of the output", vjp_fn, (torch.ones(3, dtype=torch.float64),))
+    # the vjp function still works after misuse
+    torch.testing.assert_close(vjp_fn(torch.ones(3, dtype=torch.float64)), (x3.cos(),))
+
+
+# --- custom_vjp misuse ---------------------------------------------------------------------------
+def test_custom_vjp_without_backward_and_with_a_bad_backward():
+    @mf.custom_vjp
+    def f(x):
+        return x * 2
+    raises(TransformUsageError, r"^f\(\.\.\.\): this custom_vjp function has no backward yet\. "
+           r"Fix: call f\.defvjp", mf.grad(lambda x: f(x).sum()), x3)
+    f.defvjp(lambda x: (x * 2, ()), lambda saved, ct: ct * 2)  # not a tuple
+    raises(TransformUsageError, r"^f: the custom backward must return a tuple with one "
+           r"cotangent per argument \(1\), got", mf.grad(lambda x: f(x).sum()), x3)
+
+
+# --- the stack after errors ----------------------------------------------------------------------
+def test_errors_deep_in_nested_transforms_leave_no_level():
+    def inner(x):
+        raise ValueError("user code failed")
+
+    for transform in (lambda f: mf.grad(mf.vmap(f)), lambda f: mf.vmap(mf.jacrev(f)),
+                      lambda f: mf.jacfwd(mf.grad(f)), lambda f: mf.hessian(f)):
+        with pytest.raises(ValueError, match="user code failed"):
+            transform(inner)(batch)
+        check_engine_still_works()

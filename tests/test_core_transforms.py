@@ -1,0 +1,582 @@
+"""The transforms' options and compositions, checked against torch.func (or by hand).
+
+pytrees in and out, argnums, has_aux, grad_and_value, linearize, vmap's in_dims / out_dims /
+chunk_size / randomness, functional_call (per-sample gradients, ensembles), custom_vjp,
+perturbation confusion, Python control flow, and the tapes that grad records.
+"""
+import collections
+
+import pytest
+import torch
+import torch.func as tf
+import torch.nn.functional as F
+
+import minifunctorch.core as mf
+
+# torch.func scripts its decompositions on first use (torch deprecates torch.jit.script), and
+# torch.func.linearize's constant folding warns inside torch.fx
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:Attempted to insert a get_attr Node:UserWarning"),
+]
+
+DTYPE = torch.float64
+Pair = collections.namedtuple("Pair", ["first", "second"])
+
+
+def randn(*shape, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=DTYPE)
+
+
+def assert_same(ours, theirs):
+    for leaf in torch.utils._pytree.tree_leaves(ours):
+        assert type(leaf) is torch.Tensor, f"got {type(leaf).__name__} instead of a tensor"
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-8)
+
+
+def assert_same_structure(ours, theirs):
+    """Same containers (dict keys, namedtuple types, tuple vs list), same tensors."""
+    ours_leaves, ours_spec = torch.utils._pytree.tree_flatten(ours)
+    theirs_leaves, theirs_spec = torch.utils._pytree.tree_flatten(theirs)
+    assert ours_spec == theirs_spec, f"{ours_spec} != {theirs_spec}"
+    assert_same(ours_leaves, theirs_leaves)
+
+
+# --- pytrees -------------------------------------------------------------------------------------
+def tree_inputs(seed=0):
+    return {"w": randn(3, seed=seed),
+            "pair": Pair(randn(2, 3, seed=seed + 1), randn(seed=seed + 2)),
+            "rest": [randn(3, seed=seed + 3), (randn(2, seed=seed + 4),)]}
+
+
+def tree_scalar(tree):
+    pair, (v, (u,)) = tree["pair"], tree["rest"]
+    return (torch.sin(pair.first @ tree["w"]) * u).sum() + pair.second * (v * tree["w"]).sum()
+
+
+def tree_to_tree(tree, scale):
+    pair, (v, (u,)) = tree["pair"], tree["rest"]
+    return {"out": Pair(pair.first * tree["w"] * scale, (u * pair.second).exp()),
+            "list": [torch.tanh(v), v.sum() * scale]}
+
+
+def test_grad_of_pytree_input():
+    tree = tree_inputs()
+    assert_same_structure(mf.grad(tree_scalar)(tree), tf.grad(tree_scalar)(tree))
+
+
+def test_vjp_pytrees_in_and_out():
+    tree, scale = tree_inputs(), randn(seed=9)
+    out, vjp_fn = mf.vjp(tree_to_tree, tree, scale)
+    out_t, vjp_fn_t = tf.vjp(tree_to_tree, tree, scale)
+    assert_same_structure(out, out_t)
+    cotangents = torch.utils._pytree.tree_map(lambda o: torch.ones_like(o) * 0.5, out_t)
+    assert_same_structure(vjp_fn(cotangents), vjp_fn_t(cotangents))
+
+
+def test_jvp_pytrees_in_and_out():
+    tree, scale = tree_inputs(), randn(seed=9)
+    tangents = (tree_inputs(seed=20), randn(seed=30))
+    ours = mf.jvp(tree_to_tree, (tree, scale), tangents)
+    theirs = tf.jvp(tree_to_tree, (tree, scale), tangents)
+    assert_same_structure(ours, theirs)
+
+
+def test_vmap_pytrees_in_and_out():
+    batched = torch.utils._pytree.tree_map(lambda a: torch.stack([a, 2 * a, -a, a + 1]),
+                                           tree_inputs())
+    scale = randn(4, seed=9)
+    assert_same_structure(mf.vmap(tree_to_tree)(batched, scale),
+                          tf.vmap(tree_to_tree)(batched, scale))
+
+
+def test_jacrev_pytrees_in_and_out():
+    tree, scale = tree_inputs(), randn(seed=9)
+    assert_same_structure(mf.jacrev(tree_to_tree, argnums=(0, 1))(tree, scale),
+                          tf.jacrev(tree_to_tree, argnums=(0, 1))(tree, scale))
+
+
+def test_jacfwd_pytree_input():
+    tree, scale = tree_inputs(), randn(seed=9)
+    assert_same_structure(mf.jacfwd(tree_to_tree)(tree, scale),
+                          tf.jacfwd(tree_to_tree)(tree, scale))
+
+
+# --- argnums, has_aux, grad_and_value, linearize ------------------------------------------------
+def three_args(x, y, z):
+    return (x.sin() * y).sum() * z + (y ** 2).sum()
+
+
+@pytest.mark.parametrize("argnums", [0, 1, 2, -1, (0, 2), (2, 0), (0, 1, 2), (-1, 1)],
+                         ids=str)
+def test_grad_argnums(argnums):
+    args = randn(3, seed=1), randn(3, seed=2), randn(seed=3)
+    assert_same(mf.grad(three_args, argnums=argnums)(*args),
+                tf.grad(three_args, argnums=argnums)(*args))
+
+
+@pytest.mark.parametrize("argnums", [1, (0, 2)], ids=str)
+def test_jacobian_argnums(argnums):
+    args = randn(3, seed=1), randn(3, seed=2), randn(seed=3)
+    f = lambda x, y, z: x.sin() * y * z  # noqa: E731
+    assert_same(mf.jacrev(f, argnums=argnums)(*args), tf.jacrev(f, argnums=argnums)(*args))
+    assert_same(mf.jacfwd(f, argnums=argnums)(*args), tf.jacfwd(f, argnums=argnums)(*args))
+
+
+def with_aux(x):
+    y = x.sin()
+    return (y * x).sum(), {"y": y, "norm": (x * x).sum()}
+
+
+def test_grad_has_aux():
+    x = randn(3)
+    assert_same(mf.grad(with_aux, has_aux=True)(x), tf.grad(with_aux, has_aux=True)(x))
+
+
+def test_grad_and_value():
+    x = randn(3)
+    assert_same(mf.grad_and_value(lambda x: (x.exp() * x).sum())(x),
+                tf.grad_and_value(lambda x: (x.exp() * x).sum())(x))
+    assert_same(mf.grad_and_value(with_aux, has_aux=True)(x),
+                tf.grad_and_value(with_aux, has_aux=True)(x))
+    args = randn(3, seed=1), randn(3, seed=2), randn(seed=3)
+    assert_same(mf.grad_and_value(three_args, argnums=(1, 2))(*args),
+                tf.grad_and_value(three_args, argnums=(1, 2))(*args))
+
+
+def test_vjp_has_aux():
+    x = randn(3)
+    out, vjp_fn, aux = mf.vjp(with_aux, x, has_aux=True)
+    out_t, vjp_fn_t, aux_t = tf.vjp(with_aux, x, has_aux=True)
+    assert_same((out, aux), (out_t, aux_t))
+    assert_same(vjp_fn(torch.tensor(2.0, dtype=DTYPE)), vjp_fn_t(torch.tensor(2.0, dtype=DTYPE)))
+
+
+def test_jvp_has_aux():
+    x, t = randn(3), randn(3, seed=1)
+    assert_same(mf.jvp(with_aux, (x,), (t,), has_aux=True),
+                tf.jvp(with_aux, (x,), (t,), has_aux=True))
+
+
+def vector_with_aux(x):
+    return x.sin() * x, {"cos": x.cos()}
+
+
+@pytest.mark.parametrize("jac", ["jacrev", "jacfwd"])
+def test_jacobian_has_aux(jac):
+    x = randn(3)
+    assert_same(getattr(mf, jac)(vector_with_aux, has_aux=True)(x),
+                getattr(tf, jac)(vector_with_aux, has_aux=True)(x))
+
+
+def test_linearize():
+    f = lambda x, y: (x.sin() * y, (x @ y).exp())  # noqa: E731
+    x, y = randn(3), randn(3, seed=1)
+    out, jvp_fn = mf.linearize(f, x, y)
+    out_t, jvp_fn_t = tf.linearize(f, x, y)
+    assert_same(out, out_t)
+    for seed in (2, 3):
+        tangents = randn(3, seed=seed), randn(3, seed=seed + 10)
+        assert_same(jvp_fn(*tangents), jvp_fn_t(*tangents))
+
+
+# --- vmap options --------------------------------------------------------------------------------
+def two_outputs(x, y):
+    return x * y.sum(), (x @ y.T).tanh()
+
+
+@pytest.mark.parametrize("out_dims", [0, 1, -1, (1, 0), (0, -1)], ids=str)
+def test_vmap_out_dims(out_dims):
+    x, y = randn(4, 3), randn(4, 2, 3, seed=1)
+    assert_same(mf.vmap(two_outputs, out_dims=out_dims)(x, y),
+                tf.vmap(two_outputs, out_dims=out_dims)(x, y))
+
+
+def test_vmap_out_dims_none_for_unbatched_output():
+    weights = randn(2, 3, seed=1)
+
+    def f(x):
+        return x @ weights.T, weights * 2
+    ours = mf.vmap(f, out_dims=(0, None))(randn(4, 3))
+    assert_same(ours, tf.vmap(f, out_dims=(0, None))(randn(4, 3)))
+    assert ours[1].shape == (2, 3)
+
+
+def test_vmap_unbatched_output_is_broadcast():
+    weights = randn(3, seed=1)
+    ours = mf.vmap(lambda x: (x * 2, weights.exp()))(randn(4, 2))
+    assert_same(ours, tf.vmap(lambda x: (x * 2, weights.exp()))(randn(4, 2)))
+    assert ours[1].shape == (4, 3)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 3, 5, 100])
+def test_vmap_chunk_size(chunk_size):
+    x, y = randn(5, 3), randn(3, 5, seed=1)
+    f = lambda x, y: (x.sin() * y, x.sum())  # noqa: E731
+    ours = mf.vmap(f, in_dims=(0, 1), out_dims=(1, 0), chunk_size=chunk_size)(x, y)
+    assert_same(ours, tf.vmap(f, in_dims=(0, 1), out_dims=(1, 0))(x, y))
+
+
+def test_vmap_chunk_size_with_jacrev():
+    x = randn(4)
+    f = lambda x: x.sin() * x.sum()  # noqa: E731
+    assert_same(mf.jacrev(f, chunk_size=3)(x), tf.jacrev(f)(x))
+
+
+def test_vmap_nested_in_dims_prefixes():
+    tree = {"a": randn(3, 4), "b": (randn(4, 3, seed=1), randn(2, seed=2))}
+    scale = randn(4, seed=3)
+    in_dims = ({"a": 1, "b": (0, None)}, 0)
+
+    def f(tree, s):
+        return tree["a"] * s + tree["b"][0].sum() * tree["b"][1].sum()
+    assert_same(mf.vmap(f, in_dims=in_dims)(tree, scale), tf.vmap(f, in_dims=in_dims)(tree, scale))
+    # a prefix: one dim for a whole subtree
+    tree2 = {"a": randn(4, 3), "b": (randn(4, 3, seed=1), randn(4, 2, seed=2))}
+    scale2 = randn(3, seed=4)
+    assert_same(mf.vmap(f, in_dims=(0, None))(tree2, scale2),
+                tf.vmap(f, in_dims=(0, None))(tree2, scale2))
+
+
+def test_vmap_kwargs_are_not_batched():
+    f = lambda x, *, scale: x * scale  # noqa: E731
+    x, scale = randn(4, 3), randn(3, seed=1)
+    assert_same(mf.vmap(f)(x, scale=scale), tf.vmap(f)(x, scale=scale))
+
+
+def test_nested_vmap():
+    x, y = randn(2, 3, 4), randn(3, 4, seed=1)
+    f = lambda x, y: (x * y).sum()  # noqa: E731
+    assert_same(mf.vmap(mf.vmap(f, in_dims=(0, 0)), in_dims=(0, None))(x, y),
+                tf.vmap(tf.vmap(f, in_dims=(0, 0)), in_dims=(0, None))(x, y))
+
+
+def test_vmap_randomness_error_raises():
+    with pytest.raises(mf.RandomnessError, match=r"vmap\(.*torch\.rand.*randomness='error'"):
+        mf.vmap(lambda x: x + torch.rand(3))(torch.zeros(4, 3))
+
+
+@pytest.mark.parametrize("draw", [lambda x: torch.rand(3, dtype=DTYPE),
+                                  lambda x: torch.randn((3,), dtype=DTYPE),
+                                  lambda x: torch.rand_like(x)], ids=["rand", "randn", "rand_like"])
+def test_vmap_randomness_different_and_same(draw):
+    x = torch.zeros(5, 3, dtype=DTYPE)
+    torch.manual_seed(0)
+    different = mf.vmap(lambda x: x + draw(x), randomness="different")(x)
+    assert different.shape == (5, 3)
+    for i in range(1, 5):
+        assert not torch.equal(different[0], different[i]), "rows should differ"
+    torch.manual_seed(0)
+    same = mf.vmap(lambda x: x + draw(x), randomness="same")(x)
+    assert same.shape == (5, 3)
+    for i in range(1, 5):
+        assert torch.equal(same[0], same[i]), "rows should be identical"
+    assert not torch.equal(same[0], torch.zeros(3, dtype=DTYPE))
+
+
+# --- functional_call -----------------------------------------------------------------------------
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(),
+                               torch.nn.Linear(4, 2)).to(DTYPE)
+
+
+def detached_params(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_functional_call_matches_module_and_restores_parameters():
+    model = make_model()
+    original = detached_params(model)
+    params = {k: v * 2 for k, v in original.items()}
+    x = randn(5, 3)
+    expected = tf.functional_call(model, params, (x,))
+    assert_same(mf.functional_call(model, params, (x,)), expected)
+    for k, v in model.named_parameters():
+        assert torch.equal(v.detach(), original[k]), f"{k} was not restored"
+    # under grad: the parameters are wrapped values during the call
+    loss = lambda p: mf.functional_call(model, p, x).sum()  # noqa: E731
+    loss_t = lambda p: tf.functional_call(model, p, x).sum()  # noqa: E731
+    assert_same(mf.grad(loss)(params), tf.grad(loss_t)(params))
+    assert all(isinstance(v, torch.nn.Parameter) for v in model.parameters())
+
+
+def per_sample_loss(ft, model):
+    def loss(params, x, target):
+        logits = ft.functional_call(model, params, (x.unsqueeze(0),))
+        return F.cross_entropy(logits, target.unsqueeze(0))
+    return loss
+
+
+def test_per_sample_gradients():
+    model = make_model()
+    params = detached_params(model)
+    x, target = randn(6, 3, seed=1), torch.tensor([0, 1, 1, 0, 1, 0])
+    ours = mf.vmap(mf.grad(per_sample_loss(mf, model)), in_dims=(None, 0, 0))(params, x, target)
+    theirs = tf.vmap(tf.grad(per_sample_loss(tf, model)), in_dims=(None, 0, 0))(params, x, target)
+    assert_same_structure(ours, theirs)
+    assert ours["0.weight"].shape == (6, 4, 3)
+    # and by a loop of ordinary autograd, one example at a time
+    for i in range(6):
+        model.zero_grad()
+        F.cross_entropy(model(x[i:i + 1]), target[i:i + 1]).backward()
+        torch.testing.assert_close(ours["2.bias"][i], model[2].bias.grad)
+
+
+def test_model_ensembling():
+    models = [make_model(seed) for seed in range(3)]
+    stacked = {k: torch.stack([detached_params(m)[k] for m in models])
+               for k in detached_params(models[0])}
+    base = make_model(10)
+    x = randn(5, 3)
+
+    def predict(ft):
+        return lambda params, x: ft.functional_call(base, params, (x,))
+    ours = mf.vmap(predict(mf), in_dims=(0, None))(stacked, x)
+    assert_same(ours, tf.vmap(predict(tf), in_dims=(0, None))(stacked, x))
+    with torch.no_grad():
+        assert_same(ours, torch.stack([m(x) for m in models]))
+    # different data per model too
+    xs = randn(3, 5, 3, seed=1)
+    assert_same(mf.vmap(predict(mf))(stacked, xs), tf.vmap(predict(tf))(stacked, xs))
+
+
+# --- custom_vjp ----------------------------------------------------------------------------------
+@mf.custom_vjp
+def sin_double_grad(x):
+    """sin(x) whose backward is doubled: gradients are those of 2 * sin(x)."""
+    return torch.sin(x)
+
+
+def _sin_double_grad_fwd(x):
+    return torch.sin(x), (x,)
+
+
+def _sin_double_grad_bwd(saved, ct):
+    (x,) = saved
+    return (ct * torch.cos(x) * 2,)
+
+
+sin_double_grad.defvjp(_sin_double_grad_fwd, _sin_double_grad_bwd)
+
+
+@mf.custom_vjp
+def scaled_mul(x, y):
+    return x * y
+
+
+def _scaled_mul_fwd(x, y):
+    return x * y, (x, y)
+
+
+def _scaled_mul_bwd(saved, ct):
+    x, y = saved
+    return ct * y * 3, None  # a None: no gradient for y
+
+
+scaled_mul.defvjp(_scaled_mul_fwd, _scaled_mul_bwd)
+
+
+def twice_sin(x):
+    return 2 * torch.sin(x)
+
+
+def test_custom_vjp_forward_value_is_the_function():
+    x = randn(3)
+    assert_same(sin_double_grad(x), torch.sin(x))
+
+
+def test_custom_vjp_under_grad():
+    x = randn(3)
+    assert_same(mf.grad(lambda x: sin_double_grad(x).sum())(x),
+                tf.grad(lambda x: twice_sin(x).sum())(x))
+
+
+def sin_double_grad_reference(x):
+    """Value sin(x), gradient 2 cos(x): sin(x) + (sin(x) - sin(x).detach())."""
+    s = torch.sin(x)
+    return s + (s - s.detach())
+
+
+def test_custom_vjp_under_vmap_of_grad():
+    xs = randn(4, 3)
+    assert_same(mf.vmap(mf.grad(lambda x: (sin_double_grad(x) * x).sum()))(xs),
+                tf.vmap(tf.grad(lambda x: (sin_double_grad_reference(x) * x).sum()))(xs))
+
+
+def test_custom_vjp_backward_is_differentiable():
+    x = randn(3)
+    # d/dx of the custom backward 2 cos(x) is -2 sin(x)
+    ours = mf.grad(lambda x: mf.grad(lambda y: sin_double_grad(y).sum())(x).sum())(x)
+    assert_same(ours, tf.grad(lambda x: tf.grad(lambda y: twice_sin(y).sum())(x).sum())(x))
+
+
+def test_custom_vjp_under_jacrev_and_jacfwd():
+    x = randn(3)
+    assert_same(mf.jacrev(sin_double_grad)(x), tf.jacrev(twice_sin)(x))
+    # forward mode differentiates the function itself, not the custom backward
+    assert_same(mf.jacfwd(sin_double_grad)(x), tf.jacfwd(torch.sin)(x))
+
+
+def test_custom_vjp_two_arguments_and_none_cotangent():
+    x, y = randn(3), randn(3, seed=1)
+    gx, gy = mf.grad(lambda x, y: scaled_mul(x, y).sum(), argnums=(0, 1))(x, y)
+    assert_same((gx, gy), (3 * y, torch.zeros(3, dtype=DTYPE)))
+    xs = randn(4, 3, seed=2)
+    assert_same(mf.vmap(mf.grad(lambda x, y: scaled_mul(x, y).sum()), in_dims=(0, None))(xs, y),
+                (3 * y).expand(4, 3))
+
+
+# --- perturbation confusion, control flow --------------------------------------------------------
+def test_perturbation_confusion_grad():
+    one = torch.tensor(1.0, dtype=DTYPE)
+    for x in (one, torch.tensor(3.0, dtype=DTYPE)):
+        inner = lambda x: x * mf.grad(lambda y: x + y)(one)  # noqa: E731
+        assert_same(mf.grad(inner)(x), torch.tensor(1.0, dtype=DTYPE))
+
+
+def test_perturbation_confusion_jvp():
+    one = torch.tensor(1.0, dtype=DTYPE)
+    x = torch.tensor(2.0, dtype=DTYPE)
+
+    def f(x):
+        return x * mf.jvp(lambda y: x + y, (one,), (one,))[1]
+    assert_same(mf.jvp(f, (x,), (one,)), (x, one))
+    # and the product rule with a nested jvp that does depend on x
+    def g(x):
+        return mf.jvp(lambda y: x * y, (one,), (one,))[1] * x  # x * x
+    assert_same(mf.jvp(g, (x,), (one,))[1], 2 * x)
+    assert_same(mf.grad(g)(x), 2 * x)
+
+
+def branchy(x):
+    if x.sum() > 0:
+        out = x.sin()
+    else:
+        out = x.cos() * 2
+    for _ in range(int(x.abs().sum().item()) % 3 + 1):
+        out = out * x
+    return out
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_python_control_flow_under_grad_and_jvp(sign):
+    x = randn(3).abs() * sign
+    scalar = lambda x: branchy(x).sum()  # noqa: E731
+    assert_same(mf.grad(scalar)(x), tf.grad(scalar)(x))
+    t = randn(3, seed=1)
+    assert_same(mf.jvp(branchy, (x,), (t,)), tf.jvp(branchy, (x,), (t,)))
+    assert_same(mf.grad(mf.grad(scalar))(x[0:1].sum()), tf.grad(tf.grad(scalar))(x[0:1].sum()))
+
+
+# --- tapes ---------------------------------------------------------------------------------------
+def test_capture_tapes_outermost_first():
+    x = randn(3)
+    with mf.capture_tapes() as tapes:
+        mf.grad(lambda x: mf.grad(lambda y: (y.sin() * y).sum())(x).sum())(x)
+    assert len(tapes) == 2
+    outer, inner = tapes
+    # the inner level records the function; the outer one the function and the inner backward
+    assert [e.prim.name for e in inner] == ["sin", "mul", "sum"]
+    assert len(outer) > len(inner)
+    assert [e.prim.name for e in outer][:3] == ["sin", "mul", "sum"]
+    assert "cos" in [e.prim.name for e in outer]
+
+
+def test_capture_tapes_collects_nothing_outside_the_block():
+    with mf.capture_tapes() as tapes:
+        pass
+    mf.grad(lambda x: x.sin().sum())(randn(3))
+    assert tapes == []
+
+
+def test_tape_steps_seed_and_final_gradient_map():
+    x = randn(3)
+    f = lambda x: (x.sin() * x).sum()  # noqa: E731
+    with mf.capture_tapes() as tapes:
+        g = mf.grad(f)(x)
+    (tape,) = tapes
+    assert [e.prim.name for e in tape] == ["sin", "mul", "sum"]
+    steps = tape.steps
+    assert steps[0].index is None and steps[0].entry is None  # step 0 is the seed
+    (seed_name, seed_ct, _), = steps[0].contributions
+    assert seed_name == tape.entries[-1].output
+    assert_same(seed_ct, torch.tensor(1.0, dtype=DTYPE))
+    assert [s.index for s in steps[1:]] == [2, 1, 0]  # the entries, last first
+    final = tape.gradient_map()
+    input_name = tape.entries[0].inputs[0]
+    gradient, sources = final[input_name]
+    assert_same(gradient, g)
+    assert_same(g, tf.grad(f)(x))
+    assert sources == [1, 0]  # from mul, then from sin
+    # an earlier step: only the seed so far
+    assert set(tape.gradient_map(step=0)) == {seed_name}
+
+
+# --- more compositions and options ---------------------------------------------------------------
+def _sin_times_sum(v):
+    return v.sin() * v.sum()
+
+
+COMPOSITIONS = {
+    "vmap_jacfwd": lambda ft, m, v: ft.vmap(ft.jacfwd(_sin_times_sum))(m),
+    "jacrev_jacrev": lambda ft, m, v: ft.jacrev(ft.jacrev(_sin_times_sum))(v),
+    "jvp_jvp": lambda ft, m, v: ft.jvp(lambda u: ft.jvp(torch.sin, (u,), (v * 2,))[1], (v,), (v,)),
+    "grad_vmap": lambda ft, m, v: ft.grad(
+        lambda a: ft.vmap(lambda r: (r.sin() * r).sum())(a).sum())(m),
+    "vmap_vmap_grad": lambda ft, m, v: ft.vmap(ft.vmap(ft.grad(lambda s: s.sin() * s)))(m),
+    "grad_grad_grad": lambda ft, m, v: ft.grad(ft.grad(ft.grad(lambda s: s.sin() * s ** 3)))(v[0]),
+    "vmap_vjp": lambda ft, m, v: ft.vmap(lambda r: ft.vjp(torch.sin, r)[1](r))(m),
+    "jvp_vmap": lambda ft, m, v: ft.jvp(ft.vmap(torch.sin), (m,), (m * 3,)),
+    "linearize_vmap": lambda ft, m, v: ft.linearize(ft.vmap(torch.sin), m)[1](m),
+    "vmap_grad_closure": lambda ft, m, v: ft.vmap(
+        lambda r: ft.grad(lambda w: (w * r).sin().sum())(v))(m),
+    "grad_of_vmap_broadcast": lambda ft, m, v: ft.grad(
+        lambda w: ft.vmap(lambda r: (r * w).sum())(m).exp().sum())(v),
+    "jacfwd_vmap": lambda ft, m, v: ft.jacfwd(ft.vmap(_sin_times_sum))(m),
+    "hessian_vmap": lambda ft, m, v: ft.vmap(ft.hessian(lambda r: (r.sin() * r.sum()).sum()))(m),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPOSITIONS))
+def test_more_compositions(name):
+    m, v = randn(3, 4), randn(4, seed=1)
+    assert_same(COMPOSITIONS[name](mf, m, v), COMPOSITIONS[name](tf, m, v))
+
+
+def test_hessian_with_argnums_tuple():
+    f = lambda a, b: (a.sin() * b).sum() + (a * a * b * b).sum()  # noqa: E731
+    a, b = randn(3), randn(3, seed=1)
+    assert_same(mf.hessian(f, argnums=(0, 1))(a, b), tf.hessian(f, argnums=(0, 1))(a, b))
+
+
+def test_grad_passes_keyword_arguments_through():
+    f = lambda x, *, scale: (x * scale).sin().sum()  # noqa: E731
+    x, scale = randn(3), randn(3, seed=1)
+    assert_same(mf.grad(f)(x, scale=scale), tf.grad(f)(x, scale=scale))
+
+
+def test_vmap_out_dims_as_a_pytree():
+    f = lambda v: {"a": v, "b": (v.sum(), v * 2)}  # noqa: E731
+    out_dims = {"a": 1, "b": (0, -1)}
+    x = randn(3, 4)
+    assert_same_structure(mf.vmap(f, out_dims=out_dims)(x), tf.vmap(f, out_dims=out_dims)(x))
+
+
+@pytest.mark.parametrize("in_dims", [1, -1, (0, -1)], ids=str)
+def test_vmap_chunk_size_with_non_leading_in_dims(in_dims):
+    x, y = randn(5, 5), randn(4, 5, seed=1)
+    dims = in_dims if isinstance(in_dims, tuple) else (in_dims, in_dims)
+    f = lambda a, b: a.sin().sum() * b  # noqa: E731
+    assert_same(mf.vmap(f, in_dims=dims, chunk_size=2)(x, y), tf.vmap(f, in_dims=dims)(x, y))
+
+
+def test_custom_vjp_under_plain_vmap_and_jvp_of_grad():
+    xs, t = randn(4, 3), randn(3, seed=1)
+    assert_same(mf.vmap(sin_double_grad)(xs), torch.sin(xs))
+    x = xs[0]
+    # jvp of the custom gradient 2 cos(x): -2 sin(x) * t
+    _, tangent = mf.jvp(mf.grad(lambda y: sin_double_grad(y).sum()), (x,), (t,))
+    assert_same(tangent, -2 * torch.sin(x) * t)
+    assert_same(mf.jacfwd(mf.jacrev(lambda y: sin_double_grad(y).sum()))(x),
+                torch.diag(-2 * torch.sin(x)))

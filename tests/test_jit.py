@@ -1,0 +1,270 @@
+"""jit (issue 3): trace once per input signature, replay generated code; same numbers as
+eager, under and over the other transforms."""
+import importlib
+import shutil
+
+import pytest
+import torch
+import torch.func as tf
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+from minifunctorch.core import Program, TransformError, grad, jit, vmap
+from minifunctorch.core.dispatch import _transform_stack
+
+
+@pytest.fixture(autouse=True)
+def _no_level_left_behind():
+    assert len(_transform_stack) == 1, "a previous test left a transform level"
+    yield
+    assert len(_transform_stack) == 1, f"the test left transform levels: {_transform_stack}"
+
+
+def rand(seed, *shape, dtype=torch.float32):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def f(x, y):
+    return (torch.tanh(x @ y) * x.sum() + torch.sin(x) @ y).sum()
+
+
+def xy(seed, dtype=torch.float32):
+    return rand(seed, 3, 4, dtype=dtype), rand(seed + 1, 4, dtype=dtype)
+
+
+class Counter:
+    """A function that counts how often Python runs it (only while tracing, under jit)."""
+
+    def __init__(self, function):
+        self.function = function
+        self.calls = 0
+        self.__name__ = function.__name__
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.function(*args, **kwargs)
+
+
+# --- same numbers as eager ---------------------------------------------------------------------
+def test_jit_of_f():
+    x, y = xy(0)
+    assert_close(jit(f)(x, y), f(x, y))
+
+
+def test_jit_of_grad():
+    x, y = xy(1)
+    assert_close(jit(grad(f, argnums=(0, 1)))(x, y), tf.grad(f, argnums=(0, 1))(x, y))
+
+
+def test_vmap_of_grad_and_jit_of_vmap_of_grad():
+    xs, y = rand(2, 5, 3, 4), rand(3, 4)
+    expected = tf.vmap(tf.grad(f), in_dims=(0, None))(xs, y)
+    assert_close(vmap(grad(f), in_dims=(0, None))(xs, y), expected)
+    assert_close(jit(vmap(grad(f), in_dims=(0, None)))(xs, y), expected)
+
+
+def test_vmap_of_jit():
+    xs, y = rand(4, 5, 3, 4), rand(5, 4)
+    jf = jit(f)
+    assert_close(vmap(jf, in_dims=(0, None))(xs, y), tf.vmap(f, in_dims=(0, None))(xs, y))
+
+
+def test_grad_of_jit():
+    x, y = xy(6)
+    jf = jit(f)
+    assert_close(grad(jf, argnums=(0, 1))(x, y), tf.grad(f, argnums=(0, 1))(x, y))
+    # and the plain call still uses the generated code, with its own signature
+    assert_close(jf(x, y), f(x, y))
+
+
+def test_grad_of_grad_of_jit():
+    g = jit(lambda x: torch.sin(x) * x ** 2)
+    x = rand(7)
+    assert_close(grad(grad(g))(x), tf.grad(tf.grad(lambda x: torch.sin(x) * x ** 2))(x))
+
+
+def test_jit_of_a_per_example_mlp_gradient():
+    def loss(params, x, target):
+        w1, b1, w2 = params
+        logits = torch.relu(x @ w1 + b1) @ w2
+        return F.cross_entropy(logits.unsqueeze(0), target.unsqueeze(0))
+
+    params = (rand(8, 4, 6), rand(9, 6), rand(10, 6, 3))
+    xs, targets = rand(11, 5, 4), torch.tensor([0, 2, 1, 1, 0])
+    per_example = jit(vmap(grad(loss), in_dims=(None, 0, 0)))
+    expected = tf.vmap(tf.grad(loss), in_dims=(None, 0, 0))(params, xs, targets)
+    assert_close(per_example(params, xs, targets), expected)
+
+
+# --- the cache ---------------------------------------------------------------------------------
+def test_new_shapes_and_dtypes_trace_again():
+    jf = jit(f)
+    assert jf.cache_size() == 0
+    for expected_size, (x, y) in enumerate(
+            [xy(0), xy(1, torch.float64), (rand(2, 2, 5), rand(3, 5))], start=1):
+        out = jf(x, y)
+        assert out.dtype == x.dtype
+        assert_close(out, f(x, y))
+        assert jf.cache_size() == expected_size
+    # a signature seen before does not grow the cache
+    jf(*xy(5))
+    assert jf.cache_size() == 3
+
+
+def test_a_repeated_signature_does_not_retrace():
+    counted = Counter(f)
+    jf = jit(counted)
+    for seed in range(4):
+        x, y = xy(seed)
+        assert_close(jf(x, y), f(x, y))
+    assert counted.calls == 1
+    assert jf.cache_size() == 1
+    jf(*xy(0, torch.float64))
+    assert counted.calls == 2
+
+
+def test_a_repeated_signature_does_not_retrace_under_vmap():
+    counted = Counter(f)
+    batched = vmap(jit(counted), in_dims=(0, None))
+    for seed in range(3):
+        xs, y = rand(seed, 5, 3, 4), rand(seed + 10, 4)
+        assert_close(batched(xs, y), tf.vmap(f, in_dims=(0, None))(xs, y))
+    assert counted.calls == 1
+
+
+def test_static_arguments_are_part_of_the_signature():
+    counted = Counter(lambda x, power, mode: x ** power if mode == "pow" else x * power)
+    jf = jit(counted)
+    x = rand(0, 3)
+    assert_close(jf(x, 2, "pow"), x ** 2)
+    assert_close(jf(x, 3, "pow"), x ** 3)
+    assert_close(jf(x, 3, "mul"), x * 3)
+    assert_close(jf(rand(1, 3), 3, "mul"), rand(1, 3) * 3)
+    assert (counted.calls, jf.cache_size()) == (3, 3)
+
+
+def test_static_numbers_of_different_types_do_not_share_a_trace():
+    # 1 == 1.0 == True, but an integer tensor times 1.0 is a float tensor
+    jf = jit(lambda i, k: i * k)
+    i = torch.arange(3)
+    assert jf(i, 1).dtype == torch.int64
+    assert jf(i, 1.0).dtype == torch.float32
+    assert jf(i, True).dtype == torch.int64
+    assert jf.cache_size() == 3
+
+
+def test_unhashable_static_argument_is_an_error():
+    jf = jit(lambda x, options: x * len(options))
+    with pytest.raises(TransformError, match=r"^jit\(f\)\(<inputs>\): a non-tensor argument of "
+                                             r"type set is static and must be hashable"):
+        jf(torch.ones(2), {2.0})
+
+
+def test_pytree_inputs_and_outputs():
+    def model(params, batch, *, scale=1.0):
+        hidden = torch.tanh(batch["x"] @ params["w"] + params["b"])
+        return {"out": hidden * scale, "stats": (hidden.mean(), hidden.amax())}
+
+    params = {"w": rand(0, 4, 3), "b": rand(1, 3)}
+    batch = {"x": rand(2, 5, 4)}
+    jf = jit(model)
+    got = jf(params, batch, scale=2.0)
+    expected = model(params, batch, scale=2.0)
+    assert set(got) == {"out", "stats"} and isinstance(got["stats"], tuple)
+    assert_close(got, expected)
+    # a different static keyword is a different signature
+    assert_close(jf(params, batch, scale=3.0), model(params, batch, scale=3.0))
+    assert jf.cache_size() == 2
+
+
+def test_an_error_on_the_first_call_leaves_jit_usable():
+    jf = jit(f)
+    with pytest.raises(RuntimeError):
+        jf(rand(0, 3, 4), rand(1, 5))  # shapes that do not multiply
+    assert jf.cache_size() == 0
+    x, y = xy(2)
+    assert_close(jf(x, y), f(x, y))
+    assert jf.cache_size() == 1
+
+
+def test_an_error_from_data_dependent_control_flow_leaves_jit_usable():
+    state = {"branch": True}
+
+    def g(x):
+        if state["branch"]:
+            if x.sum() > 0:  # needs a concrete value: tracing refuses
+                return x
+        return -x
+
+    jg = jit(g)
+    with pytest.raises(TransformError, match=r"^\w+\(g\)\(<inputs>\): Python needed the "
+                                             r"concrete value"):
+        jg(torch.ones(3))
+    state["branch"] = False
+    assert_close(jg(torch.ones(3)), -torch.ones(3))
+
+
+def test_program_for_and_repr():
+    jf = jit(lambda x: torch.sin(x) + torch.sin(x))
+    x = torch.ones(3)
+    program = jf.program_for(x)
+    assert isinstance(program, Program)
+    # the replayed program is simplified: the repeated sin is computed once
+    assert str(program) == """\
+{ lambda ; a:f32[3] .
+  let b:f32[3] = sin a
+      c:f32[3] = add b b
+  in (c,) }"""
+    assert jf.program_for(x) is program
+    assert jf.cache_size() == 1
+    assert repr(jf) == "jit(<lambda>, backend=None)"
+
+
+def test_captured_tensors_are_constants_of_the_generated_code():
+    weight = rand(0, 3)
+    jf = jit(lambda x: x * weight)
+    assert_close(jf(torch.ones(3)), weight)
+
+
+def test_jit_inside_a_transform_over_a_captured_transformed_value():
+    # the traced program captures x, a value of the enclosing grad: it is evaluated with
+    # bind (not the generated code) and never cached
+    def outer(x):
+        inner = jit(lambda y: (torch.sin(y) * x).sum())
+        return inner(torch.ones(3)) + inner(2 * torch.ones(3))
+
+    x = rand(1, 3)
+    assert_close(grad(outer)(x), torch.sin(torch.ones(3)) + torch.sin(2 * torch.ones(3)))
+
+
+def test_unknown_backend_is_an_error():
+    with pytest.raises(TransformError, match=r"^jit\(f, backend='xla'\): expected backend=None"):
+        jit(f, backend="xla")
+
+
+def _inductor_unavailable():
+    """Why torch.compile's inductor backend cannot run here, or None."""
+    if not hasattr(torch, "compile"):
+        return "torch.compile is not available in this torch build"
+    try:
+        importlib.import_module("torch._inductor")
+    except Exception as error:  # a build without inductor
+        return f"torch._inductor cannot be imported: {error}"
+    if not any(shutil.which(compiler) for compiler in ("g++", "c++", "clang++")):
+        return "inductor compiles C++ for the CPU, and no C++ compiler is on PATH"
+    return None
+
+
+# ~7 s with a warm inductor cache, ~50 s cold (it compiles C++): slow
+@pytest.mark.slow
+def test_inductor_backend():
+    reason = _inductor_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    jf = jit(lambda x: torch.sin(x) * 2 + x.sum(), backend="inductor")
+    x = rand(0, 8)
+    assert_close(jf(x), torch.sin(x) * 2 + x.sum())
+    x = rand(1, 8)
+    assert_close(jf(x), torch.sin(x) * 2 + x.sum())
+    assert jf.cache_size() == 1
+    assert repr(jf) == "jit(<lambda>, backend='inductor')"
