@@ -474,8 +474,20 @@ def _with_selected(f, args, argnums):
     return f_of_selected
 
 
-def _identity_rows(total, like):
-    return torch.eye(total, dtype=like.dtype, device=like.device)
+def _identity_basis(leaves):
+    """The rows of an identity matrix, split into one block per leaf and shaped like it.
+
+    Returns ``(basis, sizes)``: ``basis[i]`` has shape ``(total, *leaves[i].shape)``. Row k
+    is the k-th unit vector of all the leaves flattened and concatenated.
+    """
+    sizes = [math.prod(leaf.shape) for leaf in leaves]
+    total = sum(sizes)
+    rows = torch.eye(total, dtype=leaves[0].dtype, device=leaves[0].device)
+    basis, start = [], 0
+    for leaf, size in zip(leaves, sizes):
+        basis.append(ops.reshape(rows[:, start:start + size], total, *leaf.shape))
+        start += size
+    return basis, sizes
 
 
 def jacrev(f, argnums=0, *, has_aux=False, chunk_size=None):
@@ -495,13 +507,7 @@ def jacrev(f, argnums=0, *, has_aux=False, chunk_size=None):
         result = vjp(_with_selected(f, args, argnums_), *selected, has_aux=has_aux)
         out, vjp_fn = result[0], result[1]
         out_leaves, out_treedef = optree.tree_flatten(out)
-        sizes = [math.prod(o.shape) for o in out_leaves]
-        total = sum(sizes)
-        rows = _identity_rows(total, out_leaves[0])
-        basis, start = [], 0
-        for o, n in zip(out_leaves, sizes):
-            basis.append(ops.reshape(rows[:, start:start + n], total, *o.shape))
-            start += n
+        basis, sizes = _identity_basis(out_leaves)
 
         def pull_back(*basis_leaves):
             return vjp_fn(optree.tree_unflatten(out_treedef, list(basis_leaves)))
@@ -537,13 +543,7 @@ def jacfwd(f, argnums=0, has_aux=False, *, randomness="error"):
         argnums_ = _normalize_argnums(argnums, len(args), call)
         selected = tuple(args[a] for a in argnums_)
         in_leaves, in_treedef = _flatten_arrays(selected, call, "the differentiated arguments")
-        sizes = [math.prod(x.shape) for x in in_leaves]
-        total = sum(sizes)
-        columns = _identity_rows(total, in_leaves[0])
-        basis, start = [], 0
-        for x, n in zip(in_leaves, sizes):
-            basis.append(ops.reshape(columns[:, start:start + n], total, *x.shape))
-            start += n
+        basis, sizes = _identity_basis(in_leaves)
         f_selected = _with_selected(f, args, argnums_)
 
         def push_forward(*basis_leaves):
