@@ -156,7 +156,11 @@ class Tape:
             ct = gradients.get(entry.output)
             if ct is None:
                 continue
-            input_cts = entry.backward(ct)
+            _needs_stack.append(entry.inputs)
+            try:
+                input_cts = entry.backward(ct)
+            finally:
+                _needs_stack.pop()
             assert len(input_cts) == len(entry.inputs), (
                 f"the vjp rule of {entry.prim.name} returned {len(input_cts)} cotangents for "
                 f"{len(entry.inputs)} arguments"
@@ -205,6 +209,25 @@ class Tape:
 
 
 _active_captures: list[list] = []
+
+# NOTE [needs_input_grad]
+# While a backward closure runs, ``needs_input_grad(i)`` says whether the entry being
+# propagated wants a cotangent for its argument i: a constant (a captured weight, the input
+# x of a per-sample gradient) does not. It is PyTorch's ``ctx.needs_input_grad``. Rules whose
+# cotangents cost real work (matmul, mul, ...) skip the ones nobody wants; other rules may
+# ignore it, and a cotangent computed anyway is dropped. Outside a backward pass (a rule
+# called by hand) every argument that is a tensor wants one.
+_needs_stack: list = []
+
+
+def needs_input_grad(position: int) -> bool:
+    """Whether argument ``position`` of the entry being propagated wants a cotangent."""
+    return not _needs_stack or _needs_stack[-1][position] is not None
+
+
+def wants_cotangent(position: int, value) -> bool:
+    """A tensor argument that the current backward pass wants a cotangent for."""
+    return not isinstance(value, (int, float, bool)) and needs_input_grad(position)
 
 
 @contextlib.contextmanager
@@ -441,33 +464,33 @@ def _power(x, exponent):
 # --- broadcasting binary ops: each cotangent is summed back to its input's shape ---------------
 def add_vjp(x, y):
     def backward(ct):
-        return (sum_to_size(ct, ops.shape_of(x)) if _is_tensor(x) else None,
-                sum_to_size(ct, ops.shape_of(y)) if _is_tensor(y) else None)
+        return (sum_to_size(ct, ops.shape_of(x)) if wants_cotangent(0, x) else None,
+                sum_to_size(ct, ops.shape_of(y)) if wants_cotangent(1, y) else None)
     return ops.add(x, y), backward
 vjp_rules[P.add_p] = add_vjp
 
 
 def sub_vjp(x, y):
     def backward(ct):
-        return (sum_to_size(ct, ops.shape_of(x)) if _is_tensor(x) else None,
-                sum_to_size(ops.neg(ct), ops.shape_of(y)) if _is_tensor(y) else None)
+        return (sum_to_size(ct, ops.shape_of(x)) if wants_cotangent(0, x) else None,
+                sum_to_size(ops.neg(ct), ops.shape_of(y)) if wants_cotangent(1, y) else None)
     return ops.sub(x, y), backward
 vjp_rules[P.sub_p] = sub_vjp
 
 
 def mul_vjp(x, y):
     def backward(ct):
-        return (sum_to_size(ops.mul(ct, y), ops.shape_of(x)) if _is_tensor(x) else None,
-                sum_to_size(ops.mul(ct, x), ops.shape_of(y)) if _is_tensor(y) else None)
+        return (sum_to_size(ops.mul(ct, y), ops.shape_of(x)) if wants_cotangent(0, x) else None,
+                sum_to_size(ops.mul(ct, x), ops.shape_of(y)) if wants_cotangent(1, y) else None)
     return ops.mul(x, y), backward
 vjp_rules[P.mul_p] = mul_vjp
 
 
 def div_vjp(x, y):
     def backward(ct):
-        x_bar = sum_to_size(ops.div(ct, y), ops.shape_of(x)) if _is_tensor(x) else None
+        x_bar = sum_to_size(ops.div(ct, y), ops.shape_of(x)) if wants_cotangent(0, x) else None
         y_bar = None
-        if _is_tensor(y):
+        if wants_cotangent(1, y):
             y_bar = sum_to_size(ops.neg(ops.div(ops.mul(ct, x), ops.mul(y, y))), ops.shape_of(y))
         return x_bar, y_bar
     return ops.div(x, y), backward
@@ -479,13 +502,13 @@ def pow_vjp(x, y):
 
     def backward(ct):
         x_bar = y_bar = None
-        if _is_tensor(x):
+        if wants_cotangent(0, x):
             if isinstance(y, (int, float)):
                 x_bar = None if y == 0 else ops.mul(ct, ops.mul(_power(x, y - 1), y))
             else:
                 x_bar = sum_to_size(ops.mul(ct, ops.mul(y, ops.pow(x, ops.sub(y, 1)))),
                                     ops.shape_of(x))
-        if _is_tensor(y):
+        if wants_cotangent(1, y):
             log_x = math.log(x) if isinstance(x, (int, float)) else ops.log(x)
             y_bar = sum_to_size(ops.mul(ct, ops.mul(out, log_x)), ops.shape_of(y))
         return x_bar, y_bar
@@ -496,8 +519,8 @@ vjp_rules[P.pow_p] = pow_vjp
 def where_vjp(condition, x, y):
     def backward(ct):
         return (None,
-                sum_to_size(ops.where(condition, ct, 0.0), ops.shape_of(x)) if _is_tensor(x) else None,
-                sum_to_size(ops.where(condition, 0.0, ct), ops.shape_of(y)) if _is_tensor(y) else None)
+                sum_to_size(ops.where(condition, ct, 0.0), ops.shape_of(x)) if wants_cotangent(1, x) else None,
+                sum_to_size(ops.where(condition, 0.0, ct), ops.shape_of(y)) if wants_cotangent(2, y) else None)
     return ops.where(condition, x, y), backward
 vjp_rules[P.where_p] = where_vjp
 
@@ -579,18 +602,24 @@ def matmul_vjp(x, y):
     x_rank, y_rank = len(ops.shape_of(x)), len(ops.shape_of(y))
 
     def backward(ct):
+        want_x, want_y = needs_input_grad(0), needs_input_grad(1)
         if x_rank == 1 and y_rank == 1:  # a dot product: ct is a scalar
-            return ops.mul(ct, y), ops.mul(ct, x)
+            return (ops.mul(ct, y) if want_x else None), (ops.mul(ct, x) if want_y else None)
         # view vectors as matrices, so that both cotangents are matrix products
         x_matrix = ops.unsqueeze(x, 0) if x_rank == 1 else x
         y_matrix = ops.unsqueeze(y, 1) if y_rank == 1 else y
         ct_matrix = ops.unsqueeze(ct, -2) if x_rank == 1 else ct
         ct_matrix = ops.unsqueeze(ct_matrix, -1) if y_rank == 1 else ct_matrix
-        x_bar = sum_to_size(ops.matmul(ct_matrix, ops.transpose(y_matrix, -1, -2)),
-                            ops.shape_of(x_matrix))
-        y_bar = sum_to_size(ops.matmul(ops.transpose(x_matrix, -1, -2), ct_matrix),
-                            ops.shape_of(y_matrix))
-        return ops.reshape(x_bar, *ops.shape_of(x)), ops.reshape(y_bar, *ops.shape_of(y))
+        x_bar = y_bar = None
+        if want_x:
+            x_bar = sum_to_size(ops.matmul(ct_matrix, ops.transpose(y_matrix, -1, -2)),
+                                ops.shape_of(x_matrix))
+            x_bar = ops.reshape(x_bar, *ops.shape_of(x))
+        if want_y:
+            y_bar = sum_to_size(ops.matmul(ops.transpose(x_matrix, -1, -2), ct_matrix),
+                                ops.shape_of(y_matrix))
+            y_bar = ops.reshape(y_bar, *ops.shape_of(y))
+        return x_bar, y_bar
     return ops.matmul(x, y), backward
 vjp_rules[P.matmul_p] = matmul_vjp
 

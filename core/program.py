@@ -11,6 +11,7 @@ said while tracing.
 program gives the same program back.
 """
 import html
+import keyword
 import math
 import operator
 
@@ -123,7 +124,9 @@ class Program:
         for var in [*self.inputs, *(v for v, _ in self.constants),
                     *(eq.out for eq in self.equations)]:
             if var not in names:
-                names[var] = _letters(len(names))
+                name = _letters(len(names))
+                # the 214th value would be `if`: exported code needs identifiers
+                names[var] = f"{name}_" if keyword.iskeyword(name) else name
         return names
 
     def _operand_text(self, operand, names):

@@ -19,7 +19,7 @@ from .autograd import AutogradTensor
 from .dispatch import new_level, transform_scope
 from .errors import TransformUsageError
 from .passes import simplify
-from .program import Program
+from .program import Program, Var
 from .tracing import TracerTensor, Tracing, trace_flat
 from .transforms import _run_reverse, vjp
 
@@ -42,6 +42,13 @@ def vjp_program(program: Program) -> Program:
       in (c, e) }
     """
     count = len(program.inputs)
+    for position, output in enumerate(program.outputs):
+        if not isinstance(output, Var):
+            raise TransformUsageError(
+                f"vjp_program(program): expected every output of program {program.name} to be "
+                f"a tensor, got the number {output.value!r} as output {position} (a number has "
+                "no cotangent). Fix: return only tensors from the traced function."
+            )
 
     def forward_and_backward(*inputs_and_cotangents):
         inputs, cotangents = inputs_and_cotangents[:count], inputs_and_cotangents[count:]
@@ -89,6 +96,13 @@ def split_vjp(f):
     def split(*args):
         name = getattr(f, "__name__", "f")
         example_leaves, example_treedef = optree.tree_flatten(args)
+        for leaf in example_leaves:
+            if not isinstance(leaf, torch.Tensor):
+                raise TransformUsageError(
+                    f"split_vjp({name})(<inputs>): expected every argument to be a tensor (or a "
+                    f"pytree of tensors), got a leaf of type {type(leaf).__name__}. Fix: bind "
+                    "the other values first, e.g. split_vjp(functools.partial(f, k=2))(x)."
+                )
         device = example_leaves[0].device if example_leaves else torch.device("cpu")
         forward_level = new_level(Tracing, device=device)
         with transform_scope(forward_level):

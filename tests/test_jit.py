@@ -9,7 +9,7 @@ import torch.func as tf
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from minifunctorch.core import Program, TransformError, grad, jit, vmap
+from minifunctorch.core import Program, TransformError, grad, jit, trace, vmap
 from minifunctorch.core.dispatch import _transform_stack
 
 
@@ -218,6 +218,17 @@ def test_program_for_and_repr():
     assert jf.program_for(x) is program
     assert jf.cache_size() == 1
     assert repr(jf) == "jit(<lambda>, backend=None)"
+
+
+def test_trace_of_jit_inlines_the_simplified_program():
+    jf = jit(lambda x: torch.sin(x) + torch.sin(x) * 2)
+    x = torch.ones(3)
+    assert str(trace(jf)(x)) == str(jf.program_for(x)) == """\
+{ lambda ; a:f32[3] .
+  let b:f32[3] = sin a
+      c:f32[3] = mul b 2
+      d:f32[3] = add b c
+  in (d,) }"""
 
 
 def test_captured_tensors_are_constants_of_the_generated_code():

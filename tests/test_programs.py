@@ -285,11 +285,21 @@ def test_repr_and_html():
     assert repr(program) == "<Program <lambda>: 1 inputs, 0 constants, 2 equations>"
     html = program._repr_html_()
     assert '<span class="mft-prim">where</span>' in html
-    assert "&lt;" not in html or "lt" in html  # everything is escaped
-    assert "<lambda>" not in html
-    # the text without tags and entities is the printed program
+    assert '<span class="mft-literal">0.5</span>' in html
+    # the text without its tags is the printed program
+    assert re.sub(r"<style>.*?</style>|<[^>]+>", "", html) == str(program)
+
+
+def test_html_escapes_names():
+    # a custom function made from a lambda is a primitive called `<lambda>`
+    odd = custom_vjp(lambda x: torch.sin(x))
+    odd.defvjp(lambda x: (torch.sin(x), x), lambda x, ct: (ct * torch.cos(x),))
+    program = trace(lambda x: odd(x) * 2)(torch.ones(2))
+    assert "= <lambda> a" in str(program)
+    html = program._repr_html_()
+    assert '<span class="mft-prim">&lt;lambda&gt;</span>' in html
     text = re.sub(r"<style>.*?</style>|<[^>]+>", "", html)
-    assert text.replace("&gt;", ">").replace("&lt;", "<") == str(program)
+    assert text.replace("&lt;", "<").replace("&gt;", ">") == str(program)
 
 
 # --- tracing composes with the transforms ----------------------------------------------------
@@ -536,6 +546,29 @@ def test_split_vjp_matches_torch_func(name, f, make):
     assert len(bwd.inputs) == len(saved) + len(cts)
 
 
+def test_vjp_program_of_outputs_that_are_inputs_constants_or_booleans():
+    def f(x):
+        return x, torch.sin(x), x > 0, torch.ones(2)
+
+    program = vjp_program(trace(f)(torch.ones(3)))
+    program.typecheck()
+    assert_lean(program)
+    x = rand(0, 3)
+    cts = (rand(1, 3), rand(2, 3), torch.zeros(3, dtype=torch.bool), rand(3, 2))
+    *outputs, x_bar = program(x, *cts)
+    assert_close(outputs, list(f(x)))
+    # the input is an output too: both cotangents reach it
+    assert_close(x_bar, cts[0] + cts[1] * torch.cos(x))
+
+
+def test_vjp_program_refuses_a_number_output():
+    program = trace(lambda x: (torch.sin(x), 2))(torch.ones(3))
+    with pytest.raises(TransformError, match=r"^vjp_program\(program\): expected every output "
+                                             r"of program <lambda> to be a tensor, got the "
+                                             r"number 2 as output 1"):
+        vjp_program(program)
+
+
 def test_golden_vjp_program_of_sin():
     program = vjp_program(trace(torch.sin)(torch.ones(3)))
     assert str(program) == """\
@@ -650,6 +683,12 @@ def test_split_vjp_saves_only_what_the_backward_reads():
     assert_close(bwd(saved, ct), vjp_fn(ct))
 
 
+def test_split_vjp_refuses_non_tensor_arguments():
+    with pytest.raises(TransformError, match=r"^split_vjp\(<lambda>\)\(<inputs>\): expected every "
+                                             r"argument to be a tensor .*got a leaf of type int"):
+        split_vjp(lambda x, k: x * k)(torch.ones(3), 2)
+
+
 def test_split_vjp_of_constant_output_is_an_error():
     with pytest.raises(TransformError, match=r"^split_vjp\(<lambda>\)\(<inputs>\): every output "
                                              r"must depend on the inputs"):
@@ -750,3 +789,16 @@ def test_generated_code_does_not_shadow_a_custom_function():
     program = trace(lambda x: b(x) * 2)(torch.ones(3))
     x = rand(0, 3)
     assert_close(program.compile_python()(x)[0], torch.sin(x) * 2)
+
+
+def test_generated_code_of_a_long_program_avoids_keywords():
+    # values are named a, b, ..., z, ba, bb, ...: the 214th would be `if`
+    def f(x):
+        for i in range(240):
+            x = torch.sin(x) + i
+        return x
+
+    program = trace(f)(torch.ones(3))
+    assert "      if_:f32[3] = sin ie" in str(program).splitlines()
+    x = rand(0, 3)
+    assert_close(program.compile_python()(x)[0], f(x))
