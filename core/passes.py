@@ -4,6 +4,8 @@
 - ``eliminate_common_subexpressions``: compute each (primitive, operands, params) once.
 - ``fold_symbolic_zeros``: a zero tensor is never materialized to be added or multiplied:
   ``add x zeros`` is ``x``, ``mul x zeros`` is zeros, ``neg zeros`` is zeros, and so on.
+- ``fold_identities``: an operation that returns its input unchanged is dropped: ``mul x 1``,
+  ``div x 1``, ``expand``/``reshape`` to the same shape, a ``permute`` undone by another.
 - ``simplify``: all of them, until nothing changes.
 """
 from . import primitives as P
@@ -154,11 +156,64 @@ def fold_symbolic_zeros(program):
     return program.replace(equations=equations, outputs=[resolve(o) for o in program.outputs])
 
 
+def _is_literal(operand, value):
+    return isinstance(operand, Literal) and type(operand.value) is not bool \
+        and operand.value == value
+
+
+def fold_identities(program):
+    """Drop operations that give back their input: ``mul x 1``, a permute of a permute that
+    undoes it, an expand or reshape to the same shape.
+
+    >>> import torch
+    >>> from minifunctorch.core import trace
+    >>> from minifunctorch.core.passes import fold_identities, eliminate_dead_code
+    >>> program = trace(lambda x: (x.T.T * 1).reshape(2, 3))(torch.ones(2, 3))
+    >>> print(eliminate_dead_code(fold_identities(program)))
+    { lambda ; a:f32[2,3] .
+      in (a,) }
+    """
+    replacement = {}
+    producer = {}  # var -> the equation that computed it (after replacement)
+    equations = []
+
+    def resolve(operand):
+        return replacement.get(operand, operand) if isinstance(operand, Var) else operand
+
+    for equation in program.equations:
+        prim, out, params = equation.prim, equation.out, equation.params
+        inputs = [resolve(o) for o in equation.inputs]
+        x = inputs[0]
+        same_type = isinstance(x, Var) and (x.shape, x.dtype) == (out.shape, out.dtype)
+        identity = None
+        if prim is P.mul_p and same_type and _is_literal(inputs[1], 1):
+            identity = x
+        elif prim is P.mul_p and _is_literal(x, 1) and isinstance(inputs[1], Var) \
+                and (inputs[1].shape, inputs[1].dtype) == (out.shape, out.dtype):
+            identity = inputs[1]
+        elif prim is P.div_p and same_type and _is_literal(inputs[1], 1):
+            identity = x
+        elif prim in (P.expand_p, P.reshape_p) and same_type:
+            identity = x
+        elif prim is P.permute_p and isinstance(x, Var) and x in producer \
+                and producer[x].prim is P.permute_p:
+            first = producer[x].params["dims"]
+            if tuple(first[d] for d in params["dims"]) == tuple(range(len(first))):
+                identity = producer[x].inputs[0]
+        if identity is not None:
+            replacement[out] = identity
+            continue
+        kept = Equation(prim, inputs, params, out)
+        producer[out] = kept
+        equations.append(kept)
+    return program.replace(equations=equations, outputs=[resolve(o) for o in program.outputs])
+
+
 def simplify(program):
     """Fold zeros, share common subexpressions and drop dead code, until nothing changes."""
     while True:
         before = len(program.equations)
-        program = eliminate_dead_code(
-            eliminate_common_subexpressions(fold_symbolic_zeros(program)))
+        program = eliminate_dead_code(eliminate_common_subexpressions(
+            fold_identities(fold_symbolic_zeros(program))))
         if len(program.equations) == before:
             return program
