@@ -28,7 +28,7 @@ import math
 
 from . import ops
 from . import primitives as P
-from .dispatch import Dispatcher, FuncTensor, bind, name_of
+from .dispatch import Dispatcher, FuncTensor, bind, cyclic_gc_paused, name_of
 from .errors import MissingRuleError, NonScalarOutputError
 from .names import fresh_name
 from .printing import format_equation, type_string
@@ -149,6 +149,10 @@ class Tape:
         Returns the gradient map: name -> accumulated cotangent. Entries whose output got no
         cotangent are skipped (a symbolic zero); fan-in is summed as it arrives.
         """
+        with cyclic_gc_paused():
+            return self._backward(seeds, record_steps)
+
+    def _backward(self, seeds, record_steps):
         gradients = dict(seeds)
         steps = [BackwardStep(None, None, None, [(n, ct, ct) for n, ct in seeds.items()])]
         for index in range(len(self.entries) - 1, -1, -1):

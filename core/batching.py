@@ -20,7 +20,9 @@ class BatchedTensor(FuncTensor):
     __slots__ = ("bdim",)
 
     def __init__(self, dispatcher, payload, bdim, name=None):
-        super().__init__(dispatcher, payload, name)
+        self.dispatcher = dispatcher  # (FuncTensor.__init__ written out: this is the hot path)
+        self.payload = payload
+        self._name = name
         self.bdim = bdim
 
     @property
@@ -48,6 +50,16 @@ class Batched(Dispatcher):
         self.call = call or f"{name}(length={length})"
 
     def apply(self, prim, *args, **params):
+        if len(args) == 1:  # the common case of a one-input op, without the lists
+            x = args[0]
+            if type(x) is not BatchedTensor or x.dispatcher is not self:
+                return bind(prim, x, **params)
+            rule = batching_rules.get(prim)
+            if rule is None:
+                from .autograd import missing_rule_error
+                raise missing_rule_error(prim, "batching", "vmap")
+            out, out_bdim = rule((x.payload,), (x.bdim,), **params)
+            return out if out_bdim is None else BatchedTensor(self, out, out_bdim)
         values, bdims, batched = [], [], False
         for a in args:
             if type(a) is BatchedTensor and a.dispatcher is self:

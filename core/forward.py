@@ -21,7 +21,9 @@ class ForwardTensor(FuncTensor):
     __slots__ = ("tangent",)
 
     def __init__(self, dispatcher, primal, tangent, name=None):
-        super().__init__(dispatcher, primal, name)
+        self.dispatcher = dispatcher  # (FuncTensor.__init__ written out: this is the hot path)
+        self.payload = primal
+        self._name = name
         self.tangent = tangent
 
 

@@ -85,6 +85,8 @@ def handle(func, args, kwargs):
     op = TORCH_FUNCTIONS.get(func)
     if op is None:
         raise _not_supported(func)
+    if not kwargs:
+        return op(*args)
     if kwargs.get("out") is not None:
         raise InPlaceError(
             f"{_qualified_name(func)}(..., out=...): writing into an out= tensor inside a "

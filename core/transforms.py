@@ -163,6 +163,11 @@ def grad_and_value(f, argnums=0, has_aux=False):
         else:  # the output does not depend on the inputs
             grads = _gradients(level, {}, inputs)
             value = out
+        if not level.record_steps:
+            # Nobody will look at this tape again. Its entries and the values they hold refer
+            # to the level, and the level to its tape: dropping the entries breaks that cycle,
+            # so saved tensors are freed now rather than by a later garbage collection.
+            level.tape.entries.clear()
         grads = grads[0] if isinstance(argnums, int) else tuple(grads)
         if has_aux:
             return grads, (value, _lower_tree(aux, level))
