@@ -257,6 +257,12 @@ def matmul_batch(values, bdims):
     if x_bdim is None and x_rank == 2 and y_rank == 1:
         # (n, k) @ (B, k): one matrix product (B, k) @ (k, n)
         return ops.matmul(y, ops.transpose(x, 0, 1)), 0
+    if x_bdim is None and x_rank == 2 and y_rank >= 2:
+        # (n, k) @ (B, ..., k, m) would broadcast x into a batched matmul that reads it once
+        # per example. Transposed, the batch sits on the left, (B, ..., m, k) @ (k, n), which
+        # torch folds into one matrix product.
+        return ops.transpose(ops.matmul(ops.transpose(y, -1, -2), ops.transpose(x, 0, 1)),
+                             -1, -2), 0
     if x_rank == 1:
         x = ops.unsqueeze(x, -2)
     if y_rank == 1:

@@ -1,0 +1,90 @@
+"""The benchmarks must not rot: run the quick mode (every case and contender checked
+against torch.func on small sizes, nothing timed), and exercise timing, profiling and the
+report on a tiny case. No assertion here is about speed."""
+import os
+import sys
+
+import pytest
+import torch
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from benchmarks import cases, harness, report, run  # noqa: E402
+
+# torch.func.jvp loads TorchScript decompositions on first use, and torch warns about it.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+
+
+def _quiet(*args, **kwargs):
+    pass
+
+
+@pytest.fixture(scope="module")
+def quick_suite():
+    threads = torch.get_num_threads()
+    results_md = os.path.join(_ROOT, "benchmarks", "RESULTS.md")
+    before = os.path.getmtime(results_md) if os.path.exists(results_md) else None
+    try:
+        suite = run.run(quick=True, log=_quiet)
+    finally:
+        torch.set_num_threads(threads)
+    after = os.path.getmtime(results_md) if os.path.exists(results_md) else None
+    assert before == after, "--quick must not write benchmarks/RESULTS.md"
+    return suite
+
+
+def test_quick_mode_checks_every_case_against_torch_func(quick_suite):
+    failures = [f"{r.case.label} / {r.contender}: {r.status}: {r.detail}"
+                for r in quick_suite.failures()]
+    assert not failures, "\n".join(failures)
+    assert set(quick_suite.groups) == {"S1", "S2", "S3", "S4", "S5"}
+    for group in quick_suite.groups:
+        for by_contender in quick_suite.results(group):
+            for contender in (harness.MFT, harness.TORCH_FUNC, harness.MAKE_FX):
+                result = by_contender[contender]
+                assert result.ok, f"{result.case.label} / {contender}: {result.detail}"
+                assert not result.times, "quick mode times nothing"
+    assert quick_suite.first_result, "S6 time to first result was not collected"
+
+
+def test_quick_report_renders_to_a_directory(quick_suite, tmp_path):
+    markdown, image = report.write(quick_suite, tmp_path)
+    text = markdown.read_text()
+    assert "Quick mode" in text and "## Targets" in text
+    assert image.stat().st_size > 0
+
+
+def test_timing_profile_and_report_on_a_tiny_case(tmp_path):
+    one_op, chain = cases.s1_cases(cases.QUICK, "cpu")[1]  # the grad level
+    checked = [harness.check_case(one_op), harness.check_case(chain)]
+    harness.measure([r for by_contender in checked for r in by_contender.values()],
+                    threads=1, min_run_time=0.01, rounds=2, warmup=1, log=_quiet)
+    for by_contender in checked:
+        assert by_contender[harness.TORCH_FUNC].median > 0
+        assert by_contender[harness.TORCH_FUNC].iqr is not None
+    profile = harness.profile(checked[1][harness.MFT].fn, "tiny", seconds=0.02)
+    assert profile.calls >= 3 and profile.by_tottime
+    suite = report.Suite(env={"device": "cpu"}, quick=False, groups={"S1": [checked]},
+                         s1_ops=cases.QUICK.s1_ops, threads=1, profiles={"tiny": profile},
+                         detailed=["tiny"], hot_spots=[harness.hot_spots([profile], "tiny")])
+    suite.targets = report.evaluate_targets(suite)
+    assert any(row.case == "S1 grad (per op)" for row in suite.targets)
+    markdown, image = report.write(suite, tmp_path)
+    assert "per op" in markdown.read_text() and image.stat().st_size > 0
+
+
+def test_jit_contenders_follow_the_engine(monkeypatch):
+    """Without ``minifunctorch.core.jit`` the jit contenders are "not available"; with one
+    (here an eager stand-in) they are built and checked like any other."""
+    from minifunctorch import core
+
+    case = cases.s2_cases(cases.QUICK, "cpu")[0]
+    monkeypatch.delattr(core, "jit", raising=False)
+    missing = harness.check_case(case)[harness.MFT_JIT]
+    assert missing.status == "n/a" and "not available" in missing.detail
+    assert not missing.failed
+
+    monkeypatch.setattr(core, "jit", lambda f, backend=None: f, raising=False)
+    assert harness.check_case(case)[harness.MFT_JIT].ok
