@@ -91,7 +91,8 @@ class Source:
     """
 
     def __init__(self, code: str):
-        self.code = code.strip("\n")
+        # no blank or whitespace-only lines around the code (FX ends its code with "    \n")
+        self.code = "\n".join(line.rstrip() for line in code.strip().splitlines())
 
     def __repr__(self):
         return self.code
