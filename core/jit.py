@@ -91,13 +91,27 @@ class jit:
         self.function = f
         self.backend = backend
         self._cache: dict = {}
+        self._plain_cache: dict = {}  # the same entries, for calls with plain tensors only
 
     def __call__(self, *args, **kwargs):
+        if not kwargs:
+            # fast path: plain tensors only, looked up by their types without flattening
+            try:
+                compiled = self._plain_cache.get(
+                    tuple((a.shape, a.dtype, a.device) if type(a) is torch.Tensor else None
+                          for a in args))
+            except AttributeError:  # an argument without a shape: use the general path
+                compiled = None
+            if compiled is not None:
+                return optree.tree_unflatten(compiled.out_treedef, list(compiled.run(*args)))
         leaves, treedef = optree.tree_flatten((args, kwargs))
         key = (treedef, _signature(leaves))
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self._compile(args, kwargs, key)
+            if not kwargs and compiled.run is not None and \
+                    all(type(a) is torch.Tensor for a in args):
+                self._plain_cache[tuple((a.shape, a.dtype, a.device) for a in args)] = compiled
         tensors = [leaf for leaf in leaves if isinstance(leaf, (torch.Tensor, FuncTensor))]
         if compiled.run is None or any(isinstance(t, FuncTensor) for t in tensors):
             outputs = compiled.program.evaluate_flat(tensors)
