@@ -609,19 +609,20 @@ def matmul_vjp(x, y):
         want_x, want_y = needs_input_grad(0), needs_input_grad(1)
         if x_rank == 1 and y_rank == 1:  # a dot product: ct is a scalar
             return (ops.mul(ct, y) if want_x else None), (ops.mul(ct, x) if want_y else None)
-        # view vectors as matrices, so that both cotangents are matrix products
-        x_matrix = ops.unsqueeze(x, 0) if x_rank == 1 else x
-        y_matrix = ops.unsqueeze(y, 1) if y_rank == 1 else y
+        # view vectors as matrices, so that both cotangents are matrix products (each
+        # operand is reshaped only where the cotangent that needs it is wanted)
         ct_matrix = ops.unsqueeze(ct, -2) if x_rank == 1 else ct
         ct_matrix = ops.unsqueeze(ct_matrix, -1) if y_rank == 1 else ct_matrix
         x_bar = y_bar = None
         if want_x:
+            y_matrix = ops.unsqueeze(y, 1) if y_rank == 1 else y
             x_bar = sum_to_size(ops.matmul(ct_matrix, ops.transpose(y_matrix, -1, -2)),
-                                ops.shape_of(x_matrix))
+                                (1, x.shape[0]) if x_rank == 1 else ops.shape_of(x))
             x_bar = ops.reshape(x_bar, *ops.shape_of(x))
         if want_y:
+            x_matrix = ops.unsqueeze(x, 0) if x_rank == 1 else x
             y_bar = sum_to_size(ops.matmul(ops.transpose(x_matrix, -1, -2), ct_matrix),
-                                ops.shape_of(y_matrix))
+                                (y.shape[0], 1) if y_rank == 1 else ops.shape_of(y))
             y_bar = ops.reshape(y_bar, *ops.shape_of(y))
         return x_bar, y_bar
     return ops.matmul(x, y), backward

@@ -9,7 +9,7 @@ from nbclient import NotebookClient
 
 def execute(path: Path) -> None:
     notebook = nbformat.read(path, as_version=4)
-    client = NotebookClient(notebook, timeout=600, kernel_name="python3",
+    client = NotebookClient(notebook, timeout=600, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     nbformat.write(notebook, path)

@@ -1,0 +1,68 @@
+"""Helpers shared by the notebook generators: make cells, write them as a notebook.
+
+A generator writes the notebook's cells only; outputs come from executing it
+(``make notebooks``). The target is ``notebooks/<name>`` next to this folder, or the path
+given as the generator's first command-line argument.
+"""
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent
+KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+
+def md(text):
+    """A markdown cell; the text may be indented as a whole (it is dedented)."""
+    return new_markdown_cell(textwrap.dedent(text).strip("\n"))
+
+
+def code(text, tags=None):
+    """A code cell; ``tags`` (e.g. ``["raises-exception"]``) go into its metadata."""
+    cell = new_code_cell(textwrap.dedent(text).strip("\n"))
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    return cell
+
+
+def _target(name):
+    return Path(sys.argv[1]) if len(sys.argv) > 1 else NOTEBOOKS / name
+
+
+def _save(notebook, path):
+    notebook.metadata["kernelspec"] = dict(KERNELSPEC)
+    notebook.metadata["language_info"] = {"name": "python"}
+    nbformat.validate(notebook)
+    nbformat.write(notebook, path)
+    code_cells = sum(cell.cell_type == "code" for cell in notebook.cells)
+    print(f"wrote {path}: {len(notebook.cells)} cells ({code_cells} code)")
+
+
+def write(cells, name):
+    """Write ``cells`` as notebook ``name``. When the notebook already exists with as many
+    cells, each cell keeps the id of the cell at its position, so that regenerating a
+    notebook changes its cell ids only where cells were added or removed."""
+    path = _target(name)
+    if path.exists():
+        old = nbformat.read(path, as_version=4).cells
+        if len(old) == len(cells):
+            for cell, old_cell in zip(cells, old):
+                if "id" in old_cell:
+                    cell.id = old_cell.id
+        else:
+            print(f"{path}: {len(old)} cells before, {len(cells)} now: new cell ids")
+    _save(new_notebook(cells=cells), path)
+
+
+def build(pairs, name, prefix):
+    """Write ``pairs`` of ``("md" | "code", source)`` as notebook ``name``, with the cell
+    ids ``<prefix>-00``, ``<prefix>-01``, ..."""
+    cells = []
+    for index, (kind, source) in enumerate(pairs):
+        cell = md(source) if kind == "md" else code(source)
+        cell.id = f"{prefix}-{index:02d}"
+        cells.append(cell)
+    _save(new_notebook(cells=cells), _target(name))
