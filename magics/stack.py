@@ -191,7 +191,26 @@ class Stage:
 
 
 @dataclasses.dataclass
-class GradStage(Stage):
+class DifferentiatingStage(Stage):
+    """A stage that differentiates with respect to ``--wrt`` inputs, some of them picked by
+    ``--argnums`` (grad, jacobian, hessian)."""
+
+    wrt: tuple = ()
+    argnums: tuple = ()
+
+    def __post_init__(self):
+        _select(self.wrt, self.argnums)  # raises StackError on a bad --argnums
+
+    @property
+    def selected(self) -> tuple:
+        return _select(self.wrt, self.argnums)
+
+    def input_names(self):
+        return tuple(self.wrt)
+
+
+@dataclasses.dataclass
+class GradStage(DifferentiatingStage):
     """``%%grad``: the gradient of the cell's scalar result w.r.t. the ``--wrt`` inputs.
 
     ``--wrt`` lists the function's differentiable inputs in order; ``--argnums`` picks some of
@@ -207,8 +226,6 @@ class GradStage(Stage):
     Outputs(parts=('dx',), extras=())
     """
 
-    wrt: tuple = ()
-    argnums: tuple = ()
     out: tuple = ()
     has_aux: bool = False
     aux_out: str = "aux"
@@ -218,15 +235,6 @@ class GradStage(Stage):
 
     magic = "grad"
 
-    def __post_init__(self):
-        _select(self.wrt, self.argnums)  # raises StackError on a bad --argnums
-
-    @property
-    def selected(self) -> tuple:
-        return _select(self.wrt, self.argnums)
-
-    def input_names(self):
-        return tuple(self.wrt)
 
     def outputs(self, inner):
         _require_one_part(inner)
@@ -407,7 +415,7 @@ def _jacobian_names(prefix, part_names, arg_names):
 
 
 @dataclasses.dataclass
-class JacobianStage(Stage):
+class JacobianStage(DifferentiatingStage):
     """``%%jacobian``: the Jacobian w.r.t. the ``--wrt`` inputs, by ``jacrev`` or ``jacfwd``.
 
     >>> import torch
@@ -419,23 +427,12 @@ class JacobianStage(Stage):
             [0., 4.]])
     """
 
-    wrt: tuple = ()
-    argnums: tuple = ()
     mode: str = "rev"
     chunk_size: int | None = None
     out: tuple = ()
 
     magic = "jacobian"
 
-    def __post_init__(self):
-        _select(self.wrt, self.argnums)  # raises StackError on a bad --argnums
-
-    @property
-    def selected(self):
-        return _select(self.wrt, self.argnums)
-
-    def input_names(self):
-        return tuple(self.wrt)
 
     def outputs(self, inner):
         default = _jacobian_names("jac", inner.parts, self.selected)
@@ -462,7 +459,7 @@ class JacobianStage(Stage):
 
 
 @dataclasses.dataclass
-class HessianStage(Stage):
+class HessianStage(DifferentiatingStage):
     """``%%hessian``: the Hessian of the scalar result, forward-over-reverse.
 
     >>> import torch
@@ -474,21 +471,10 @@ class HessianStage(Stage):
             [ 0., 12.]])
     """
 
-    wrt: tuple = ()
-    argnums: tuple = ()
     out: tuple = ()
 
     magic = "hessian"
 
-    def __post_init__(self):
-        _select(self.wrt, self.argnums)  # raises StackError on a bad --argnums
-
-    @property
-    def selected(self):
-        return _select(self.wrt, self.argnums)
-
-    def input_names(self):
-        return tuple(self.wrt)
 
     def outputs(self, inner):
         _require_one_part(inner)
