@@ -609,6 +609,12 @@ def matmul_vjp(x, y):
         want_x, want_y = needs_input_grad(0), needs_input_grad(1)
         if x_rank == 1 and y_rank == 1:  # a dot product: ct is a scalar
             return (ops.mul(ct, y) if want_x else None), (ops.mul(ct, x) if want_y else None)
+        if x_rank == 2 and y_rank == 1:  # matrix @ vector: an outer product and ct @ x
+            return (ops.mul(ops.unsqueeze(ct, 1), ops.unsqueeze(y, 0)) if want_x else None,
+                    ops.matmul(ct, x) if want_y else None)
+        if x_rank == 1 and y_rank == 2:  # vector @ matrix: y @ ct and an outer product
+            return (ops.matmul(y, ct) if want_x else None,
+                    ops.mul(ops.unsqueeze(x, 1), ops.unsqueeze(ct, 0)) if want_y else None)
         # view vectors as matrices, so that both cotangents are matrix products (each
         # operand is reshaped only where the cotangent that needs it is wanted)
         ct_matrix = ops.unsqueeze(ct, -2) if x_rank == 1 else ct

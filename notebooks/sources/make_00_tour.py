@@ -182,11 +182,11 @@ md(r"""
 
 Put `%%trace` on top of a stack and you get, instead of numbers, the program the stack runs.
 Here it is the gradient of our loss. The first line lists the program's constants, then its
-input after the `;`: `b` and `c` are `x` and `y`, read from the notebook, `d` is `xᵀ`, and `a`
-is `w`. Then come the forward equations (`e` to `h`), the seed `i`, which is `dL/dL = 1`, and
-the backward equations, down to the gradient. None of them works out a contribution for `x`
-or `y`: those are constants, and the backward rules skip what nobody asked for. `--fx` adds
-the same program as Python source (a `torch.fx` module).
+input after the `;`: `b` and `c` are `x` and `y`, read from the notebook, and `a` is `w`.
+Then come the forward equations (`d` to `g`), the seed `h`, which is `dL/dL = 1`, and the
+backward equations, down to the gradient `m`, a vector-matrix product with `x`. None of them
+works out a contribution for `x` or `y`: those are constants, and the backward rules skip what
+nobody asked for. `--fx` adds the same program as Python source (a `torch.fx` module).
 
 `--split`, in the cell after, shows reverse mode as **two** programs. The forward one returns
 the loss `g` and what the backward one will need: `e`, the residuals `x @ w - y`. The backward
