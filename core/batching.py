@@ -257,10 +257,12 @@ def matmul_batch(values, bdims):
     if x_bdim is None and x_rank == 2 and y_rank == 1:
         # (n, k) @ (B, k): one matrix product (B, k) @ (k, n)
         return ops.matmul(y, ops.transpose(x, 0, 1)), 0
-    if x_bdim is None and x_rank == 2 and y_rank >= 2:
-        # (n, k) @ (B, ..., k, m) would broadcast x into a batched matmul that reads it once
-        # per example. Transposed, the batch sits on the left, (B, ..., m, k) @ (k, n), which
-        # torch folds into one matrix product.
+    if x_bdim is None and x_rank == 2 and y_rank >= 2 and ops.shape_of(y)[-1] == 1:
+        # (n, k) @ (B, ..., k, 1), a batch of column vectors, would broadcast x into a batched
+        # matmul that reads it once per example. Transposed, the batch sits on the left,
+        # (B, ..., 1, k) @ (k, n), which torch folds into one matrix product. (For full
+        # matrices, m > 1, the broadcast matmul is the better kernel: its result is
+        # contiguous.)
         return ops.transpose(ops.matmul(ops.transpose(y, -1, -2), ops.transpose(x, 0, 1)),
                              -1, -2), 0
     if x_rank == 1:

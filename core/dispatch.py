@@ -96,9 +96,8 @@ class FuncTensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    @property
-    def is_floating_point(self):
-        return lambda: self.dtype.is_floating_point
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
 
     @property
     def requires_grad(self):

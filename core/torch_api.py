@@ -77,7 +77,6 @@ for _name, _op in _FUNCTIONAL.items():
     TORCH_FUNCTIONS[getattr(F, _name)] = _op
 for _name, _op in _OPERATORS.items():
     TORCH_FUNCTIONS[getattr(torch.Tensor, _name)] = _op
-TENSOR_METHODS["T"] = None  # properties live on FuncTensor itself
 
 
 def handle(func, args, kwargs):
