@@ -29,7 +29,7 @@ import math
 from . import ops
 from . import primitives as P
 from .dispatch import Dispatcher, FuncTensor, bind, cyclic_gc_paused, name_of
-from .errors import MissingRuleError, NonScalarOutputError
+from .errors import NonScalarOutputError, missing_rule_error
 from .names import fresh_name
 from .printing import format_equation, type_string
 
@@ -353,14 +353,6 @@ class Autograd(Dispatcher):
         return result
 
 
-def missing_rule_error(prim, table, transform):
-    return MissingRuleError(
-        f"{transform}: the primitive '{prim.name}' has no {table} rule, so {transform} cannot "
-        f"handle it. Fix: register one ({table}_rules[{prim.name}_p] = ...), or wrap the "
-        "computation in a custom_vjp function that supplies its backward."
-    )
-
-
 # --- helpers ---------------------------------------------------------------------------------
 def sum_to_size(ct, shape):
     """Undo broadcasting: sum ``ct`` down to ``shape`` (TorchScript's ``sum_to_size``).
@@ -383,15 +375,6 @@ def sum_to_size(ct, shape):
     return ct
 
 
-def _is_tensor(value):
-    return not isinstance(value, (int, float, bool))
-
-
-def _unreduced_shape(x_shape, dim):
-    """The keepdim=True shape of a reduction of ``x_shape`` over ``dim``."""
-    return tuple(1 if i in dim else size for i, size in enumerate(x_shape))
-
-
 def nondifferentiable_vjp(prim):
     """The rule of a primitive whose output has zero derivative."""
     def vjp(*args, **params):
@@ -399,9 +382,9 @@ def nondifferentiable_vjp(prim):
     return vjp
 
 
-for _prim in (P.sign_p, P.eq_p, P.ne_p, P.lt_p, P.le_p, P.gt_p, P.ge_p, P.full_like_p,
-              P.detach_p):
-    vjp_rules[_prim] = nondifferentiable_vjp(_prim)
+for _prim in P.PRIMITIVES.values():
+    if not _prim.differentiable:
+        vjp_rules[_prim] = nondifferentiable_vjp(_prim)
 
 
 # --- elementwise -------------------------------------------------------------------------------
@@ -460,11 +443,6 @@ def sqrt_vjp(x):
 vjp_rules[P.sqrt_p] = sqrt_vjp
 
 
-def _power(x, exponent):
-    """``x ** exponent`` for a number exponent, without the no-op ``pow x 1``."""
-    return x if exponent == 1 else ops.pow(x, exponent)
-
-
 # --- broadcasting binary ops: each cotangent is summed back to its input's shape ---------------
 def add_vjp(x, y):
     def backward(ct):
@@ -508,7 +486,7 @@ def pow_vjp(x, y):
         x_bar = y_bar = None
         if wants_cotangent(0, x):
             if isinstance(y, (int, float)):
-                x_bar = None if y == 0 else ops.mul(ct, ops.mul(_power(x, y - 1), y))
+                x_bar = None if y == 0 else ops.mul(ct, ops.mul(ops.power(x, y - 1), y))
             else:
                 x_bar = sum_to_size(ops.mul(ct, ops.mul(y, ops.pow(x, ops.sub(y, 1)))),
                                     ops.shape_of(x))
@@ -534,7 +512,7 @@ def _expand_back(ct, x_shape, dim, keepdim):
     """Put reduced dims back (size 1) and broadcast ``ct`` to ``x_shape``."""
     if not keepdim and dim != tuple(range(len(dim))):
         # expand can only add leading dims: put inner reduced dims back as size 1 first
-        ct = ops.reshape(ct, *_unreduced_shape(x_shape, dim))
+        ct = ops.reshape(ct, *ops.keepdim_shape(x_shape, dim))
     return ops.expand(ct, *x_shape)
 
 
@@ -556,7 +534,7 @@ vjp_rules[P.mean_p] = mean_vjp
 def _extremum_vjp(prim):
     def vjp(x, *, dim, keepdim):
         out = bind(prim, x, dim=dim, keepdim=keepdim)
-        unreduced = _unreduced_shape(ops.shape_of(x), dim)
+        unreduced = ops.keepdim_shape(ops.shape_of(x), dim)
 
         def backward(ct):
             # ties share the gradient evenly, as in PyTorch
@@ -573,7 +551,7 @@ vjp_rules[P.amin_p] = _extremum_vjp(P.amin_p)
 
 def logsumexp_vjp(x, *, dim, keepdim):
     out = bind(P.logsumexp_p, x, dim=dim, keepdim=keepdim)
-    unreduced = _unreduced_shape(ops.shape_of(x), dim)
+    unreduced = ops.keepdim_shape(ops.shape_of(x), dim)
 
     def backward(ct):
         softmax = ops.exp(ops.sub(x, ops.reshape(out, *unreduced)))

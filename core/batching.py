@@ -9,7 +9,7 @@ permute or unsqueeze) and never loops over the batch. In JAX this is ``BatchTrac
 from . import ops
 from . import primitives as P
 from .dispatch import Dispatcher, FuncTensor, bind, name_of, no_concrete_value
-from .errors import TransformUsageError
+from .errors import TransformUsageError, missing_rule_error
 
 batching_rules: dict = {}
 
@@ -56,7 +56,6 @@ class Batched(Dispatcher):
                 return bind(prim, x, **params)
             rule = batching_rules.get(prim)
             if rule is None:
-                from .autograd import missing_rule_error
                 raise missing_rule_error(prim, "batching", "vmap")
             out, out_bdim = rule((x.payload,), (x.bdim,), **params)
             return out if out_bdim is None else BatchedTensor(self, out, out_bdim)
@@ -73,7 +72,6 @@ class Batched(Dispatcher):
             return bind(prim, *values, **params)
         rule = batching_rules.get(prim)
         if rule is None:
-            from .autograd import missing_rule_error
             raise missing_rule_error(prim, "batching", "vmap")
         out, out_bdim = rule(values, bdims, **params)
         if out_bdim is None:

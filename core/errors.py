@@ -44,3 +44,12 @@ class InPlaceError(TransformError, RuntimeError):
 
 class TypecheckError(TransformError, TypeError):
     """A program's equation does not have the type its shape rule derives."""
+
+
+def missing_rule_error(prim, table, transform) -> MissingRuleError:
+    """The error every level raises when ``prim`` has no rule in its ``table``."""
+    return MissingRuleError(
+        f"{transform}: the primitive '{prim.name}' has no {table} rule, so {transform} cannot "
+        f"handle it. Fix: register one ({table}_rules[{prim.name}_p] = ...), or wrap the "
+        "computation in a custom_vjp function that supplies its backward."
+    )

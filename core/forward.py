@@ -11,6 +11,7 @@ import math
 from . import ops
 from . import primitives as P
 from .dispatch import Dispatcher, FuncTensor, bind, name_of
+from .errors import missing_rule_error
 
 jvp_rules: dict = {}
 
@@ -57,7 +58,6 @@ class Forward(Dispatcher):
             return bind(prim, *primals, **params)
         rule = jvp_rules.get(prim)
         if rule is None:
-            from .autograd import missing_rule_error
             raise missing_rule_error(prim, "jvp", "jvp")
         out, out_dot = rule(primals, tangents, **params)
         if out_dot is None:
@@ -97,9 +97,9 @@ def nondifferentiable_jvp(prim):
     return jvp
 
 
-for _prim in (P.sign_p, P.eq_p, P.ne_p, P.lt_p, P.le_p, P.gt_p, P.ge_p, P.full_like_p,
-              P.detach_p):
-    jvp_rules[_prim] = nondifferentiable_jvp(_prim)
+for _prim in P.PRIMITIVES.values():
+    if not _prim.differentiable:
+        jvp_rules[_prim] = nondifferentiable_jvp(_prim)
 
 
 def linear_jvp(prim):
@@ -177,11 +177,6 @@ def sqrt_jvp(primals, tangents):
 jvp_rules[P.sqrt_p] = sqrt_jvp
 
 
-def _power(x, exponent):
-    """``x ** exponent`` for a number exponent, without the no-op ``pow x 1``."""
-    return x if exponent == 1 else ops.pow(x, exponent)
-
-
 # --- broadcasting binary ops -------------------------------------------------------------------
 def add_jvp(primals, tangents):
     out = ops.add(*primals)
@@ -222,7 +217,7 @@ def pow_jvp(primals, tangents):
     x_part = y_part = None
     if x_dot is not None:
         if isinstance(y, (int, float)):
-            x_part = None if y == 0 else ops.mul(x_dot, ops.mul(_power(x, y - 1), y))
+            x_part = None if y == 0 else ops.mul(x_dot, ops.mul(ops.power(x, y - 1), y))
         else:
             x_part = ops.mul(x_dot, ops.mul(y, ops.pow(x, ops.sub(y, 1))))
     if y_dot is not None:
@@ -242,15 +237,11 @@ jvp_rules[P.where_p] = where_jvp
 
 
 # --- reductions --------------------------------------------------------------------------------
-def _unreduced(x, dim):
-    return tuple(1 if i in dim else size for i, size in enumerate(ops.shape_of(x)))
-
-
 def _extremum_jvp(prim):
     def jvp(primals, tangents, *, dim, keepdim):
         (x,), (x_dot,) = primals, tangents
         out = bind(prim, x, dim=dim, keepdim=keepdim)
-        is_extremum = ops.eq(x, ops.reshape(out, *_unreduced(x, dim)))
+        is_extremum = ops.eq(x, ops.reshape(out, *ops.keepdim_shape(ops.shape_of(x), dim)))
         count = ops.sum(is_extremum, dim, keepdim=keepdim)
         picked = ops.sum(ops.mul(x_dot, is_extremum), dim, keepdim=keepdim)
         return out, ops.div(picked, count)
@@ -264,7 +255,7 @@ jvp_rules[P.amin_p] = _extremum_jvp(P.amin_p)
 def logsumexp_jvp(primals, tangents, *, dim, keepdim):
     (x,), (x_dot,) = primals, tangents
     out = bind(P.logsumexp_p, x, dim=dim, keepdim=keepdim)
-    softmax = ops.exp(ops.sub(x, ops.reshape(out, *_unreduced(x, dim))))
+    softmax = ops.exp(ops.sub(x, ops.reshape(out, *ops.keepdim_shape(ops.shape_of(x), dim))))
     return out, ops.sum(ops.mul(x_dot, softmax), dim, keepdim=keepdim)
 jvp_rules[P.logsumexp_p] = logsumexp_jvp
 

@@ -54,6 +54,17 @@ def normalize_dims(dim, rank: int, *, op: str) -> tuple:
     return tuple(sorted({normalize_dim(d, rank, op=op) for d in dim}))
 
 
+def keepdim_shape(shape, dim) -> tuple:
+    """The shape a reduction over ``dim`` keeps with keepdim=True (reduced dims become 1)."""
+    return tuple(1 if i in dim else size for i, size in enumerate(shape))
+
+
+def power(x, exponent):
+    """``x ** exponent`` for a Python number exponent, for rules: ``x ** 1`` is ``x`` itself,
+    so derivative rules do not emit a no-op ``pow x 1``."""
+    return x if exponent == 1 else pow(x, exponent)
+
+
 def _shape_arg(shape) -> tuple:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
         shape = shape[0]
