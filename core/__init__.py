@@ -1,12 +1,15 @@
 """minifunctorch.core: composable function transforms over PyTorch tensors.
 
 The public names, re-exported. Read the modules in this order to follow the course:
-primitives -> dispatch -> ops/torch_api -> autograd, forward, batching -> transforms.
+primitives -> values -> ops -> dispatch -> autograd, forward, batching -> transforms; then
+tensor (with torch_api and aten_api) for how user code reaches the engine.
 """
-from .autograd import Autograd, BackwardStep, Tape, TapeEntry, capture_tapes, vjp_rules
-from .batching import Batched, batching_rules
+from .autograd import Autograd, AutogradValue, BackwardStep, Tape, TapeEntry, capture_tapes, vjp_rules
+from .batching import Batched, BatchedValue, batching_rules, capture_fallbacks
 from .custom import custom_vjp
-from .dispatch import Dispatcher, FuncTensor, Logger, Torch, bind
+from .dispatch import Dispatcher, Logger, LoggedValue, Torch
+from .tensor import FuncTensor, bind
+from .values import Value
 from .errors import (
     BatchedControlFlowError,
     InPlaceError,
@@ -18,10 +21,10 @@ from .errors import (
     TypecheckError,
     UnsupportedOperationError,
 )
-from .forward import Forward, jvp_rules
+from .forward import Forward, ForwardValue, jvp_rules
 from .names import label, reset_names
 from .program import Equation, Literal, Program, Var
-from .tracing import TracerTensor, Tracing, trace
+from .tracing import TracerValue, Tracing, trace
 from .source_to_source import split_vjp, vjp_program
 from .passes import simplify
 from .jit import jit
@@ -47,5 +50,6 @@ __all__ = [
     "batching_rules", "bind", "capture_tapes", "custom_vjp", "functional_call", "grad",
     "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "jvp_rules", "label", "linearize",
     "reset_names", "vjp", "vjp_rules", "vmap", "trace", "Program", "Var", "Literal",
-    "Equation", "Tracing", "TracerTensor", "split_vjp", "vjp_program", "simplify", "jit",
+    "Equation", "Tracing", "TracerValue", "split_vjp", "vjp_program", "simplify", "jit",
+    "Value", "AutogradValue", "BatchedValue", "ForwardValue", "LoggedValue", "capture_fallbacks",
 ]

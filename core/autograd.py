@@ -28,15 +28,17 @@ import math
 
 from . import ops
 from . import primitives as P
-from .dispatch import Dispatcher, FuncTensor, bind, cyclic_gc_paused, name_of
+from .dispatch import Dispatcher, cyclic_gc_paused, name_of, nondifferentiable_outputs
 from .errors import NonScalarOutputError, missing_rule_error
 from .names import fresh_name
 from .printing import format_equation, type_string
+from .tensor import as_tensor
+from .values import Value, bind
 
 vjp_rules: dict = {}
 
 
-class AutogradTensor(FuncTensor):
+class AutogradValue(Value):
     """A value of an Autograd level: its payload, plus a name that the tape refers to."""
 
     __slots__ = ()
@@ -126,7 +128,7 @@ class Tape:
         as c0, c1, ... in the order the tape first saw it (the tensor itself is not touched)."""
         if isinstance(value, (int, float, bool)):
             return repr(value)
-        if isinstance(value, FuncTensor):
+        if isinstance(value, Value):
             return value.name
         name = getattr(value, "t_name", None)
         if name is None:
@@ -267,8 +269,9 @@ class Autograd(Dispatcher):
 
     transform_name = "grad"
 
-    def __init__(self, inner, *, name="Autograd", create_graph=False, record_steps=True):
-        super().__init__(inner, name=name)
+    def __init__(self, inner, *, name="Autograd", create_graph=False, record_steps=True,
+                 call=None):
+        super().__init__(inner, name=name, call=call)
         self.create_graph = create_graph
         self.tape = Tape(self.name)
         self.record_steps = record_steps or bool(_active_captures)
@@ -277,19 +280,19 @@ class Autograd(Dispatcher):
             tapes.append(self.tape)
 
     def _payloads(self, args):
-        return [a.payload if type(a) is AutogradTensor and a.dispatcher is self else a
+        return [a.payload if type(a) is AutogradValue and a.dispatcher is self else a
                 for a in args]
 
     def apply(self, prim, *args, **params):
         if self._paused or not prim.differentiable:
             out = bind(prim, *self._payloads(args), **params)
-            return AutogradTensor(self, out) if self._paused else out
+            return AutogradValue(self, out) if self._paused else out
         rule = vjp_rules.get(prim)
         if rule is None:
             raise missing_rule_error(prim, "vjp", "grad")
         payloads, inputs, labels = [], [], []
         for a in args:
-            if type(a) is AutogradTensor and a.dispatcher is self:
+            if type(a) is AutogradValue and a.dispatcher is self:
                 payloads.append(a.payload)
                 inputs.append(a.name)
                 labels.append(a.name)
@@ -303,11 +306,11 @@ class Autograd(Dispatcher):
                 out, backward = rule(*args, **params)
             finally:
                 self._paused -= 1
-            if not (type(out) is AutogradTensor and out.dispatcher is self):
-                out = AutogradTensor(self, out)
+            if not (type(out) is AutogradValue and out.dispatcher is self):
+                out = AutogradValue(self, out)
         else:
             out_payload, backward = rule(*payloads, **params)
-            out = AutogradTensor(self, out_payload)
+            out = AutogradValue(self, out_payload)
         name = out.name
         if name in inputs:  # a rule returned its input unchanged: keep names distinct
             name = out._name = fresh_name()
@@ -316,7 +319,7 @@ class Autograd(Dispatcher):
         return out
 
     def wrap_adopted(self, payload, original):
-        return AutogradTensor(self, payload, name_of(original))
+        return AutogradValue(self, payload, name_of(original))
 
     def renamed(self, old_name, new_name):
         for entry in reversed(self.tape.entries):
@@ -326,7 +329,7 @@ class Autograd(Dispatcher):
 
     def wrap_input(self, value, name=None):
         """Make ``value`` an input of this level (what ``grad`` does to its arguments)."""
-        return AutogradTensor(self, value, name)
+        return AutogradValue(self, value, name)
 
     def grad(self, loss, inputs):
         """The gradients of ``loss`` with respect to ``inputs`` (the seed's explicit API).
@@ -349,8 +352,12 @@ class Autograd(Dispatcher):
             if g is None:
                 adopted = self.adopt(x)
                 g = ops.zeros_like(adopted if self.create_graph else adopted.payload)
-            result.append(g)
+            result.append(as_tensor(g))
         return result
+
+    def unknown_op(self, name, run, values, kwargs):
+        """An aten op without a rule: fine if its outputs cannot carry a derivative."""
+        return nondifferentiable_outputs(self, name, run, values, kwargs)
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -696,6 +703,11 @@ def scatter_add_vjp(x, index, *, dim, shape):
     return (bind(P.scatter_add_p, x, index, dim=dim, shape=shape),
             lambda ct: (bind(P.gather_p, ct, index, dim=dim), None))
 vjp_rules[P.scatter_add_p] = scatter_add_vjp
+
+
+def clone_vjp(x):
+    return ops.clone(x), lambda ct: (ct,)
+vjp_rules[P.clone_p] = clone_vjp
 
 
 def convert_vjp(x, *, dtype):

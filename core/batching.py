@@ -6,21 +6,32 @@ the payloads and their bdims (``None`` for an unbatched constant) and returns
 ``(out, out_bdim)``. Every rule issues one batched torch call (plus free views such as
 permute or unsqueeze) and never loops over the batch. In JAX this is ``BatchTrace``.
 """
+import collections
+import contextlib
+
+import torch
+
 from . import ops
 from . import primitives as P
-from .dispatch import Dispatcher, FuncTensor, bind, name_of, no_concrete_value
-from .errors import TransformUsageError, missing_rule_error
+from .dispatch import Dispatcher, name_of, no_concrete_value
+from .errors import (
+    RandomnessError,
+    TransformUsageError,
+    UnsupportedOperationError,
+    missing_rule_error,
+)
+from .values import Value, bind, map_tensors
 
 batching_rules: dict = {}
 
 
-class BatchedTensor(FuncTensor):
+class BatchedValue(Value):
     """A value of a Batched level: ``payload`` holds every example along dim ``bdim``."""
 
     __slots__ = ("bdim",)
 
     def __init__(self, dispatcher, payload, bdim, name=None):
-        self.dispatcher = dispatcher  # (FuncTensor.__init__ written out: this is the hot path)
+        self.dispatcher = dispatcher  # (Value.__init__ written out: this is the hot path)
         self.payload = payload
         self._name = name
         self.bdim = bdim
@@ -44,24 +55,24 @@ class Batched(Dispatcher):
 
     transform_name = "vmap"
 
-    def __init__(self, inner, *, length, name="Batched", call=None):
-        super().__init__(inner, name=name)
+    def __init__(self, inner, *, length, name="Batched", call=None, randomness="error"):
+        super().__init__(inner, name=name, call=call or f"{name}(length={length})")
         self.length = length
-        self.call = call or f"{name}(length={length})"
+        self.randomness = randomness
 
     def apply(self, prim, *args, **params):
         if len(args) == 1:  # the common case of a one-input op, without the lists
             x = args[0]
-            if type(x) is not BatchedTensor or x.dispatcher is not self:
+            if type(x) is not BatchedValue or x.dispatcher is not self:
                 return bind(prim, x, **params)
             rule = batching_rules.get(prim)
             if rule is None:
                 raise missing_rule_error(prim, "batching", "vmap")
             out, out_bdim = rule((x.payload,), (x.bdim,), **params)
-            return out if out_bdim is None else BatchedTensor(self, out, out_bdim)
+            return out if out_bdim is None else BatchedValue(self, out, out_bdim)
         values, bdims, batched = [], [], False
         for a in args:
-            if type(a) is BatchedTensor and a.dispatcher is self:
+            if type(a) is BatchedValue and a.dispatcher is self:
                 values.append(a.payload)
                 bdims.append(a.bdim)
                 batched = True
@@ -76,10 +87,10 @@ class Batched(Dispatcher):
         out, out_bdim = rule(values, bdims, **params)
         if out_bdim is None:
             return out
-        return BatchedTensor(self, out, out_bdim)
+        return BatchedValue(self, out, out_bdim)
 
     def wrap_input(self, value, bdim, name=None):
-        return BatchedTensor(self, value, bdim, name)
+        return BatchedValue(self, value, bdim, name)
 
     def wrap_adopted(self, payload, original):
         size = ops.shape_of(payload)[0] if ops.shape_of(payload) else None
@@ -89,14 +100,100 @@ class Batched(Dispatcher):
                 f"along dim 0 of size {self.length}, got shape {ops.shape_of(payload)}. "
                 "Fix: stack the examples along dim 0."
             )
-        return BatchedTensor(self, payload, 0, name_of(original))
+        return BatchedValue(self, payload, 0, name_of(original))
 
     def lower(self, value):
         return move_bdim(value.payload, value.bdim, 0)
 
+    def lower_to_dim(self, value, dim):
+        """A value seen from the level below, its batch dim at ``dim`` (an unbatched value
+        gets a size-1 dim there, to broadcast along the batch)."""
+        if isinstance(value, BatchedValue) and value.dispatcher is self:
+            return move_bdim(value.payload, value.bdim, dim % (value.payload.dim()))
+        return ops.unsqueeze(value, dim % (ops.shape_of(value).__len__() + 1))
+
     def concrete(self, value):
         raise no_concrete_value(self.call, "Python asked for a concrete value (bool(), .item(), "
                                 "an if statement)")
+
+    def random_op(self, name, run, values, kwargs):
+        """A random aten op on batched values: its draws follow vmap's ``randomness``."""
+        if self.randomness == "different":
+            return self.unknown_op(name, run, values, kwargs)  # independent draws per example
+        if self.randomness == "error":
+            raise RandomnessError(
+                f"{self.call}: the random operation {name} was called under vmap with "
+                "randomness='error'. Fix: pass randomness='different' (independent draws per "
+                "example) to vmap, or draw the random numbers outside of vmap."
+            )
+        raise RandomnessError(
+            f"{self.call}: the random operation {name} on a batched value is not supported "
+            "with randomness='same'. Fix: pass randomness='different', or draw the random "
+            "numbers outside of vmap."
+        )
+
+    def unknown_op(self, name, run, values, kwargs):
+        """NOTE [The per-example fallback]
+        An aten op with no batching rule and no decomposition runs once per example, and the
+        results are stacked: correct, but a Python loop of ``length`` calls where a rule
+        makes one. torch.func has the same slow path. Every use is counted, so that
+        ``capture_fallbacks`` (and the coverage report) can name the ops that need a rule."""
+        for counts in (fallback_counts, *_active_fallback_captures):
+            counts[name] += 1
+        if self.length == 0:
+            raise UnsupportedOperationError(
+                f"{self.call}: {name} has no batching rule, and its per-example fallback needs "
+                "at least one example, but the batch is empty. Fix: call it on a non-empty "
+                "batch."
+            )
+
+        def example(i):
+            def select(v):
+                if isinstance(v, BatchedValue) and v.dispatcher is self:
+                    return ops.getitem(v.payload, (slice(None),) * v.bdim + (i,))
+                return v
+            return map_tensors(select, (values, kwargs))
+
+        outputs = [run(*example(i)) for i in range(self.length)]
+        return self._stack_examples(name, outputs)
+
+    def _stack_examples(self, name, outputs):
+        first = outputs[0]
+        if isinstance(first, (list, tuple)):
+            return type(first)(self._stack_examples(name, [o[k] for o in outputs])
+                               for k in range(len(first)))
+        if isinstance(first, (torch.Tensor, Value)):
+            return BatchedValue(self, ops.stack(outputs, 0), 0)
+        if any(o != first for o in outputs):
+            raise UnsupportedOperationError(
+                f"{self.call}: {name} returned a Python value that differs between examples "
+                f"({first!r}, ...), which vmap cannot batch. Fix: return tensors."
+            )
+        return first
+
+
+# --- the per-example fallback, counted -------------------------------------------------------
+fallback_counts: collections.Counter = collections.Counter()
+_active_fallback_captures: list = []
+
+
+@contextlib.contextmanager
+def capture_fallbacks():
+    """Count the aten ops that vmap ran example by example inside the block.
+
+    >>> import torch
+    >>> from minifunctorch.core import capture_fallbacks, vmap
+    >>> with capture_fallbacks() as used:
+    ...     _ = vmap(torch.sin)(torch.ones(3, 2))
+    >>> dict(used)   # sin has a batching rule: no fallback
+    {}
+    """
+    counts: collections.Counter = collections.Counter()
+    _active_fallback_captures.append(counts)
+    try:
+        yield counts
+    finally:
+        _active_fallback_captures.remove(counts)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -144,7 +241,7 @@ def elementwise_batch(prim):
 
 
 for _prim in (P.neg_p, P.exp_p, P.log_p, P.sin_p, P.cos_p, P.tanh_p, P.sigmoid_p, P.relu_p,
-              P.abs_p, P.sqrt_p, P.sign_p, P.full_like_p, P.convert_p, P.detach_p):
+              P.abs_p, P.sqrt_p, P.sign_p, P.full_like_p, P.convert_p, P.detach_p, P.clone_p):
     batching_rules[_prim] = elementwise_batch(_prim)
 
 
@@ -169,6 +266,7 @@ def broadcasting_batch(prim):
         if aligned:
             return bind(prim, *values, **params), shared_bdim
         ranks = [len(ops.shape_of(v)) - (b is not None) for v, b in zip(values, bdims)]
+        values = promote_logically(prim, values, ranks)
         out_rank = max(ranks)
         batched = {b for b in bdims if b is not None}
         if len(batched) == 1:
@@ -198,6 +296,30 @@ def broadcasting_batch(prim):
 for _prim in (P.add_p, P.sub_p, P.mul_p, P.div_p, P.pow_p, P.eq_p, P.ne_p, P.lt_p, P.le_p,
               P.gt_p, P.ge_p, P.where_p):
     batching_rules[_prim] = broadcasting_batch(_prim)
+
+
+def promote_logically(prim, values, ranks):
+    """NOTE [Type promotion sees one example]
+    torch promotes dtypes by rank: a 0-d tensor does not raise the dtype of a tensor with
+    dims (``f32[3] + f64[]`` is f32), but two 0-d tensors promote (``f32[] + f64[]`` is f64).
+    Under vmap a 0-d example has a batched payload with one dim, so the payloads would
+    promote differently from the examples. When the tensor operands' dtypes differ, the
+    result dtype is worked out for the examples' ranks, and the operands converted to it."""
+    tensors = [(i, v) for i, v in enumerate(values) if isinstance(v, (torch.Tensor, Value))]
+    if prim is P.where_p:
+        tensors = tensors[1:] if tensors and tensors[0][0] == 0 else tensors
+    if len({v.dtype for _, v in tensors}) <= 1:
+        return values
+    common = None
+    for i, v in tensors:
+        example = torch.empty((1,) * ranks[i], dtype=v.dtype, device="meta")
+        common = example if common is None else torch.empty(
+            (1,) * max(common.dim(), example.dim()),
+            dtype=torch.result_type(common, example), device="meta")
+    values = list(values)
+    for i, v in tensors:
+        values[i] = ops.convert(v, common.dtype)
+    return values
 
 
 def reduction_batch(prim):

@@ -15,14 +15,16 @@ import functools
 
 from .autograd import vjp_rules
 from .batching import batching_rules
-from .dispatch import bind
 from .errors import TransformUsageError
 from .forward import jvp_rules
 from .primitives import Primitive
+from .tensor import as_tensor, as_tensors, unwrap_all, unwrap_tree
+from .values import bind
 
 
 def _run_custom_backward(custom, saved, count, ct):
-    cts = custom.bwd(saved, ct)
+    # fwd and bwd are user code: they receive tensors, and give tensors back
+    cts = unwrap_tree(custom.bwd(as_tensors(saved), as_tensor(ct)))
     if not isinstance(cts, tuple) or len(cts) != count:
         got = f"a tuple of length {len(cts)}" if isinstance(cts, tuple) else type(cts).__name__
         raise TransformUsageError(
@@ -58,7 +60,8 @@ class custom_vjp:
         self.function = function
         self.fwd = None
         self.bwd = None
-        self.prim = Primitive(getattr(function, "__name__", "custom_vjp"), function)
+        self.prim = Primitive(getattr(function, "__name__", "custom_vjp"),
+                              lambda *args: unwrap_tree(function(*args)))
         self._batched_versions = {}
         if fwd is not None:
             self.defvjp(fwd, bwd)
@@ -78,10 +81,10 @@ class custom_vjp:
                 f"{self.prim.name}(...): this custom_vjp function has no backward yet. Fix: "
                 f"call {self.prim.name}.defvjp(fwd, bwd) before using it."
             )
-        return bind(self.prim, *args)
+        return as_tensor(bind(self.prim, *unwrap_all(args)))
 
     def _vjp_rule(self, *args):
-        out, saved = self.fwd(*args)
+        out, saved = unwrap_tree(self.fwd(*as_tensors(args)))
         # The closure captures only `saved` (and the backward): that is the saved context.
         return out, functools.partial(_run_custom_backward, self, saved, len(args))
 
@@ -90,7 +93,7 @@ class custom_vjp:
         from . import ops
         tangents = tuple(ops.zeros_like(p) if t is None and not isinstance(p, (int, float))
                          else t for p, t in zip(primals, tangents))
-        return jvp(self.function, tuple(primals), tangents)
+        return unwrap_tree(jvp(self.function, tuple(primals), tangents))
 
     def _batching_rule(self, values, bdims):
         from .transforms import vmap
@@ -102,4 +105,4 @@ class custom_vjp:
             batched.defvjp(vmap(self.fwd, in_dims=key),
                            vmap(self.bwd, in_dims=(0, 0)))
             self._batched_versions[key] = batched
-        return batched(*values), 0
+        return bind(batched.prim, *values), 0

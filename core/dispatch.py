@@ -1,23 +1,19 @@
-"""Dispatchers (interpreter levels), the wrapper value, and ``bind``.
+"""Dispatchers (interpreter levels), the stack of transform levels, and the explicit API.
 
 NOTE [One engine, seen two ways]
 A *dispatcher* is one interpreter level: ``Torch`` at the bottom, then any stack of
-``Logger``, ``Autograd``, ``Batched``, ``Forward`` and ``Tracing`` levels. Values that belong
-to a level are wrapped in that level's ``FuncTensor`` subclass, whose ``payload`` is a value
-of a lower level (the seed's FuncTensor; a Tracer in Autodidax).
-
-``bind(prim, *args)`` finds the highest level among its arguments and lets that level
-``apply`` the primitive (Autodidax's ``find_top_trace``). The level runs its rule for the
-primitive, and the rule calls ordinary ops on the payloads, which ``bind`` again, one level
-down. Values that belong to no level (plain tensors, Python numbers) are constants for every
-level; with no wrapped argument at all, ``bind`` is a direct torch call.
+``Logger``, ``Autograd``, ``Batched``, ``Forward`` and ``Tracing`` levels. Each level has its
+own kind of value (values.py), whose ``payload`` is a value of a lower level, and ``bind``
+lets the highest level among a primitive's arguments apply it.
 
 The same machinery serves two APIs:
-- torch.func style: ``grad(f)(x)`` pushes an Autograd level, wraps ``x``, and ``torch.sin(x)``
-  reaches ``FuncTensor.__torch_function__``, which binds ``sin_p``.
+- torch.func style: ``grad(f)(x)`` pushes an Autograd level, gives ``f`` a FuncTensor
+  (tensor.py) showing an ``AutogradValue``, and ``torch.sin(x)`` reaches the FuncTensor's
+  ``__torch_function__``, which binds ``sin_p``.
 - the seed's explicit style: ``d.mul(a, b)`` first *adopts* ``a`` and ``b`` into ``d`` (a
   plain tensor becomes a value of every level of ``d``'s stack, as in the seed, where every
-  tensor handed to a dispatcher is its own), then binds ``mul_p``.
+  tensor handed to a dispatcher is its own), then binds ``mul_p``, and shows the result to
+  the user as a FuncTensor too.
 
 NOTE [Dynamic dispatch, not a fixed inner]
 Rules never name the level they run on: they call ops on payloads, and the payloads' levels
@@ -30,201 +26,36 @@ import gc
 
 import torch
 
+from . import ops
 from .errors import (
     BatchedControlFlowError,
-    InPlaceError,
+    MissingRuleError,
     TransformError,
     UnsupportedOperationError,
 )
-from .names import fresh_name, label, reset_names
-
-
-class FuncTensor:
-    """A value that belongs to one dispatcher level; its payload lives one level down.
-
-    Inside a transform, user code sees FuncTensors where it passed tensors. They support the
-    torch functions, tensor methods and operators that minifunctorch has primitives for.
-    """
-
-    __slots__ = ("dispatcher", "payload", "_name")
-    __torch_function_priority__ = 1000
-
-    def __init__(self, dispatcher, payload, name=None):
-        self.dispatcher = dispatcher
-        self.payload = payload
-        self._name = name
-
-    # --- identity and metadata ------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        if self._name is None:
-            payload = self.payload
-            if isinstance(payload, FuncTensor):
-                self._name = payload.name
-            else:
-                self._name = getattr(payload, "t_name", None) or fresh_name()
-        return self._name
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.payload.shape
-
-    @property
-    def dtype(self):
-        return self.payload.dtype
-
-    @property
-    def device(self):
-        return self.payload.device
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def dim(self) -> int:
-        return len(self.shape)
-
-    def size(self, dim=None):
-        shape = self.shape
-        return shape if dim is None else shape[dim]
-
-    def numel(self) -> int:
-        return self.shape.numel()
-
-    def __len__(self):
-        if not self.shape:
-            raise TypeError("len() of a 0-d tensor")
-        return self.shape[0]
-
-    def is_floating_point(self) -> bool:
-        return self.dtype.is_floating_point
-
-    @property
-    def requires_grad(self):
-        return False
-
-    # --- concrete values (Python control flow) ---------------------------------------------
-    def concrete(self):
-        """The concrete tensor behind this value, for Python control flow.
-
-        Autograd and Forward values have one (their primal); a batched value does not.
-        """
-        return self.dispatcher.concrete(self)
-
-    def __bool__(self):
-        return bool(self.concrete())
-
-    def item(self):
-        return self.concrete().item()
-
-    def __float__(self):
-        return float(self.concrete())
-
-    def __int__(self):
-        return int(self.concrete())
-
-    def __index__(self):
-        return int(self.concrete())
-
-    def tolist(self):
-        return self.concrete().tolist()
-
-    def __repr__(self):
-        return f"{type(self).__name__}({self.name}, level={self.dispatcher.level}, {self.payload!r})"
-
-    __hash__ = object.__hash__
-
-    # --- torch functions and tensor methods -------------------------------------------------
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return _torch_api().handle(func, args, kwargs or {})
-
-    def __getattr__(self, attribute):
-        # Only reached when normal lookup fails: tensor methods come from the torch_api table.
-        return _torch_api().tensor_method(self, attribute)
-
-    def __setitem__(self, index, value):
-        raise InPlaceError(
-            f"x[{index!r}] = ...: in-place assignment to a value inside a transform is not "
-            "supported. Fix: build a new tensor instead, e.g. with torch.where or torch.cat."
-        )
-
-    # operators: arrays positional, reflected forms swap the arguments
-    def __add__(self, other): return ops.add(self, other)
-    def __radd__(self, other): return ops.add(other, self)
-    def __sub__(self, other): return ops.sub(self, other)
-    def __rsub__(self, other): return ops.sub(other, self)
-    def __mul__(self, other): return ops.mul(self, other)
-    def __rmul__(self, other): return ops.mul(other, self)
-    def __truediv__(self, other): return ops.div(self, other)
-    def __rtruediv__(self, other): return ops.div(other, self)
-    def __pow__(self, other): return ops.pow(self, other)
-    def __rpow__(self, other): return ops.pow(other, self)
-    def __matmul__(self, other): return ops.matmul(self, other)
-    def __rmatmul__(self, other): return ops.matmul(other, self)
-    def __neg__(self): return ops.neg(self)
-    def __pos__(self): return self
-    def __abs__(self): return ops.abs(self)
-    def __eq__(self, other): return ops.eq(self, other)
-    def __ne__(self, other): return ops.ne(self, other)
-    def __lt__(self, other): return ops.lt(self, other)
-    def __le__(self, other): return ops.le(self, other)
-    def __gt__(self, other): return ops.gt(self, other)
-    def __ge__(self, other): return ops.ge(self, other)
-    def __getitem__(self, index): return ops.getitem(self, index)
-
-    @property
-    def T(self):
-        return ops.permute(self, *reversed(range(self.ndim)))
-
-    @property
-    def mT(self):
-        return ops.transpose(self, -2, -1)
-
-
-def _torch_api():
-    """The torch_api module. It is built on ops, which is built on this module, so it is
-    imported on first use rather than at import time."""
-    global _torch_api_module
-    if _torch_api_module is None:
-        from . import torch_api
-        _torch_api_module = torch_api
-    return _torch_api_module
-
-
-_torch_api_module = None
+from .names import label, reset_names
+from .tensor import as_tensor, unwrap
+from .values import Value, bind, lower_tree, map_tensors
 
 
 def name_of(value) -> str:
-    """The readable name of a wrapped value or tensor (labelling a plain tensor if needed)."""
-    if isinstance(value, FuncTensor):
+    """The readable name of a value or tensor (labelling a plain tensor if needed)."""
+    value = unwrap(value)
+    if isinstance(value, Value):
         return value.name
     return label(value).t_name
 
 
 def rename(value, name):
     """Give a value, and every payload under it, a new name (``d.sum(x, name="L0")``)."""
-    while isinstance(value, FuncTensor):
+    value = unwrap(value)
+    while isinstance(value, Value):
         old_name = value.name
         value._name = name
         value.dispatcher.renamed(old_name, name)
         value = value.payload
     if isinstance(value, torch.Tensor):
         value.t_name = name
-
-
-def bind(prim, *args, **params):
-    """Apply a primitive at the highest level among its arguments (a torch call if none)."""
-    top = None
-    top_level = 0
-    for arg in args:
-        if isinstance(arg, FuncTensor):
-            level = arg.dispatcher.level
-            if level > top_level:
-                top, top_level = arg.dispatcher, level
-    if top is None:
-        return prim.impl(*args, **params)
-    return top.apply(prim, *args, **params)
 
 
 class Dispatcher:
@@ -243,10 +74,12 @@ class Dispatcher:
 
     transform_name = "dispatch"
 
-    def __init__(self, inner=None, *, name=None):
+    def __init__(self, inner=None, *, name=None, call=None):
         self.inner = inner
         self.level = 0 if inner is None else inner.level + 1
         self.name = name or type(self).__name__
+        # how error messages name the transform call (``grad(f)(<inputs>)``)
+        self.call = call or f"{self.name} (level {self.level})"
 
     def __repr__(self):
         inner = "" if self.inner is None else repr(self.inner)
@@ -268,10 +101,16 @@ class Dispatcher:
         """A value of this level, seen from the level below (the seed's unlift)."""
         return value.payload
 
+    def lower_own(self, value):
+        """``lower`` for a value of this level; anything else is already below it."""
+        if isinstance(value, Value) and value.dispatcher is self:
+            return self.lower(value)
+        return value
+
     def concrete(self, value):
         """The concrete tensor behind a value of this level, for Python control flow."""
         payload = value.payload
-        return payload.concrete() if isinstance(payload, FuncTensor) else payload
+        return payload.concrete() if isinstance(payload, Value) else payload
 
     # --- explicit API -----------------------------------------------------------------------
     def adopt(self, value):
@@ -280,14 +119,15 @@ class Dispatcher:
         A value of a higher level is lowered down to this one; a plain tensor or a value of
         a lower level becomes a value of every level from its own up to this one.
         """
-        if not isinstance(value, (torch.Tensor, FuncTensor)):
+        value = unwrap(value)
+        if not isinstance(value, (torch.Tensor, Value)):
             return value  # a Python number stays a constant
-        while isinstance(value, FuncTensor) and value.dispatcher.level > self.level:
+        while isinstance(value, Value) and value.dispatcher.level > self.level:
             value = value.dispatcher.lower(value)
-        if isinstance(value, FuncTensor) and value.dispatcher is self:
+        if isinstance(value, Value) and value.dispatcher is self:
             return value
         if self.inner is None:
-            if isinstance(value, FuncTensor):
+            if isinstance(value, Value):
                 raise TransformError(
                     f"{self!r}: got a value of another dispatcher stack ({value!r}). "
                     "Fix: use values created by this stack or plain tensors."
@@ -306,7 +146,7 @@ class Dispatcher:
                 out = op(*adopted, **kwargs)
                 if name is not None:
                     rename(out, name)
-            return out
+            return as_tensor(out)
 
         explicit_op.__name__ = op_name
         explicit_op.__doc__ = op.__doc__
@@ -333,9 +173,25 @@ class Dispatcher:
         return tensor
 
     def concrete_base(self, value):
-        while isinstance(value, FuncTensor):
+        value = unwrap(value)
+        while isinstance(value, Value):
             value = value.payload
         return value
+
+    def random_op(self, name, run, values, kwargs):
+        """A random aten op (dropout's bernoulli, rand_like, ...). Its numbers do not depend on
+        the values, so by default it runs on the values one level down and its results are
+        constants for this level, as torch's autograd treats them. vmap has its own rules."""
+        return run(*lower_tree(self, (values, kwargs)))
+
+    def unknown_op(self, name, run, values, kwargs):
+        """An aten op this level has no rule for (tensor.py, NOTE [Two doors], step d).
+        ``run(values, kwargs)`` runs it on values of a lower level."""
+        raise UnsupportedOperationError(
+            f"{self.call}: {name} is not supported: the {self.transform_name} level has no rule "
+            "for this aten op, and torch has no decomposition of it. Fix: write the "
+            "computation with other torch operations, or wrap it in a custom_vjp function."
+        )
 
 
 class Torch(Dispatcher):
@@ -356,7 +212,7 @@ class Torch(Dispatcher):
 TORCH = Torch()
 
 
-class LoggedTensor(FuncTensor):
+class LoggedValue(Value):
     __slots__ = ()
 
 
@@ -385,9 +241,9 @@ class Logger(Dispatcher):
         self.file = file
 
     def apply(self, prim, *args, **params):
-        payloads = [a.payload if isinstance(a, FuncTensor) and a.dispatcher is self else a
+        payloads = [a.payload if isinstance(a, Value) and a.dispatcher is self else a
                     for a in args]
-        out = LoggedTensor(self, bind(prim, *payloads, **params))
+        out = LoggedValue(self, bind(prim, *payloads, **params))
         if _explicit_depth:
             _deferred_lines.append(lambda: self._print(out, prim, args, params))
         else:
@@ -405,7 +261,12 @@ class Logger(Dispatcher):
         print(f"{self.prefix} {line}" if self.prefix else line, file=self.file)
 
     def wrap_adopted(self, payload, original):
-        return LoggedTensor(self, payload, name_of(original))
+        return LoggedValue(self, payload, name_of(original))
+
+    def unknown_op(self, name, run, values, kwargs):
+        lowered = lower_tree(self, (values, kwargs))
+        print(f"{self.prefix} {name}" if self.prefix else name, file=self.file)
+        return map_tensors(lambda v: LoggedValue(self, v), run(*lowered))
 
 
 # --- explicit calls: Logger lines wait until the result has its final name -----------------
@@ -483,6 +344,23 @@ def new_level(cls, **kwargs):
     return cls(current_dispatcher(), **kwargs)
 
 
+def nondifferentiable_outputs(level, name, run, values, kwargs):
+    """Run an op with no derivative rule one level down, if none of its outputs can carry a
+    derivative (integer and boolean results: indices, masks, counts); otherwise refuse.
+    Shared by the Autograd and Forward levels."""
+    out = run(*lower_tree(level, (values, kwargs)))
+    differentiable = []
+    map_tensors(lambda v: differentiable.append(v) if v.dtype.is_floating_point or
+                v.dtype.is_complex else None, out)
+    if differentiable:
+        raise MissingRuleError(
+            f"{level.call}: {name} is not supported: it has no {level.transform_name} rule "
+            "here, and torch has no decomposition of it into ops that have one. Fix: write the "
+            "computation with other torch operations, or wrap it in a custom_vjp function."
+        )
+    return out
+
+
 def unsupported(what: str) -> UnsupportedOperationError:
     return UnsupportedOperationError(
         f"{what} is not supported inside minifunctorch transforms: there is no primitive for "
@@ -498,5 +376,3 @@ def no_concrete_value(call, what) -> BatchedControlFlowError:
         "instead of an if statement, or move the Python logic outside of vmap."
     )
 
-
-from . import ops  # noqa: E402  (ops binds primitives through this module)

@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from . import primitives as P
-from .dispatch import FuncTensor
+from .values import Value
 from .errors import TransformUsageError
 from .program import INFIX_FUNCTIONS, Literal, export_target
 
@@ -24,7 +24,7 @@ def program_to_fx(program) -> torch.fx.GraphModule:
     for var in program.inputs:
         nodes[var] = graph.placeholder(names[var])
     for var, value in program.constants:
-        if isinstance(value, FuncTensor):
+        if isinstance(value, Value):
             raise TransformUsageError(
                 f"{program.name} program.to_fx(): the program captured a value of an enclosing "
                 "transform, which cannot be exported. Fix: trace the whole computation, "

@@ -10,19 +10,20 @@ import math
 
 from . import ops
 from . import primitives as P
-from .dispatch import Dispatcher, FuncTensor, bind, name_of
+from .dispatch import Dispatcher, name_of, nondifferentiable_outputs
 from .errors import missing_rule_error
+from .values import Value, bind
 
 jvp_rules: dict = {}
 
 
-class ForwardTensor(FuncTensor):
+class ForwardValue(Value):
     """A value of a Forward level: ``payload`` is the primal, ``tangent`` its tangent."""
 
     __slots__ = ("tangent",)
 
     def __init__(self, dispatcher, primal, tangent, name=None):
-        self.dispatcher = dispatcher  # (FuncTensor.__init__ written out: this is the hot path)
+        self.dispatcher = dispatcher  # (Value.__init__ written out: this is the hot path)
         self.payload = primal
         self._name = name
         self.tangent = tangent
@@ -42,13 +43,13 @@ class Forward(Dispatcher):
 
     transform_name = "jvp"
 
-    def __init__(self, inner, *, name="Forward"):
-        super().__init__(inner, name=name)
+    def __init__(self, inner, *, name="Forward", call=None):
+        super().__init__(inner, name=name, call=call)
 
     def apply(self, prim, *args, **params):
         primals, tangents = [], []
         for a in args:
-            if isinstance(a, ForwardTensor) and a.dispatcher is self:
+            if isinstance(a, ForwardValue) and a.dispatcher is self:
                 primals.append(a.payload)
                 tangents.append(a.tangent)
             else:
@@ -62,13 +63,17 @@ class Forward(Dispatcher):
         out, out_dot = rule(primals, tangents, **params)
         if out_dot is None:
             return out
-        return ForwardTensor(self, out, out_dot)
+        return ForwardValue(self, out, out_dot)
 
     def wrap_input(self, primal, tangent, name=None):
-        return ForwardTensor(self, primal, tangent, name)
+        return ForwardValue(self, primal, tangent, name)
 
     def wrap_adopted(self, payload, original):
-        return ForwardTensor(self, payload, None, name_of(original))
+        return ForwardValue(self, payload, None, name_of(original))
+
+    def unknown_op(self, name, run, values, kwargs):
+        """An aten op without a rule: fine if its outputs cannot carry a tangent."""
+        return nondifferentiable_outputs(self, name, run, values, kwargs)
 
 
 # --- helpers: tangent arithmetic with symbolic zeros ------------------------------------------
@@ -113,7 +118,8 @@ def linear_jvp(prim):
 
 for _prim in (P.neg_p, P.sum_p, P.mean_p, P.permute_p, P.reshape_p, P.unsqueeze_p,
               P.squeeze_p, P.expand_p, P.getitem_p, P.scatter_index_p, P.diagonal_p,
-              P.diagonal_scatter_p, P.diag_embed_p, P.gather_p, P.scatter_add_p, P.convert_p):
+              P.diagonal_scatter_p, P.diag_embed_p, P.gather_p, P.scatter_add_p, P.convert_p,
+              P.clone_p):
     jvp_rules[_prim] = linear_jvp(_prim)
 
 

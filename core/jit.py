@@ -18,7 +18,8 @@ import functools
 import optree
 import torch
 
-from .dispatch import FuncTensor
+from .tensor import as_tensor, engine_code, unwrap
+from .values import Value
 from .errors import TransformUsageError
 from .passes import simplify
 from .tracing import trace_flat
@@ -29,7 +30,7 @@ def _signature(leaves):
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             parts.append((leaf.shape, leaf.dtype, leaf.device))
-        elif isinstance(leaf, FuncTensor):
+        elif isinstance(leaf, Value):
             parts.append(("transformed", tuple(leaf.shape), leaf.dtype))
         else:
             try:
@@ -51,7 +52,7 @@ class _Compiled:
     def __init__(self, program, backend):
         self.program = program
         self.out_treedef = program.out_treedef
-        self.has_transformed_constants = any(isinstance(c, FuncTensor)
+        self.has_transformed_constants = any(isinstance(c, Value)
                                              for _, c in program.constants)
         if self.has_transformed_constants:
             self.run = None
@@ -105,6 +106,7 @@ class jit:
             if compiled is not None:
                 return optree.tree_unflatten(compiled.out_treedef, list(compiled.run(*args)))
         leaves, treedef = optree.tree_flatten((args, kwargs))
+        leaves = [unwrap(leaf) for leaf in leaves]
         key = (treedef, _signature(leaves))
         compiled = self._cache.get(key)
         if compiled is None:
@@ -112,9 +114,12 @@ class jit:
             if not kwargs and compiled.run is not None and \
                     all(type(a) is torch.Tensor for a in args):
                 self._plain_cache[tuple((a.shape, a.dtype, a.device) for a in args)] = compiled
-        tensors = [leaf for leaf in leaves if isinstance(leaf, (torch.Tensor, FuncTensor))]
-        if compiled.run is None or any(isinstance(t, FuncTensor) for t in tensors):
-            outputs = compiled.program.evaluate_flat(tensors)
+        tensors = [leaf for leaf in leaves if isinstance(leaf, (torch.Tensor, Value))]
+        if compiled.run is None or any(isinstance(t, Value) for t in tensors):
+            # values of an enclosing transform: the program is evaluated with bind, so that
+            # the transform applies its rules to each equation
+            with engine_code():
+                outputs = [as_tensor(o) for o in compiled.program.evaluate_flat(tensors)]
         else:
             outputs = compiled.run(*tensors)
         return optree.tree_unflatten(compiled.out_treedef, list(outputs))
@@ -129,6 +134,7 @@ class jit:
     def program_for(self, *args, **kwargs):
         """The (simplified) Program that a call with these arguments runs."""
         leaves, treedef = optree.tree_flatten((args, kwargs))
+        leaves = [unwrap(leaf) for leaf in leaves]
         key = (treedef, _signature(leaves))
         compiled = self._cache.get(key) or self._compile(args, kwargs, key)
         return compiled.program

@@ -14,8 +14,8 @@ import math
 import torch
 
 from . import primitives as P
-from .dispatch import FuncTensor, bind
 from .errors import TransformUsageError
+from .values import Value, bind
 
 _builtin_sum = builtins.sum
 _builtin_abs = builtins.abs
@@ -23,7 +23,7 @@ _builtin_abs = builtins.abs
 
 def shape_of(value) -> tuple:
     """The shape of a tensor or wrapped value as its own level sees it; () for numbers."""
-    if isinstance(value, (torch.Tensor, FuncTensor)):
+    if isinstance(value, (torch.Tensor, Value)):
         return tuple(value.shape)
     return ()
 
@@ -345,7 +345,7 @@ def _normalize_index(index, shape):
     if not isinstance(index, tuple):
         index = (index,)
     for item in index:
-        if isinstance(item, (torch.Tensor, FuncTensor, list)) or (
+        if isinstance(item, (torch.Tensor, Value, list)) or (
             not isinstance(item, (int, slice, type(None))) and item is not Ellipsis
         ):
             raise TransformUsageError(
@@ -421,17 +421,45 @@ def gather(x, dim, index, *, sparse_grad=False):
     return bind(P.gather_p, x, index, dim=normalize_dim(dim, _rank(x), op="gather"))
 
 
+def scatter(x, dim, index, src):
+    """``torch.scatter(x, dim, index, src)``: x with src written at the places index names
+    (the places must be distinct, as for torch's own scatter to be deterministic)."""
+    dim = normalize_dim(dim, _rank(x), op="scatter")
+    shape = shape_of(x)
+    if not isinstance(src, (torch.Tensor, Value)):
+        src = full_like(index, src, dtype=x.dtype)
+    written = bind(P.scatter_add_p, full_like(src, 1), index, dim=dim, shape=shape)
+    return where(gt(written, 0), bind(P.scatter_add_p, src, index, dim=dim, shape=shape), x)
+
+
+def setitem(x, index, value):
+    """The value of ``x`` after ``x[index] = value`` (basic indexing)."""
+    shape = shape_of(x)
+    index = _normalize_index(index, shape)
+    region = shape_of(getitem(torch.empty(shape, device="meta"), index))
+    if not isinstance(value, (torch.Tensor, Value)):
+        value = full_like(x, value)
+        value = getitem(value, index)
+    value = expand(convert(value, x.dtype), *region) if shape_of(value) != region else \
+        convert(value, x.dtype)
+    mask = torch.zeros(shape, dtype=torch.bool, device=x.device)
+    mask[index] = True
+    return where(mask, bind(P.scatter_index_p, value, index=index, shape=shape), x)
+
+
 # --- creation and conversion ---------------------------------------------------------------
-def full_like(x, fill_value, **ignored):
-    return bind(P.full_like_p, x, fill_value=fill_value)
+def full_like(x, fill_value, *, dtype=None, **ignored):
+    if dtype is None or dtype == x.dtype:
+        return bind(P.full_like_p, x, fill_value=fill_value)
+    return bind(P.full_like_p, x, fill_value=fill_value, dtype=dtype)
 
 
-def zeros_like(x, **ignored):
-    return full_like(x, 0)
+def zeros_like(x, *, dtype=None, **ignored):
+    return full_like(x, 0, dtype=dtype)
 
 
-def ones_like(x, **ignored):
-    return full_like(x, 1)
+def ones_like(x, *, dtype=None, **ignored):
+    return full_like(x, 1, dtype=dtype)
 
 
 def convert(x, dtype):
@@ -449,10 +477,11 @@ def to(x, *args, **kwargs):
 
 
 def clone(x, **ignored):
-    return x  # values inside transforms are never mutated, so a clone is the value itself
+    return bind(P.clone_p, x)
 
 
-contiguous = clone
+def contiguous(x, **ignored):
+    return x  # a FuncTensor is always laid out contiguously
 
 
 # --- torch.nn.functional -------------------------------------------------------------------

@@ -149,9 +149,10 @@ scatter_add_p = primitive("scatter_add", _scatter_add)
 # --- creation and conversion ----------------------------------------------------------------
 full_like_p = primitive(
     "full_like",
-    lambda x, *, fill_value: torch.full_like(x, fill_value),
+    lambda x, *, fill_value, dtype=None: torch.full_like(x, fill_value, dtype=dtype),
     differentiable=False,
 )
+clone_p = primitive("clone", torch.clone)
 convert_p = primitive("convert", lambda x, *, dtype: x.to(dtype))
 # Identity whose derivative is zero: `x.detach()` inside a transform (JAX's stop_gradient).
 detach_p = primitive("detach", lambda x: x.detach(), differentiable=False)

@@ -19,7 +19,8 @@ import optree
 import torch
 
 from . import primitives as P
-from .dispatch import bind
+from .tensor import as_tensor, engine_code, unwrap
+from .values import bind
 from .errors import TransformUsageError, TypecheckError
 from .printing import format_param, type_string
 
@@ -271,7 +272,9 @@ class Program:
         return [o.value if isinstance(o, Literal) else env[o] for o in self.outputs]
 
     def __call__(self, *args, **kwargs):
-        outputs = self.evaluate_flat(self.flatten_inputs(args, kwargs))
+        with engine_code():
+            inputs = [unwrap(t) for t in self.flatten_inputs(args, kwargs)]
+            outputs = [as_tensor(o) for o in self.evaluate_flat(inputs)]
         if self.out_treedef is None:
             return tuple(outputs)
         return optree.tree_unflatten(self.out_treedef, outputs)

@@ -22,6 +22,7 @@ import torch
 from . import torch_api  # noqa: F401  (its tables must capture torch's own random functions,
 #                           so it is imported before any guard replaces them)
 from .errors import RandomnessError
+from .tensor import as_tensor
 
 CREATION_FUNCTIONS = ("rand", "randn", "randint", "randperm", "normal", "rand_like",
                       "randn_like", "randint_like", "bernoulli", "multinomial")
@@ -49,7 +50,7 @@ def _guarded(name, originals, level, randomness, call):
             create = originals[_LIKE[name]]
             if randomness == "same":
                 return create(*example.shape, **kwargs)
-            return level.wrap_input(create(level.length, *example.shape, **kwargs), 0)
+            return as_tensor(level.wrap_input(create(level.length, *example.shape, **kwargs), 0))
         if randomness == "same" or name not in _SIZED:
             if randomness == "different":
                 raise RandomnessError(
@@ -60,7 +61,7 @@ def _guarded(name, originals, level, randomness, call):
             return original(*args, **kwargs)
         size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) \
             else args
-        return level.wrap_input(original(level.length, *size, **kwargs), 0)
+        return as_tensor(level.wrap_input(original(level.length, *size, **kwargs), 0))
     guarded.__name__ = name
     return guarded
 

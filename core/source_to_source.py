@@ -15,12 +15,13 @@ saved context); the backward program receives exactly those values and the cotan
 import optree
 import torch
 
-from .autograd import AutogradTensor
+from .autograd import AutogradValue
 from .dispatch import new_level, transform_scope
 from .errors import TransformUsageError
 from .passes import simplify
 from .program import Program, Var
-from .tracing import TracerTensor, Tracing, trace_flat
+from .tensor import as_tensors, engine_code, unwrap
+from .tracing import TracerValue, Tracing, trace_flat
 from .transforms import _run_reverse, vjp
 
 
@@ -52,7 +53,8 @@ def vjp_program(program: Program) -> Program:
 
     def forward_and_backward(*inputs_and_cotangents):
         inputs, cotangents = inputs_and_cotangents[:count], inputs_and_cotangents[count:]
-        outputs, pull_back = vjp(lambda *xs: tuple(program.evaluate_flat(list(xs))), *inputs)
+        outputs, pull_back = vjp(
+            lambda *xs: as_tensors(tuple(program.evaluate_flat([unwrap(x) for x in xs]))), *inputs)
         return (*outputs, *pull_back(tuple(cotangents)))
 
     examples = _examples([*program.inputs, *program.outputs], program.device)
@@ -67,7 +69,7 @@ def _saved_values(tape, level):
     for entry in tape.entries:
         for value in entry.saved.values():
             for leaf in optree.tree_leaves(value):
-                if isinstance(leaf, TracerTensor) and leaf.dispatcher is level \
+                if isinstance(leaf, TracerValue) and leaf.dispatcher is level \
                         and id(leaf) not in seen:
                     seen.add(id(leaf))
                     saved.append(leaf)
@@ -94,40 +96,45 @@ def split_vjp(f):
       in (d,) }
     """
     def split(*args):
-        name = getattr(f, "__name__", "f")
-        example_leaves, example_treedef = optree.tree_flatten(args)
-        for leaf in example_leaves:
-            if not isinstance(leaf, torch.Tensor):
-                raise TransformUsageError(
-                    f"split_vjp({name})(<inputs>): expected every argument to be a tensor (or a "
-                    f"pytree of tensors), got a leaf of type {type(leaf).__name__}. Fix: bind "
-                    "the other values first, e.g. split_vjp(functools.partial(f, k=2))(x)."
-                )
-        device = example_leaves[0].device if example_leaves else torch.device("cpu")
-        forward_level = new_level(Tracing, device=device)
-        with transform_scope(forward_level):
-            traced_args = optree.tree_unflatten(
-                example_treedef,
-                [forward_level.new_input(x.shape, x.dtype) for x in example_leaves])
-            autograd, out, _, inputs = _run_reverse(
-                f, traced_args, {}, tuple(range(len(args))), f"split_vjp({name})(<inputs>)")
-        out_leaves, out_treedef = optree.tree_flatten(out)
-        if not all(isinstance(o, AutogradTensor) and o.dispatcher is autograd for o in out_leaves):
-            raise TransformUsageError(
-                f"split_vjp({name})(<inputs>): every output must depend on the inputs. Fix: "
-                "return only values computed from the inputs."
-            )
-        saved = _saved_values(autograd.tape, forward_level)
-        bwd = _backward_program(name, autograd, saved, out_leaves, inputs, device)
-        bwd, saved = _drop_unread_saved(bwd, saved)
-        outputs = [o.payload.var for o in out_leaves] + [s.var for s in saved]
-        fwd = simplify(Program(forward_level.inputs, forward_level.constants,
-                               forward_level.equations, outputs, device=device,
-                               name=f"{name}_fwd"))
-        fwd.out_treedef = optree.tree_structure(
-            (optree.tree_unflatten(out_treedef, [0] * len(out_leaves)), tuple([0] * len(saved))))
-        return fwd, bwd
+        with engine_code():
+            return _split(f, args)
     return split
+
+
+def _split(f, args):
+    name = getattr(f, "__name__", "f")
+    example_leaves, example_treedef = optree.tree_flatten(args)
+    for leaf in example_leaves:
+        if not isinstance(leaf, torch.Tensor):
+            raise TransformUsageError(
+                f"split_vjp({name})(<inputs>): expected every argument to be a tensor (or a "
+                f"pytree of tensors), got a leaf of type {type(leaf).__name__}. Fix: bind "
+                "the other values first, e.g. split_vjp(functools.partial(f, k=2))(x)."
+            )
+    device = example_leaves[0].device if example_leaves else torch.device("cpu")
+    forward_level = new_level(Tracing, device=device)
+    with transform_scope(forward_level):
+        traced_args = optree.tree_unflatten(
+            example_treedef,
+            [forward_level.new_input(x.shape, x.dtype) for x in example_leaves])
+        autograd, out, _, inputs = _run_reverse(
+            f, traced_args, {}, tuple(range(len(args))), f"split_vjp({name})(<inputs>)")
+    out_leaves, out_treedef = optree.tree_flatten(out)
+    if not all(isinstance(o, AutogradValue) and o.dispatcher is autograd for o in out_leaves):
+        raise TransformUsageError(
+            f"split_vjp({name})(<inputs>): every output must depend on the inputs. Fix: "
+            "return only values computed from the inputs."
+        )
+    saved = _saved_values(autograd.tape, forward_level)
+    bwd = _backward_program(name, autograd, saved, out_leaves, inputs, device)
+    bwd, saved = _drop_unread_saved(bwd, saved)
+    outputs = [o.payload.var for o in out_leaves] + [s.var for s in saved]
+    fwd = simplify(Program(forward_level.inputs, forward_level.constants,
+                           forward_level.equations, outputs, device=device,
+                           name=f"{name}_fwd"))
+    fwd.out_treedef = optree.tree_structure(
+        (optree.tree_unflatten(out_treedef, [0] * len(out_leaves)), tuple([0] * len(saved))))
+    return fwd, bwd
 
 
 def _drop_unread_saved(bwd, saved):

@@ -1,16 +1,29 @@
-"""How user code written for torch reaches minifunctorch: the ``__torch_function__`` table.
+"""The front door: torch functions, tensor methods and ``torch.nn.functional`` onto ``ops``.
 
-When a torch function, a tensor method or a ``torch.nn.functional`` function receives a
-wrapped value, torch calls ``FuncTensor.__torch_function__``, which looks the function up in
-``TORCH_FUNCTIONS`` and runs the matching function of ``ops``. Plain tensors never come here:
-outside of transforms, torch runs at full speed.
+When user code calls a torch function with a FuncTensor among its arguments, torch calls
+``FuncTensor.__torch_function__`` (tensor.py), which looks the function up here:
+- ``TORCH_FUNCTIONS``: function -> op. The op receives the engine values behind the
+  arguments and returns values; tensor.py shows the results to user code as FuncTensors.
+- ``VIEWS``: functions whose result is a view of their first argument (a predicate on the
+  arguments says when: ``x[0]`` is a view, ``x[index_tensor]`` a copy), so that a later
+  write through the view reaches its base.
+- ``IN_PLACE``: in-place functions, as the op that computes the new value of the first
+  argument (``x.add_(y)`` is ``ops.add(x, y)``, then written into ``x``).
+- ``REFUSED``: functions that would silently bypass the engine, with the reason and the fix.
+- ``FACTORIES``: functions that create tensors from nothing (see tensor.py, NOTE [Tensors
+  created inside a transform]).
+A function missing here still works: torch lowers it to aten ops, and those go through the
+back door (aten_api.py). This table is the fast path for what models call most.
 """
 import torch
 import torch.nn.functional as F
 
 from . import ops
-from .dispatch import unsupported
-from .errors import InPlaceError, RandomnessError
+
+TORCH_FUNCTIONS: dict = {}
+VIEWS: dict = {}
+IN_PLACE: dict = {}
+REFUSED: dict = {}
 
 # name -> op, for names that exist both as torch.<name> and Tensor.<name>
 _SHARED = [
@@ -19,12 +32,13 @@ _SHARED = [
     "sum", "mean", "amax", "amin", "max", "min", "logsumexp", "softmax", "log_softmax",
     "matmul", "mm", "mv", "bmm", "dot", "permute", "transpose", "t", "reshape", "flatten",
     "unsqueeze", "squeeze", "broadcast_to", "diagonal", "diag", "diag_embed", "trace",
-    "gather", "clone", "detach",
+    "gather", "clone", "detach", "scatter",
 ]
 _TENSOR_ONLY = {
     "view": ops.view, "expand": ops.expand, "expand_as": ops.expand_as, "to": ops.to,
     "contiguous": ops.contiguous, "float": lambda x: ops.convert(x, torch.float32),
-    "double": lambda x: ops.convert(x, torch.float64), "type_as": lambda x, o: ops.convert(x, o.dtype),
+    "double": lambda x: ops.convert(x, torch.float64),
+    "type_as": lambda x, other: ops.convert(x, other.dtype),
     "__getitem__": ops.getitem, "multiply": ops.mul, "divide": ops.div, "subtract": ops.sub,
     "negative": ops.neg,
     # x.where(condition, y) is torch.where(condition, x, y): the tensor is the first choice
@@ -55,65 +69,81 @@ _OPERATORS = {
     "__le__": ops.le, "__gt__": ops.gt, "__ge__": ops.ge,
 }
 
-RANDOM_FUNCTIONS = {
-    torch.rand_like, torch.randn_like, torch.randint_like, torch.bernoulli, torch.normal,
-    torch.multinomial, F.dropout, torch.dropout, torch.Tensor.uniform_, torch.Tensor.normal_,
-    torch.Tensor.bernoulli_, torch.Tensor.random_,
-}
-
-TORCH_FUNCTIONS: dict = {}
-TENSOR_METHODS: dict = {}
-
 for _name in _SHARED:
     TORCH_FUNCTIONS[getattr(torch, _name)] = getattr(ops, _name)
     TORCH_FUNCTIONS[getattr(torch.Tensor, _name)] = getattr(ops, _name)
-    TENSOR_METHODS[_name] = getattr(ops, _name)
 for _name, _op in _TENSOR_ONLY.items():
     TORCH_FUNCTIONS[getattr(torch.Tensor, _name)] = _op
-    TENSOR_METHODS[_name] = _op
 for _name, _op in _TORCH_ONLY.items():
     TORCH_FUNCTIONS[getattr(torch, _name)] = _op
 for _name, _op in _FUNCTIONAL.items():
     TORCH_FUNCTIONS[getattr(F, _name)] = _op
 for _name, _op in _OPERATORS.items():
     TORCH_FUNCTIONS[getattr(torch.Tensor, _name)] = _op
+TORCH_FUNCTIONS[torch.Tensor.data.__get__] = ops.detach
 
 
-def handle(func, args, kwargs):
-    """Run a torch function that received a wrapped value (``__torch_function__``)."""
-    op = TORCH_FUNCTIONS.get(func)
-    if op is None:
-        raise _not_supported(func)
-    if not kwargs:
-        return op(*args)
-    if kwargs.get("out") is not None:
-        raise InPlaceError(
-            f"{_qualified_name(func)}(..., out=...): writing into an out= tensor inside a "
-            "transform is not supported. Fix: use the returned value."
-        )
-    kwargs = {k: v for k, v in kwargs.items() if k != "out"}
-    return op(*args, **kwargs)
+# --- views -------------------------------------------------------------------------------------
+def _always(args):
+    return True
 
 
-def tensor_method(value, attribute):
-    """``value.<attribute>`` for a tensor method minifunctorch supports, as a bound function."""
-    op = TENSOR_METHODS.get(attribute)
-    if op is not None:
-        return lambda *args, **kwargs: op(value, *args, **kwargs)
-    if attribute.startswith("__"):
-        raise AttributeError(attribute)
-    if attribute.endswith("_") and hasattr(torch.Tensor, attribute):
-        raise InPlaceError(
-            f"x.{attribute}(...): in-place operations on a value inside a transform are not "
-            f"supported. Fix: use the out-of-place x.{attribute[:-1]}(...) and the result."
-        )
-    if hasattr(torch.Tensor, attribute):
-        raise unsupported(f"The tensor method x.{attribute}")
-    raise AttributeError(f"{type(value).__name__} has no attribute {attribute!r}")
+def _basic_index(args):
+    """``x[0]``, ``x[1:]``, ``x[..., None]`` are views; an index with tensors makes a copy."""
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return all(isinstance(i, (int, slice, type(None))) or i is Ellipsis for i in index)
 
 
-def _qualified_name(func):
-    # the public name: torch.fft.fft, not its binding torch._C._fft.fft_fft
+for _function in (torch.Tensor.view, torch.Tensor.expand, torch.Tensor.expand_as,
+                  torch.Tensor.detach, torch.detach, torch.Tensor.data.__get__):
+    VIEWS[_function] = _always
+for _name in ("permute", "transpose", "t", "reshape", "flatten", "unsqueeze", "squeeze",
+              "broadcast_to", "diagonal"):
+    VIEWS[getattr(torch, _name)] = _always
+    VIEWS[getattr(torch.Tensor, _name)] = _always
+VIEWS[torch.Tensor.__getitem__] = _basic_index
+
+
+# --- in-place ----------------------------------------------------------------------------------
+for _name in ("add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sin", "cos", "tanh",
+              "sigmoid", "relu", "abs", "sqrt", "clamp_min"):
+    _out_of_place = getattr(ops, _name, None)
+    if _out_of_place is not None:
+        IN_PLACE[getattr(torch.Tensor, _name + "_")] = _out_of_place
+for _name, _op in (("__iadd__", ops.add), ("__isub__", ops.sub), ("__imul__", ops.mul),
+                   ("__itruediv__", ops.div)):
+    IN_PLACE[getattr(torch.Tensor, _name)] = _op
+IN_PLACE[torch.relu_] = ops.relu
+IN_PLACE[torch.Tensor.__setitem__] = ops.setitem
+IN_PLACE[torch.Tensor.zero_] = lambda x: ops.zeros_like(x)
+IN_PLACE[torch.Tensor.fill_] = lambda x, value: ops.full_like(x, value)
+IN_PLACE[torch.Tensor.copy_] = lambda x, source, non_blocking=False: source
+
+
+# --- calls that would bypass the engine --------------------------------------------------------
+_AUTOGRAD_FIX = ("differentiate with the transforms themselves (grad, vjp, jacrev) rather "
+                 "than with torch.autograd inside them.")
+REFUSED[torch.Tensor.backward] = ("Tensor.backward() on a value of a transform", _AUTOGRAD_FIX)
+REFUSED[torch.autograd.grad] = ("torch.autograd.grad on a value of a transform", _AUTOGRAD_FIX)
+REFUSED[torch.Tensor.register_hook] = ("a gradient hook on a value of a transform",
+                                       "use custom_vjp to change a gradient.")
+REFUSED[torch.Tensor.retain_grad] = ("retain_grad on a value of a transform", _AUTOGRAD_FIX)
+REFUSED[torch.Tensor.requires_grad_] = ("requires_grad_ on a value of a transform",
+                                        _AUTOGRAD_FIX)
+
+# --- factories ---------------------------------------------------------------------------------
+FACTORIES = {
+    torch.zeros, torch.ones, torch.empty, torch.full, torch.tensor, torch.arange,
+    torch.linspace, torch.logspace, torch.eye, torch.zeros_like, torch.ones_like,
+    torch.empty_like, torch.full_like, torch.scalar_tensor, torch.empty_strided,
+    torch.rand, torch.randn, torch.randint, torch.randperm, torch.rand_like,
+    torch.randn_like, torch.randint_like, torch.Tensor.new_zeros, torch.Tensor.new_ones,
+    torch.Tensor.new_empty, torch.Tensor.new_full, torch.Tensor.new_tensor, torch.Tensor.clone,
+}
+
+
+def qualified_name(func):
+    """The public name of a torch function: ``torch.fft.fft``, not its binding."""
     public = torch.overrides.resolve_name(func)
     if public is not None:
         return public.replace("torch.Tensor.", "Tensor.", 1)
@@ -122,12 +152,3 @@ def _qualified_name(func):
     if getattr(func, "__objclass__", None) is torch._C.TensorBase or module == "torch._tensor":
         return f"Tensor.{name}"
     return f"{module}.{name}"
-
-
-def _not_supported(func):
-    if func in RANDOM_FUNCTIONS:
-        return RandomnessError(
-            f"{_qualified_name(func)}: random operations on values inside a transform are not "
-            "supported. Fix: draw the random numbers outside the transform and pass them in."
-        )
-    return unsupported(_qualified_name(func))

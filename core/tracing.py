@@ -17,12 +17,14 @@ import functools
 import optree
 import torch
 
-from .dispatch import Dispatcher, FuncTensor, new_level, transform_scope
+from .dispatch import Dispatcher, new_level, transform_scope
 from .errors import TransformError, TransformUsageError
 from .program import Equation, Literal, Program, Var
+from .tensor import as_tensor, engine_code, unwrap, unwrap_tree, user_code
+from .values import Value
 
 
-class TracerTensor(FuncTensor):
+class TracerValue(Value):
     """A value of a Tracing level: a program variable, with a meta payload for its type."""
 
     __slots__ = ("var",)
@@ -42,8 +44,7 @@ class Tracing(Dispatcher):
     transform_name = "trace"
 
     def __init__(self, inner, *, device=None, name="Tracing", call="trace(f)(<inputs>)"):
-        super().__init__(inner, name=name)
-        self.call = call
+        super().__init__(inner, name=name, call=call)
         self.device = device or torch.device("cpu")
         self.inputs: list[Var] = []
         self.constants: list[tuple[Var, object]] = []
@@ -53,14 +54,14 @@ class Tracing(Dispatcher):
     def new_input(self, shape, dtype):
         var = Var(tuple(shape), dtype)
         self.inputs.append(var)
-        return TracerTensor(self, var)
+        return TracerValue(self, var)
 
     def _operand(self, value):
-        if isinstance(value, TracerTensor) and value.dispatcher is self:
+        if isinstance(value, TracerValue) and value.dispatcher is self:
             return value.var
         if isinstance(value, (bool, int, float)):
             return Literal(value)
-        if isinstance(value, (torch.Tensor, FuncTensor)):
+        if isinstance(value, (torch.Tensor, Value)):
             return self._constant(value)
         raise TransformUsageError(
             f"{self.call}: an operation received a {type(value).__name__}; expected tensors or "
@@ -77,13 +78,13 @@ class Tracing(Dispatcher):
 
     def apply(self, prim, *args, **params):
         operands = [self._operand(a) for a in args]
-        meta_args = [a.payload if isinstance(a, TracerTensor) and a.dispatcher is self
+        meta_args = [a.payload if isinstance(a, TracerValue) and a.dispatcher is self
                      else (o.value if isinstance(o, Literal) else _meta_of(a))
                      for a, o in zip(args, operands)]
         out_meta = prim.impl(*meta_args, **params)
         out = Var(tuple(out_meta.shape), out_meta.dtype)
         self.equations.append(Equation(prim, operands, params, out))
-        return TracerTensor(self, out)
+        return TracerValue(self, out)
 
     def concrete(self, value):
         raise TransformError(
@@ -104,7 +105,7 @@ def _meta_of(value):
 
 
 def _is_array(value):
-    return isinstance(value, (torch.Tensor, FuncTensor))
+    return isinstance(value, (torch.Tensor, Value))
 
 
 def trace_flat(f, args, kwargs=None, *, device=None, name=None):
@@ -114,20 +115,22 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
     dtypes of the tensor leaves matter (meta tensors are fine examples).
     """
     leaves, treedef = optree.tree_flatten((tuple(args), dict(kwargs or {})))
+    leaves = [unwrap(leaf) for leaf in leaves]
     arrays = [leaf for leaf in leaves if _is_array(leaf)]
     if device is None:
         device = arrays[0].device if arrays else torch.device("cpu")
     name = name or getattr(f, "__name__", "f")
     level = new_level(Tracing, device=device, call=f"trace({name})(<inputs>)")
     with transform_scope(level):
-        traced_leaves = [level.new_input(leaf.shape, leaf.dtype) if _is_array(leaf) else leaf
-                         for leaf in leaves]
+        traced_leaves = [as_tensor(level.new_input(leaf.shape, leaf.dtype)) if _is_array(leaf)
+                         else leaf for leaf in leaves]
         traced_args, traced_kwargs = optree.tree_unflatten(treedef, traced_leaves)
-        out = f(*traced_args, **traced_kwargs)
-    out_leaves, out_treedef = optree.tree_flatten(out)
+        with user_code():
+            out = f(*traced_args, **traced_kwargs)
+    out_leaves, out_treedef = optree.tree_flatten(unwrap_tree(out))
     outputs = []
     for leaf in out_leaves:
-        if isinstance(leaf, TracerTensor) and leaf.dispatcher is level:
+        if isinstance(leaf, TracerValue) and leaf.dispatcher is level:
             outputs.append(leaf.var)
         elif isinstance(leaf, (bool, int, float)):
             outputs.append(Literal(leaf))
@@ -160,5 +163,6 @@ def trace(f):
     """
     @functools.wraps(f)
     def traced(*args, **kwargs):
-        return trace_flat(f, args, kwargs)
+        with engine_code():
+            return trace_flat(f, args, kwargs)
     return traced

@@ -1,8 +1,10 @@
 """The torch.func-style API: grad, vjp, jvp, vmap and their compositions.
 
-Each transform pushes one level (``transform_scope``), wraps its inputs as values of that
-level, runs the function, and unwraps the outputs. ``jacrev``, ``jacfwd`` and ``hessian`` are
-compositions of these, not engines of their own:
+Each transform pushes one level (``transform_scope``), makes its inputs values of that
+level, shows them to the function as FuncTensors (tensor.py), runs the function with
+``user_code`` on, and takes the values back out of its outputs. What a transform returns is
+a plain tensor, or a FuncTensor where the result is a value of an enclosing transform.
+``jacrev``, ``jacfwd`` and ``hessian`` are compositions of these, not engines of their own:
 
     jacrev(f)  = vmap(vjp_fn) over the rows of an identity
     jacfwd(f)  = vmap(jvp)    over the columns of an identity
@@ -15,12 +17,23 @@ import optree
 import torch
 
 from . import ops
-from .autograd import Autograd, AutogradTensor
-from .batching import Batched, BatchedTensor, move_bdim
-from .dispatch import FuncTensor, new_level, transform_scope
+from .autograd import Autograd, AutogradValue
+from .batching import Batched, BatchedValue, move_bdim
+from .dispatch import new_level, transform_scope
 from .errors import NonScalarOutputError, TransformUsageError
-from .forward import Forward, ForwardTensor
+from .forward import Forward, ForwardValue
 from .randomness import random_guard
+from .tensor import (
+    FuncTensor,
+    as_tensor,
+    as_tensors,
+    engine_code,
+    unwrap,
+    unwrap_tree,
+    user_code,
+    value_of,
+)
+from .values import Value
 
 
 # --- call descriptions for error messages -----------------------------------------------------
@@ -35,7 +48,7 @@ def describe_call(transform: str, f, **options) -> str:
 
 
 def _is_array(value) -> bool:
-    return isinstance(value, (torch.Tensor, FuncTensor))
+    return isinstance(value, (torch.Tensor, Value))
 
 
 def _normalize_argnums(argnums, num_args, call):
@@ -61,7 +74,9 @@ def _normalize_argnums(argnums, num_args, call):
 
 
 def _flatten_arrays(tree, call, what):
+    """The leaves of ``tree`` as engine values (FuncTensors unwrapped), checked to be tensors."""
     leaves, treedef = optree.tree_flatten(tree)
+    leaves = [unwrap(leaf) for leaf in leaves]
     for leaf in leaves:
         if not _is_array(leaf):
             raise TransformUsageError(
@@ -73,11 +88,12 @@ def _flatten_arrays(tree, call, what):
 
 
 def _lower_tree(tree, level):
-    """Replace values of ``level`` by their payloads (used for aux outputs)."""
+    """Aux outputs for the caller: values of ``level`` replaced by their payloads."""
     def lower(leaf):
-        if isinstance(leaf, FuncTensor) and leaf.dispatcher is level:
-            return level.lower(leaf)
-        return leaf
+        leaf = unwrap(leaf)
+        if isinstance(leaf, Value) and leaf.dispatcher is level:
+            leaf = level.lower(leaf)
+        return as_tensor(leaf)
     return optree.tree_map(lower, tree)
 
 
@@ -92,11 +108,23 @@ def _split_aux(out, has_aux, call):
     return out[0], out[1]
 
 
+def _write_back(shown, originals, lower):
+    """NOTE [In-place writes to a transform's inputs]
+    torch.func's inputs are the caller's own tensors, so ``x.add_(1)`` inside ``grad(f)(x)``
+    also changes the caller's ``x``. Here ``f`` sees FuncTensors, and a write swaps a new
+    value into one of them (tensor.py, ``_write``). After ``f`` returns, each input that was
+    written is copied into the caller's tensor, one level down (``lower``)."""
+    for tensor, original in zip(shown, originals):
+        if type(tensor) is FuncTensor and tensor._generation:
+            with torch.no_grad():
+                original.copy_(as_tensor(lower(value_of(tensor))))
+
+
 # --- reverse mode ------------------------------------------------------------------------------
 def _wrap_for_autograd(level, leaves):
     wrapped, used = [], set()
     for leaf in leaves:
-        label = leaf.name if isinstance(leaf, FuncTensor) else getattr(leaf, "t_name", None)
+        label = leaf.name if isinstance(leaf, Value) else getattr(leaf, "t_name", None)
         name = label if label is not None and label not in used else None
         value = level.wrap_input(leaf, name)
         used.add(value.name)
@@ -110,21 +138,27 @@ def _run_reverse(f, args, kwargs, argnums, call):
     Returns (level, out, selected input leaves, their wrapped values, one treedef each).
     """
     argnums = _normalize_argnums(argnums, len(args), call)
-    level = new_level(Autograd, name="Autograd", record_steps=False)
+    level = new_level(Autograd, name="Autograd", record_steps=False, call=call)
     args = list(args)
     inputs = []
+    shown, originals = [], []
     with transform_scope(level):
         for argnum in argnums:
+            originals += optree.tree_leaves(args[argnum])
             leaves, treedef = _flatten_arrays(args[argnum], call, f"argument {argnum}")
             wrapped = _wrap_for_autograd(level, leaves)
             inputs.append((leaves, wrapped, treedef))
-            args[argnum] = optree.tree_unflatten(treedef, wrapped)
-        out = f(*args, **kwargs)
-    return level, out, argnums, inputs
+            tensors = [as_tensor(w) for w in wrapped]
+            shown += tensors
+            args[argnum] = optree.tree_unflatten(treedef, tensors)
+        with user_code():
+            out = f(*args, **kwargs)
+    _write_back(shown, originals, level.lower_own)
+    return level, unwrap_tree(out), argnums, inputs
 
 
 def _gradients(level, seeds, inputs):
-    """Backward pass from ``seeds``; one gradient pytree per selected argument."""
+    """Backward pass from ``seeds``; one gradient pytree (of values) per selected argument."""
     gradients = level.tape.backward(seeds, record_steps=level.record_steps) if seeds else {}
     result = []
     for leaves, wrapped, treedef in inputs:
@@ -147,32 +181,37 @@ def grad_and_value(f, argnums=0, has_aux=False):
     """
     @functools.wraps(f)
     def grad_and_value_f(*args, **kwargs):
-        call = describe_call("grad", f, argnums=argnums) if argnums != 0 else describe_call("grad", f)
-        level, out, argnums_, inputs = _run_reverse(f, args, kwargs, argnums, call)
-        out, aux = _split_aux(out, has_aux, call)
-        if not _is_array(out) or tuple(out.shape) != ():
-            got = f"shape {tuple(out.shape)}" if _is_array(out) else type(out).__name__
-            raise NonScalarOutputError(
-                f"{call}: expected the function to return a scalar tensor (shape ()), got "
-                f"{got}. Fix: reduce the output (e.g. .sum()), or use jacrev / %%jacobian for "
-                "the Jacobian of a non-scalar output."
-            )
-        if isinstance(out, AutogradTensor) and out.dispatcher is level:
-            grads = _gradients(level, {out.name: ops.ones_like(out.payload)}, inputs)
-            value = out.payload
-        else:  # the output does not depend on the inputs
-            grads = _gradients(level, {}, inputs)
-            value = out
-        if not level.record_steps:
-            # Nobody will look at this tape again. Its entries and the values they hold refer
-            # to the level, and the level to its tape: dropping the entries breaks that cycle,
-            # so saved tensors are freed now rather than by a later garbage collection.
-            level.tape.entries.clear()
-        grads = grads[0] if isinstance(argnums, int) else tuple(grads)
-        if has_aux:
-            return grads, (value, _lower_tree(aux, level))
-        return grads, value
+        with engine_code():
+            return _grad_and_value(f, argnums, has_aux, args, kwargs)
     return grad_and_value_f
+
+
+def _grad_and_value(f, argnums, has_aux, args, kwargs):
+    call = describe_call("grad", f, argnums=argnums) if argnums != 0 else describe_call("grad", f)
+    level, out, argnums_, inputs = _run_reverse(f, args, kwargs, argnums, call)
+    out, aux = _split_aux(out, has_aux, call)
+    if not _is_array(out) or tuple(out.shape) != ():
+        got = f"shape {tuple(out.shape)}" if _is_array(out) else type(out).__name__
+        raise NonScalarOutputError(
+            f"{call}: expected the function to return a scalar tensor (shape ()), got "
+            f"{got}. Fix: reduce the output (e.g. .sum()), or use jacrev / %%jacobian for "
+            "the Jacobian of a non-scalar output."
+        )
+    if isinstance(out, AutogradValue) and out.dispatcher is level:
+        grads = _gradients(level, {out.name: ops.ones_like(out.payload)}, inputs)
+        value = out.payload
+    else:  # the output does not depend on the inputs
+        grads = _gradients(level, {}, inputs)
+        value = out
+    if not level.record_steps:
+        # Nobody will look at this tape again. Its entries and the values they hold refer
+        # to the level, and the level to its tape: dropping the entries breaks that cycle,
+        # so saved tensors are freed now rather than by a later garbage collection.
+        level.tape.entries.clear()
+    grads = as_tensors(grads[0] if isinstance(argnums, int) else tuple(grads))
+    if has_aux:
+        return grads, (as_tensor(value), _lower_tree(aux, level))
+    return grads, as_tensor(value)
 
 
 def grad(f, argnums=0, has_aux=False):
@@ -206,6 +245,11 @@ def vjp(f, *primals, has_aux=False):
     >>> vjp_fn(torch.ones(2))
     (tensor([1.0000, 0.5403]),)
     """
+    with engine_code():
+        return _vjp(f, primals, has_aux)
+
+
+def _vjp(f, primals, has_aux):
     call = describe_call("vjp", f)
     level, out, _, inputs = _run_reverse(f, primals, {}, tuple(range(len(primals))), call)
     out, aux = _split_aux(out, has_aux, call)
@@ -216,12 +260,17 @@ def vjp(f, *primals, has_aux=False):
                 f"{call}: expected the function to return tensors, got a leaf of type "
                 f"{type(leaf).__name__}. Fix: return tensors (or use has_aux=True for the rest)."
             )
-    own = [isinstance(o, AutogradTensor) and o.dispatcher is level for o in out_leaves]
+    own = [isinstance(o, AutogradValue) and o.dispatcher is level for o in out_leaves]
     primal_out = optree.tree_unflatten(
-        out_treedef, [o.payload if is_own else o for o, is_own in zip(out_leaves, own)])
+        out_treedef, [as_tensor(o.payload if is_own else o) for o, is_own in zip(out_leaves, own)])
 
     def vjp_fn(cotangents):
+        with engine_code():
+            return _pull_back(cotangents)
+
+    def _pull_back(cotangents):
         ct_leaves, ct_treedef = optree.tree_flatten(cotangents)
+        ct_leaves = [unwrap(ct) for ct in ct_leaves]
         if ct_treedef != out_treedef:
             raise TransformUsageError(
                 f"vjp_fn(cotangents): expected cotangents with the structure of the output "
@@ -236,7 +285,7 @@ def vjp(f, *primals, has_aux=False):
                 )
             if is_own:
                 seeds[o.name] = ct if o.name not in seeds else ops.add(seeds[o.name], ct)
-        return tuple(_gradients(level, seeds, inputs))
+        return as_tensors(tuple(_gradients(level, seeds, inputs)))
 
     if has_aux:
         return primal_out, vjp_fn, _lower_tree(aux, level)
@@ -252,6 +301,11 @@ def jvp(f, primals, tangents, has_aux=False):
     >>> jvp(torch.sin, (torch.tensor(0.0),), (torch.tensor(2.0),))
     (tensor(0.), tensor(2.))
     """
+    with engine_code():
+        return _jvp(f, primals, tangents, has_aux)
+
+
+def _jvp(f, primals, tangents, has_aux):
     call = describe_call("jvp", f)
     if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
         raise TransformUsageError(
@@ -272,22 +326,24 @@ def jvp(f, primals, tangents, has_aux=False):
                 f"shape {tuple(t.shape)} for a primal of shape {tuple(p.shape)}. Fix: give each "
                 "tangent its primal's shape."
             )
-    level = new_level(Forward)
+    level = new_level(Forward, call=call)
     with transform_scope(level):
-        wrapped = [level.wrap_input(p, t) for p, t in zip(p_leaves, t_leaves)]
-        out = f(*optree.tree_unflatten(p_treedef, wrapped))
-    out, aux = _split_aux(out, has_aux, call)
+        wrapped = [as_tensor(level.wrap_input(p, t)) for p, t in zip(p_leaves, t_leaves)]
+        with user_code():
+            out = f(*optree.tree_unflatten(p_treedef, wrapped))
+    _write_back(wrapped, optree.tree_leaves(primals), level.lower_own)
+    out, aux = _split_aux(unwrap_tree(out), has_aux, call)
     out_leaves, out_treedef = optree.tree_flatten(out)
     primal_out, tangent_out = [], []
     for o in out_leaves:
-        if isinstance(o, ForwardTensor) and o.dispatcher is level:
+        if isinstance(o, ForwardValue) and o.dispatcher is level:
             primal_out.append(o.payload)
             tangent_out.append(o.tangent)
         else:
             primal_out.append(o)
             tangent_out.append(ops.zeros_like(o) if _is_array(o) else None)
-    result = (optree.tree_unflatten(out_treedef, primal_out),
-              optree.tree_unflatten(out_treedef, tangent_out))
+    result = (optree.tree_unflatten(out_treedef, as_tensors(primal_out)),
+              optree.tree_unflatten(out_treedef, as_tensors(tangent_out)))
     if has_aux:
         return (*result, _lower_tree(aux, level))
     return result
@@ -348,33 +404,42 @@ def vmap(f, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
 
     @functools.wraps(f)
     def vmapped(*args, **kwargs):
-        options = {} if in_dims == 0 else {"in_dims": in_dims}
-        call = describe_call("vmap", f, **options)
-        if isinstance(in_dims, (tuple, list)) and len(in_dims) != len(args):
-            raise TransformUsageError(
-                f"{call}: in_dims is not compatible with the structure of inputs: in_dims has "
-                f"{len(in_dims)} entries but the function got {len(args)} positional "
-                "arguments. Fix: give one in_dim per argument."
-            )
-        dims = in_dims if not isinstance(in_dims, list) else tuple(in_dims)
-        prefix = dims if isinstance(dims, tuple) else (dims,) * len(args)
-        arg_leaves, arg_treedef = optree.tree_flatten(args, none_is_leaf=True)
-        dim_leaves = _broadcast_dims(tuple(prefix), args, call, "in_dims")
-        size = _batch_size(arg_leaves, dim_leaves, call)
-        if chunk_size is None or chunk_size >= size:
-            return _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims,
-                              randomness, call)
-        outputs = []
-        for start in range(0, size, chunk_size):
-            stop = min(start + chunk_size, size)
-            # d may be negative (in_dims=-1): count the leading full slices from the front
-            chunk = [leaf if d is None else
-                     ops.getitem(leaf, (slice(None),) * (d % leaf.dim()) + (slice(start, stop),))
-                     for leaf, d in zip(arg_leaves, dim_leaves)]
-            outputs.append(_vmap_call(f, chunk, arg_treedef, dim_leaves, stop - start, kwargs,
-                                      out_dims, randomness, call))
-        return _concatenate_chunks(outputs, out_dims, call)
+        with engine_code():
+            return as_tensors(_vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs))
     return vmapped
+
+
+def _vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs):
+    options = {} if in_dims == 0 else {"in_dims": in_dims}
+    call = describe_call("vmap", f, **options)
+    if isinstance(in_dims, (tuple, list)) and len(in_dims) != len(args):
+        raise TransformUsageError(
+            f"{call}: in_dims is not compatible with the structure of inputs: in_dims has "
+            f"{len(in_dims)} entries but the function got {len(args)} positional "
+            "arguments. Fix: give one in_dim per argument."
+        )
+    dims = in_dims if not isinstance(in_dims, list) else tuple(in_dims)
+    prefix = dims if isinstance(dims, tuple) else (dims,) * len(args)
+    originals, arg_treedef = optree.tree_flatten(args, none_is_leaf=True)
+    arg_leaves = [unwrap(leaf) for leaf in originals]
+    dim_leaves = _broadcast_dims(tuple(prefix), args, call, "in_dims")
+    size = _batch_size(arg_leaves, dim_leaves, call)
+    if chunk_size is None or chunk_size >= size:
+        return _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims,
+                          randomness, call, originals)
+    outputs = []
+    for start in range(0, size, chunk_size):
+        stop = min(start + chunk_size, size)
+        # d may be negative (in_dims=-1): count the leading full slices from the front
+        chunk = [leaf if d is None else
+                 ops.getitem(leaf, (slice(None),) * (d % leaf.dim()) + (slice(start, stop),))
+                 for leaf, d in zip(arg_leaves, dim_leaves)]
+        chunk_originals = [leaf if d is None else
+                           leaf[(slice(None),) * (d % leaf.dim()) + (slice(start, stop),)]
+                           for leaf, d in zip(originals, dim_leaves)]
+        outputs.append(_vmap_call(f, chunk, arg_treedef, dim_leaves, stop - start, kwargs,
+                                  out_dims, randomness, call, chunk_originals))
+    return _concatenate_chunks(outputs, out_dims, call)
 
 
 def _batch_size(arg_leaves, dim_leaves, call):
@@ -413,22 +478,35 @@ def _batch_size(arg_leaves, dim_leaves, call):
 
 
 def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, randomness,
-               call):
-    level = new_level(Batched, length=size, call=call)
+               call, originals):
+    level = new_level(Batched, length=size, call=call, randomness=randomness)
     with transform_scope(level), random_guard(level, randomness, call):
-        wrapped = [leaf if d is None else level.wrap_input(leaf, d % len(leaf.shape))
+        wrapped = [as_tensor(leaf if d is None else level.wrap_input(leaf, d % len(leaf.shape)))
                    for leaf, d in zip(arg_leaves, dim_leaves)]
-        out = f(*optree.tree_unflatten(arg_treedef, wrapped), **kwargs)
-    return _unbatch_outputs(level, out, out_dims, size, call)
+        with user_code():
+            out = f(*optree.tree_unflatten(arg_treedef, wrapped), **kwargs)
+    for tensor, original, d in zip(wrapped, originals, dim_leaves):
+        if d is not None:
+            _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d))
+    return _unbatch_outputs(level, unwrap_tree(out), out_dims, size, call)
+
+
+def _single_out_dim(out, out_dims):
+    """``out_dims=(1,)`` for a function that returns one tensor means ``out_dims=1``, as in
+    torch.func."""
+    if isinstance(out_dims, tuple) and len(out_dims) == 1 and not isinstance(out, (tuple, list)):
+        return out_dims[0]
+    return out_dims
 
 
 def _unbatch_outputs(level, out, out_dims, size, call):
+    out_dims = _single_out_dim(out, out_dims)
     out_leaves, out_treedef = optree.tree_flatten(out, none_is_leaf=False)
     dims = _broadcast_dims(out_dims, out, call, "out_dims") if not isinstance(out_dims, int) \
         else [out_dims] * len(out_leaves)
     result = []
     for leaf, dim in zip(out_leaves, dims):
-        batched = isinstance(leaf, BatchedTensor) and leaf.dispatcher is level
+        batched = isinstance(leaf, BatchedValue) and leaf.dispatcher is level
         if dim is None:
             if batched:
                 raise TransformUsageError(
@@ -457,6 +535,7 @@ def _unbatch_outputs(level, out, out_dims, size, call):
 
 
 def _concatenate_chunks(outputs, out_dims, call):
+    out_dims = _single_out_dim(outputs[0], out_dims)
     leaves_per_chunk = [optree.tree_flatten(o)[0] for o in outputs]
     treedef = optree.tree_structure(outputs[0])
     dims = _broadcast_dims(out_dims, outputs[0], call, "out_dims") if not isinstance(out_dims, int) \
@@ -490,7 +569,7 @@ def _identity_basis(leaves):
     rows = torch.eye(total, dtype=leaves[0].dtype, device=leaves[0].device)
     basis, start = [], 0
     for leaf, size in zip(leaves, sizes):
-        basis.append(ops.reshape(rows[:, start:start + size], total, *leaf.shape))
+        basis.append(rows[:, start:start + size].reshape((total, *leaf.shape)))
         start += size
     return basis, sizes
 
@@ -506,31 +585,36 @@ def jacrev(f, argnums=0, *, has_aux=False, chunk_size=None):
     """
     @functools.wraps(f)
     def jacrev_f(*args):
-        call = describe_call("jacrev", f)
-        argnums_ = _normalize_argnums(argnums, len(args), call)
-        selected = [args[a] for a in argnums_]
-        result = vjp(_with_selected(f, args, argnums_), *selected, has_aux=has_aux)
-        out, vjp_fn = result[0], result[1]
-        out_leaves, out_treedef = optree.tree_flatten(out)
-        basis, sizes = _identity_basis(out_leaves)
-
-        def pull_back(*basis_leaves):
-            return vjp_fn(optree.tree_unflatten(out_treedef, list(basis_leaves)))
-
-        per_input = vmap(pull_back, chunk_size=chunk_size)(*basis)  # (total, *in_shape) leaves
-        jacobians = []
-        for o_index, (o, n) in enumerate(zip(out_leaves, sizes)):
-            offset = sum(sizes[:o_index])
-
-            def block(g, o=o, n=n, offset=offset):
-                return ops.reshape(g[offset:offset + n], *o.shape, *g.shape[1:])
-            per_arg = tuple(optree.tree_map(block, tree) for tree in per_input)
-            jacobians.append(per_arg[0] if isinstance(argnums, int) else per_arg)
-        jacobian = optree.tree_unflatten(out_treedef, jacobians)
-        if has_aux:
-            return jacobian, result[2]
-        return jacobian
+        with engine_code():
+            return _jacrev(f, argnums, has_aux, chunk_size, args)
     return jacrev_f
+
+
+def _jacrev(f, argnums, has_aux, chunk_size, args):
+    call = describe_call("jacrev", f)
+    argnums_ = _normalize_argnums(argnums, len(args), call)
+    selected = [args[a] for a in argnums_]
+    result = vjp(_with_selected(f, args, argnums_), *selected, has_aux=has_aux)
+    out, vjp_fn = result[0], result[1]
+    out_leaves, out_treedef = optree.tree_flatten(out)
+    basis, sizes = _identity_basis(out_leaves)
+
+    def pull_back(*basis_leaves):
+        return vjp_fn(optree.tree_unflatten(out_treedef, list(basis_leaves)))
+
+    per_input = vmap(pull_back, chunk_size=chunk_size)(*basis)  # (total, *in_shape) leaves
+    jacobians = []
+    for o_index, (o, n) in enumerate(zip(out_leaves, sizes)):
+        offset = sum(sizes[:o_index])
+
+        def block(g, o=o, n=n, offset=offset):
+            return g[offset:offset + n].reshape((*o.shape, *g.shape[1:]))
+        per_arg = tuple(optree.tree_map(block, tree) for tree in per_input)
+        jacobians.append(per_arg[0] if isinstance(argnums, int) else per_arg)
+    jacobian = optree.tree_unflatten(out_treedef, jacobians)
+    if has_aux:
+        return jacobian, result[2]
+    return jacobian
 
 
 def jacfwd(f, argnums=0, has_aux=False, *, randomness="error"):
@@ -544,36 +628,40 @@ def jacfwd(f, argnums=0, has_aux=False, *, randomness="error"):
     """
     @functools.wraps(f)
     def jacfwd_f(*args):
-        call = describe_call("jacfwd", f)
-        argnums_ = _normalize_argnums(argnums, len(args), call)
-        selected = tuple(args[a] for a in argnums_)
-        in_leaves, in_treedef = _flatten_arrays(selected, call, "the differentiated arguments")
-        basis, sizes = _identity_basis(in_leaves)
-        f_selected = _with_selected(f, args, argnums_)
-
-        def push_forward(*basis_leaves):
-            tangents = optree.tree_unflatten(in_treedef, list(basis_leaves))
-            result = jvp(f_selected, selected, tangents, has_aux=has_aux)
-            return (result[1], result[2]) if has_aux else result[1]
-
-        out_dims = (-1, 0) if has_aux else -1
-        pushed = vmap(push_forward, out_dims=out_dims, randomness=randomness)(*basis)
-        tangents_out, aux = pushed if has_aux else (pushed, None)
-
-        def split(t):  # t: (*out_shape, total) -> per input leaf (*out_shape, *in_shape)
-            out_shape = tuple(t.shape[:-1])
-            blocks, begin = [], 0
-            for x, n in zip(in_leaves, sizes):
-                piece = ops.getitem(t, (Ellipsis, slice(begin, begin + n)))
-                blocks.append(ops.reshape(piece, *out_shape, *x.shape))
-                begin += n
-            per_arg = optree.tree_unflatten(in_treedef, blocks)
-            return per_arg[0] if isinstance(argnums, int) else per_arg
-        jacobian = optree.tree_map(split, tangents_out)
-        if has_aux:
-            return jacobian, optree.tree_map(lambda a: ops.getitem(a, 0), aux)
-        return jacobian
+        with engine_code():
+            return _jacfwd(f, argnums, has_aux, randomness, args)
     return jacfwd_f
+
+
+def _jacfwd(f, argnums, has_aux, randomness, args):
+    call = describe_call("jacfwd", f)
+    argnums_ = _normalize_argnums(argnums, len(args), call)
+    selected = tuple(args[a] for a in argnums_)
+    in_leaves, in_treedef = _flatten_arrays(selected, call, "the differentiated arguments")
+    basis, sizes = _identity_basis(in_leaves)
+    f_selected = _with_selected(f, args, argnums_)
+
+    def push_forward(*basis_leaves):
+        tangents = optree.tree_unflatten(in_treedef, list(basis_leaves))
+        result = jvp(f_selected, selected, tangents, has_aux=has_aux)
+        return (result[1], result[2]) if has_aux else result[1]
+
+    out_dims = (-1, 0) if has_aux else -1
+    pushed = vmap(push_forward, out_dims=out_dims, randomness=randomness)(*basis)
+    tangents_out, aux = pushed if has_aux else (pushed, None)
+
+    def split(t):  # t: (*out_shape, total) -> per input leaf (*out_shape, *in_shape)
+        out_shape = tuple(t.shape[:-1])
+        blocks, begin = [], 0
+        for x, n in zip(in_leaves, sizes):
+            blocks.append(t[..., begin:begin + n].reshape((*out_shape, *x.shape)))
+            begin += n
+        per_arg = optree.tree_unflatten(in_treedef, blocks)
+        return per_arg[0] if isinstance(argnums, int) else per_arg
+    jacobian = optree.tree_map(split, tangents_out)
+    if has_aux:
+        return jacobian, optree.tree_map(lambda a: a[0], aux)
+    return jacobian
 
 
 def hessian(f, argnums=0):

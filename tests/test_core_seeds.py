@@ -14,7 +14,7 @@ import torch.func as tf
 
 import minifunctorch.core as mf
 from minifunctorch.core import Autograd, Batched, Logger, Torch, label, reset_names
-from minifunctorch.core.dispatch import FuncTensor
+from minifunctorch.core import FuncTensor
 
 # torch.func scripts its decompositions on first use; torch deprecates torch.jit.script
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")

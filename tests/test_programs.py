@@ -164,6 +164,7 @@ CASES = [
     unary("full_like", lambda x: torch.full_like(x, 2.5) - x),
     unary("to_dtype", lambda x: x.to(torch.float64) * x.double().float().to(dtype=torch.float64)),
     unary("detach", lambda x: x.detach() * x),
+    unary("clone", lambda x: x.clone() * x),
     # a captured tensor (a constant of the program)
     unary("captured_constant", lambda x: x * CONSTANT + CONSTANT.sum()),
     # the transposes of getitem, gather and diagonal appear in backward programs

@@ -43,6 +43,7 @@ SAMPLES = {
     "full_like": ((x23,), {"fill_value": 2.0}),
     "convert": ((x23,), {"dtype": torch.float32}),
     "detach": ((x23,), {}),
+    "clone": ((x23,), {}),
 }
 
 

@@ -34,18 +34,18 @@ __all__ = [
 
 # --- values ----------------------------------------------------------------------------------
 def as_tensor(value):
-    """The torch tensor behind ``value``: wrapper values are unwrapped through ``.payload``.
+    """The plain torch tensor behind ``value``: engine values and FuncTensors are unwrapped
+    through ``.payload``.
 
     Python numbers (and ``None``) are returned unchanged.
 
     >>> import torch
-    >>> from minifunctorch.core import Autograd, Torch
-    >>> from minifunctorch.core.autograd import AutogradTensor
+    >>> from minifunctorch.core import Autograd, AutogradValue, Torch
     >>> d = Autograd(Torch())
-    >>> as_tensor(AutogradTensor(d, torch.ones(2)))
+    >>> as_tensor(AutogradValue(d, torch.ones(2)))
     tensor([1., 1.])
     """
-    while not isinstance(value, torch.Tensor) and hasattr(value, "payload"):
+    while hasattr(value, "payload"):
         value = value.payload
     return value
 

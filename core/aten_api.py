@@ -1,0 +1,195 @@
+"""The back door: aten ops onto ``ops``, and what torch knows about each aten op.
+
+A torch function that the front door (torch_api.py) does not know is handed back to torch,
+whose C++ composite kernels lower it to aten ops; each aten op that receives a FuncTensor
+reaches ``FuncTensor.__torch_dispatch__`` (tensor.py), which looks it up here:
+- ``ATEN_OPS``: aten op (an overload, or a whole overload packet) -> op on engine values.
+  Families of primitives register their own aten ops next to their rules.
+- ``decomposition(op)``: torch's own Python decomposition of an aten op into other aten ops
+  (``torch._decomp``), for the ops with no entry.
+- ``functional_variant(op)``, ``is_view(op)``, ``changes_metadata(op)``: read off the op's
+  schema, for functionalization and views.
+
+NOTE [The aten vocabulary is a second vocabulary]
+The course teaches the front door: the functions users write. The aten ops are torch's own
+lower-level names for the same computations (``aten.var.correction``, ``aten._softmax``),
+with every argument normalized. Mapping them onto the same ops, rather than onto new
+primitives, keeps one set of rules: the back door adds breadth, not a second engine.
+"""
+import torch
+import torch._decomp
+
+from . import ops
+
+aten = torch.ops.aten
+
+ATEN_OPS: dict = {}
+
+
+def register(*aten_ops):
+    """Decorator: ``@register(aten.sin.default)`` maps aten ops onto the decorated function."""
+    def decorate(function):
+        for op in aten_ops:
+            ATEN_OPS[op] = function
+        return function
+    return decorate
+
+
+# --- what the schema says ------------------------------------------------------------------------
+_VIEW_CACHE: dict = {}
+_FUNCTIONAL_CACHE: dict = {}
+# in-place ops whose functional form has another overload name
+_FUNCTIONAL_RENAMES = {"bernoulli_.float": "bernoulli.p"}
+# in-place ops that change the tensor's own shape (a view op applied in place)
+_METADATA_OPS = {"squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_", "swapaxes_",
+                 "as_strided_"}
+
+
+def is_view(op) -> bool:
+    """Whether ``op`` returns a view of its first argument (its schema says ``Tensor(a)``)."""
+    answer = _VIEW_CACHE.get(op)
+    if answer is None:
+        schema = op._schema
+        answer = not schema.is_mutable and any(
+            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+        _VIEW_CACHE[op] = answer
+    return answer
+
+
+def functional_variant(op):
+    """The out-of-place overload of an in-place aten op (``add_.Tensor`` -> ``add.Tensor``)."""
+    if op in _FUNCTIONAL_CACHE:
+        return _FUNCTIONAL_CACHE[op]
+    name = op.overloadpacket.__name__
+    key = f"{name}.{op._overloadname}"
+    functional = None
+    if key in _FUNCTIONAL_RENAMES:
+        packet_name, overload = _FUNCTIONAL_RENAMES[key].split(".")
+        functional = getattr(getattr(aten, packet_name), overload)
+    elif name.endswith("_"):
+        packet = getattr(aten, name[:-1], None)
+        if packet is not None and op._overloadname in packet.overloads():
+            functional = getattr(packet, op._overloadname)
+    _FUNCTIONAL_CACHE[op] = functional
+    return functional
+
+
+def changes_metadata(op) -> bool:
+    """Whether an in-place op changes its tensor's shape (``squeeze_``, ``t_``, ...)."""
+    return op.overloadpacket.__name__ in _METADATA_OPS
+
+
+def decomposition(op):
+    """torch's Python decomposition of ``op`` into other aten ops, if it has one."""
+    return torch._decomp.decomposition_table.get(op)
+
+
+# --- the table -----------------------------------------------------------------------------------
+def concrete(x):
+    """The concrete tensor behind a value (for ``.item()``, ``bool()``)."""
+    return x.concrete() if hasattr(x, "concrete") else x
+
+
+register(aten._local_scalar_dense.default)(lambda x: concrete(x).item())
+register(aten.is_nonzero.default)(lambda x: bool(concrete(x)))
+register(aten.equal.default)(lambda x, y: bool(torch.equal(concrete(x), concrete(y))))
+
+
+# elementwise, one input
+for _name in ("neg", "exp", "log", "sin", "cos", "tanh", "sigmoid", "relu", "abs", "sqrt",
+              "sign"):
+    register(getattr(aten, _name).default)(getattr(ops, _name))
+register(aten.detach.default)(ops.detach)
+register(aten.alias.default, aten.lift_fresh.default)(lambda x: x)
+
+
+# elementwise, two inputs (scalars arrive as Python numbers)
+def _binary(op):
+    def with_alpha(x, y, alpha=1):
+        return op(x, y, alpha=alpha)
+    return with_alpha
+
+
+register(aten.add.Tensor, aten.add.Scalar)(_binary(ops.add))
+register(aten.sub.Tensor, aten.sub.Scalar)(_binary(ops.sub))
+register(aten.rsub.Tensor, aten.rsub.Scalar)(lambda x, y, alpha=1: ops.sub(y, x, alpha=alpha))
+register(aten.mul.Tensor, aten.mul.Scalar)(ops.mul)
+register(aten.div.Tensor, aten.div.Scalar)(ops.div)
+register(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)(ops.pow)
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    register(getattr(aten, _name).Tensor, getattr(aten, _name).Scalar)(getattr(ops, _name))
+register(aten.where.self)(ops.where)
+
+
+# reductions
+@register(aten.sum.default, aten.sum.dim_IntList)
+def _sum(x, dim=None, keepdim=False, *, dtype=None):
+    return ops.sum(x, dim, keepdim, dtype=dtype)
+
+
+@register(aten.mean.default, aten.mean.dim)
+def _mean(x, dim=None, keepdim=False, *, dtype=None):
+    return ops.mean(x, dim, keepdim, dtype=dtype)
+
+
+register(aten.amax.default)(lambda x, dim=(), keepdim=False: ops.amax(x, dim, keepdim))
+register(aten.amin.default)(lambda x, dim=(), keepdim=False: ops.amin(x, dim, keepdim))
+register(aten.logsumexp.default)(lambda x, dim, keepdim=False: ops.logsumexp(x, dim, keepdim))
+register(aten._softmax.default)(lambda x, dim, half_to_float: ops.softmax(x, dim))
+register(aten._log_softmax.default)(lambda x, dim, half_to_float: ops.log_softmax(x, dim))
+
+# linear algebra
+register(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default,
+         aten.matmul.default)(ops.matmul)
+
+# shape
+register(aten.permute.default)(lambda x, dims: ops.permute(x, *dims))
+register(aten.transpose.int)(ops.transpose)
+register(aten.t.default)(ops.t)
+register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)(
+    lambda x, shape: ops.reshape(x, *shape))
+register(aten.unsqueeze.default)(ops.unsqueeze)
+register(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)(ops.squeeze)
+register(aten.expand.default)(lambda x, size, *, implicit=False: ops.expand(x, *size))
+register(aten.cat.default)(ops.cat)
+register(aten.diagonal.default)(ops.diagonal)
+register(aten.diag_embed.default)(ops.diag_embed)
+register(aten.gather.default)(ops.gather)
+register(aten.scatter.src)(ops.scatter)
+
+
+@register(aten.slice.Tensor)
+def _slice(x, dim=0, start=None, end=None, step=1):
+    index = (slice(None),) * (dim % max(x.dim(), 1)) + (slice(start, end, step),)
+    return ops.getitem(x, index)
+
+
+@register(aten.select.int)
+def _select(x, dim, index):
+    return ops.getitem(x, (slice(None),) * (dim % max(x.dim(), 1)) + (index,))
+
+
+# creation and conversion
+@register(aten.clone.default)
+def _clone(x, *, memory_format=None):
+    return ops.clone(x)
+
+
+@register(aten._to_copy.default)
+def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    return ops.to(x, dtype=dtype, device=device)
+
+
+@register(aten.full_like.default)
+def _full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
+               memory_format=None):
+    return ops.full_like(x, fill_value, dtype=dtype)
+
+
+register(aten.zeros_like.default)(
+    lambda x, *, dtype=None, **ignored: ops.full_like(x, 0, dtype=dtype))
+register(aten.ones_like.default)(
+    lambda x, *, dtype=None, **ignored: ops.full_like(x, 1, dtype=dtype))
+register(aten.empty_like.default)(
+    lambda x, *, dtype=None, **ignored: ops.full_like(x, 0, dtype=dtype))

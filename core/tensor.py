@@ -1,0 +1,586 @@
+"""FuncTensor: the torch.Tensor that user code holds inside a transform, and its two doors.
+
+NOTE [A value shown as a real tensor]
+A ``FuncTensor`` is a storage-less ``torch.Tensor`` subclass (``_make_wrapper_subclass``)
+that holds one engine value (values.py) in ``.value``. Its shape, dtype and device are the
+value's, so ``isinstance(x, torch.Tensor)``, ``x.layout``, ``x.is_contiguous()`` and the
+checks inside nn.Module and torch's own Python code all see an ordinary tensor. Shape,
+dtype and device are also plain Python properties here: reading them is hot, and a
+torch.Tensor property would take a trip through ``__torch_function__`` every time.
+
+NOTE [Two doors]
+A torch call that receives a FuncTensor reaches the engine through one of two doors.
+1. The front door, ``__torch_function__``: torch hands over the function as the user called
+   it (``torch.sin``, ``Tensor.reshape``, ``F.conv2d``). The table in torch_api.py maps the
+   common ones onto ``ops``: fast, and readable in programs and tapes. This is the course's
+   first pass.
+2. The back door, ``__torch_dispatch__``: any other function is handed back to torch, whose
+   C++ composite kernels lower it to aten ops (``aten.tan.default``, ``aten.var.correction``),
+   and each aten op comes back here. Then, the first of these that applies:
+   (a) the aten table of aten_api.py, onto ``ops``;
+   (b) an in-place op is computed out of place and the result swapped into its tensor
+       (functionalization: ``_write``);
+   (c) a decomposition into other aten ops, from ``torch._decomp``;
+   (d) the level's own answer for an op it has no rule for: under vmap a per-example loop
+       (listed by ``capture_fallbacks``), under grad and jvp an op whose outputs cannot
+       carry a derivative (integers, booleans) runs one level down;
+   (e) otherwise an error that names the op. No op is ever silently wrong.
+In functorch the same two places are ``__torch_function__`` for Python-level overrides and
+the ``FuncTorchDynamicLayerFrontMode`` dispatch key for aten ops.
+
+NOTE [Tensors created inside a transform]
+``buf = torch.zeros(3); buf[0] = f(x)`` writes a value of the transform into a tensor that
+no level owns. While a transform runs user code, a TorchFunctionMode (``user_code``) turns
+tensors made by factory functions into FuncTensors holding a plain tensor, so that a later
+in-place write can swap a value into them; functorch does the same by wrapping every result
+at the current level. The mode is thread-local, and the engine's own work runs without it.
+"""
+import contextlib
+
+import optree
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import aten_api, ops, torch_api
+from .errors import InPlaceError, UnsupportedOperationError
+from .names import label
+from . import values
+from .values import Value, top_dispatcher
+
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+class FuncTensor(torch.Tensor):
+    """The tensor user code sees inside a transform: a real ``torch.Tensor`` whose data is an
+    engine value (``.value``).
+
+    >>> import torch
+    >>> from minifunctorch.core import grad
+    >>> def f(x):
+    ...     print(type(x).__name__, isinstance(x, torch.Tensor), tuple(x.shape))
+    ...     return x.sin().sum()
+    >>> _ = grad(f)(torch.ones(2))
+    FuncTensor True (2,)
+    """
+
+    __slots__ = ("value", "_view", "_generation")
+
+    # --- metadata, without a trip through __torch_function__ ---------------------------------
+    @property
+    def shape(self):
+        return self.value.shape
+
+    @property
+    def dtype(self):
+        return self.value.dtype
+
+    @property
+    def device(self):
+        return self.value.device
+
+    @property
+    def ndim(self):
+        return len(self.value.shape)
+
+    def dim(self):
+        return len(self.value.shape)
+
+    def size(self, dim=None):
+        shape = self.value.shape
+        return shape if dim is None else shape[dim]
+
+    def numel(self):
+        return self.value.shape.numel()
+
+    def __len__(self):
+        shape = self.value.shape
+        if not shape:
+            raise TypeError("len() of a 0-d tensor")
+        return shape[0]
+
+    def is_floating_point(self):
+        return self.value.dtype.is_floating_point
+
+    def is_complex(self):
+        return self.value.dtype.is_complex
+
+    @property
+    def requires_grad(self):
+        return False
+
+    # --- what the engine knows about this tensor -----------------------------------------------
+    @property
+    def name(self) -> str:
+        """The value's readable name, as tapes and logs show it."""
+        value = value_of(self)
+        return value.name if isinstance(value, Value) else _plain_name(value)
+
+    @property
+    def dispatcher(self):
+        """The level the value belongs to (None for a tensor that no level owns)."""
+        value = value_of(self)
+        return value.dispatcher if isinstance(value, Value) else None
+
+    @property
+    def payload(self):
+        """The value one level down, as a tensor (a FuncTensor or a plain tensor)."""
+        value = value_of(self)
+        if not isinstance(value, Value):
+            return value
+        return as_tensor(value.payload)
+
+    @property
+    def tangent(self):
+        """A forward-mode value's tangent (None for a symbolic zero)."""
+        tangent = getattr(value_of(self), "tangent", None)
+        return None if tangent is None else as_tensor(tangent)
+
+    @property
+    def bdim(self):
+        """A batched value's batch dim in its payload."""
+        return getattr(value_of(self), "bdim", None)
+
+    # --- concrete values ---------------------------------------------------------------------
+    def concrete(self):
+        """The concrete tensor behind this value, for Python control flow."""
+        value = value_of(self)
+        return value.concrete() if isinstance(value, Value) else value
+
+    def __bool__(self):
+        return bool(self.concrete())
+
+    def item(self):
+        return self.concrete().item()
+
+    def __float__(self):
+        return float(self.concrete())
+
+    def __int__(self):
+        return int(self.concrete())
+
+    def __index__(self):
+        return self.concrete().__index__()
+
+    def tolist(self):
+        return self.concrete().tolist()
+
+    def numpy(self, *, force=False):
+        return self.concrete().numpy(force=force)
+
+    def __repr__(self, *, tensor_contents=None):
+        value = value_of(self)
+        if not isinstance(value, Value):
+            return repr(value)
+        levels = []
+        while isinstance(value, Value):
+            level = value.dispatcher
+            extra = f", bdim={value.bdim}" if hasattr(value, "bdim") else ""
+            levels.append(f"{level.name} level {level.level}{extra}")
+            value = value.payload
+        inner = (f"{type(value).__name__}(shape={tuple(value.shape)}, dtype={value.dtype})"
+                 if value.device.type == "meta" else repr(value))
+        return f"FuncTensor({self.name}: {' > '.join(levels)}, {inner})"
+
+    # --- the doors ---------------------------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return call_function(func, args, kwargs or {})
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return call_aten(func, args, kwargs or {})
+
+    # operators: the most frequent calls, straight onto ops (the same as the table would do)
+    def __add__(self, other): return wrap(ops.add(value_of(self), unwrap(other)))
+    def __radd__(self, other): return wrap(ops.add(unwrap(other), value_of(self)))
+    def __sub__(self, other): return wrap(ops.sub(value_of(self), unwrap(other)))
+    def __rsub__(self, other): return wrap(ops.sub(unwrap(other), value_of(self)))
+    def __mul__(self, other): return wrap(ops.mul(value_of(self), unwrap(other)))
+    def __rmul__(self, other): return wrap(ops.mul(unwrap(other), value_of(self)))
+    def __truediv__(self, other): return wrap(ops.div(value_of(self), unwrap(other)))
+    def __rtruediv__(self, other): return wrap(ops.div(unwrap(other), value_of(self)))
+    def __matmul__(self, other): return wrap(ops.matmul(value_of(self), unwrap(other)))
+    def __rmatmul__(self, other): return wrap(ops.matmul(unwrap(other), value_of(self)))
+    def __neg__(self): return wrap(ops.neg(value_of(self)))
+
+
+def _plain_name(tensor):
+    return label(tensor).t_name
+
+
+# --- wrapping and unwrapping ---------------------------------------------------------------------
+def wrap(value):
+    """A FuncTensor showing ``value`` (a Value, or a plain tensor that no level owns)."""
+    t = _make_wrapper(FuncTensor, value.shape, dtype=value.dtype, device=value.device)
+    t.value = value
+    t._view = None
+    t._generation = 0
+    return t
+
+
+def as_tensor(value):
+    """What user code receives for an engine result: a FuncTensor for a value, anything
+    else unchanged (a plain tensor stays plain)."""
+    if isinstance(value, Value):
+        return wrap(value)
+    return value
+
+
+def as_tensors(tree):
+    """``as_tensor`` on every leaf of a pytree."""
+    return optree.tree_map(as_tensor, tree, none_is_leaf=True)
+
+
+def value_of(t):
+    """The current value of a FuncTensor (a view is brought up to date with its base)."""
+    if t._view is not None:
+        _refresh_view(t)
+    return t.value
+
+
+def unwrap(x):
+    """A FuncTensor's value; anything else unchanged."""
+    if type(x) is FuncTensor:
+        return x.value if x._view is None else value_of(x)
+    return x
+
+
+def unwrap_all(args):
+    """``unwrap`` on arguments, and on the tensors inside list and tuple arguments."""
+    out = []
+    for a in args:
+        if type(a) is FuncTensor:
+            out.append(a.value if a._view is None else value_of(a))
+        elif isinstance(a, (list, tuple)):
+            out.append(type(a)(unwrap(item) for item in a))
+        else:
+            out.append(a)
+    return out
+
+
+def unwrap_tree(tree):
+    """``unwrap`` on every leaf of a pytree (transform inputs and outputs)."""
+    return optree.tree_map(unwrap, tree, none_is_leaf=True)
+
+
+def _unwrap_kwargs(kwargs):
+    return {k: (unwrap(v) if not isinstance(v, (list, tuple)) else type(v)(unwrap(i) for i in v))
+            for k, v in kwargs.items()}
+
+
+def _wrap_result(out):
+    """Results of a door: every tensor or value becomes a FuncTensor."""
+    if isinstance(out, (Value, torch.Tensor)):
+        return out if type(out) is FuncTensor else wrap(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap_result(o) for o in out)
+    return out
+
+
+def bind(prim, *args, **params):
+    """``bind`` for code that may hold FuncTensors (a primitive called from user code, as
+    the course's own primitives are): FuncTensors in, FuncTensors out. Rules, which compute
+    with values, get values back.
+
+    >>> import torch
+    >>> from minifunctorch.core import bind, grad
+    >>> from minifunctorch.core.primitives import sin_p
+    >>> grad(lambda x: bind(sin_p, x))(torch.tensor(0.0))
+    tensor(1.)
+    """
+    for a in args:
+        if type(a) is FuncTensor:
+            return as_tensor(values.bind(prim, *unwrap_all(args), **params))
+    return values.bind(prim, *args, **params)
+
+
+# --- views and writes ----------------------------------------------------------------------------
+class _View:
+    """How a FuncTensor was made from its base: ``func(base, *args, **kwargs)[output]``."""
+
+    __slots__ = ("base", "func", "args", "kwargs", "output", "generation")
+
+    def __init__(self, base, func, args, kwargs, output, generation):
+        self.base = base
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.output = output
+        self.generation = generation
+
+    def replay(self, base):
+        out = self.func(base, *self.args, **self.kwargs)
+        return out if self.output is None else out[self.output]
+
+
+def _record_views(result, base, func, args, kwargs):
+    if type(base) is not FuncTensor:
+        return
+    if type(result) is FuncTensor:
+        result._view = _View(base, func, args, kwargs, None, base._generation)
+    elif isinstance(result, (list, tuple)):
+        for i, r in enumerate(result):
+            if type(r) is FuncTensor:
+                r._view = _View(base, func, args, kwargs, i, base._generation)
+
+
+def _refresh_view(t):
+    """NOTE [Views that outlive a write]
+    ``v = x[0]; x.add_(1)``: torch's ``v`` shares memory with ``x`` and sees the write. Here
+    ``v`` holds a value computed from ``x``'s old value, so a view remembers how it was made
+    and is recomputed from its base when the base has been written since."""
+    view = t._view
+    base = view.base
+    value_of(base)
+    if view.generation != base._generation:
+        with engine_code():
+            t.value = unwrap(view.replay(base))
+        view.generation = base._generation
+
+
+def _write(target, new_value, call):
+    """Functionalization: an in-place op on ``target`` computed out of place as
+    ``new_value``, which becomes ``target``'s value.
+
+    NOTE [Writing through a view]
+    A view is a choice of its base's elements. Replaying the view on a tensor of element
+    numbers (an arange with the base's shape) says which; a write through the view is then
+    a scatter of the new values at those numbers into the base, and the base's other views
+    are recomputed when next read (``_refresh_view``). torch's functionalization replays
+    views the same way."""
+    if type(target) is not FuncTensor:
+        raise InPlaceError(
+            f"{call}: this writes a value of a transform into a tensor created outside the "
+            "transform, which torch.func refuses too (the tensor would have to hold a value "
+            "of the transform). Fix: compute out of place, or create the tensor inside the "
+            "transformed function (torch.zeros(...) there can be written into)."
+        )
+    new_value = _conform(target, new_value, call)
+    target.value = new_value
+    target._generation += 1
+    view = target._view
+    if view is not None:
+        base = view.base
+        base_value = value_of(base)
+        positions = view.replay(torch.arange(base_value.shape.numel(),
+                                             device=base_value.device).reshape(base_value.shape))
+        if positions.numel() != positions.unique().numel():
+            raise InPlaceError(
+                f"{call}: this writes through a view in which several elements share one "
+                "place of the base (an expand or an overlapping as_strided), so the result "
+                "would depend on the order of the writes. Fix: clone the view before writing."
+            )
+        flat = ops.reshape(base_value, base_value.shape.numel())
+        flat = ops.scatter(flat, 0, positions.reshape(-1), ops.reshape(new_value, -1))
+        _write(base, ops.reshape(flat, *base_value.shape), call)
+        view.generation = base._generation
+    return target
+
+
+def _conform(target, new_value, call):
+    """The written value with the target's shape and dtype, as torch's in-place ops do."""
+    shape, dtype = tuple(target.shape), target.dtype
+    if not isinstance(new_value, (Value, torch.Tensor)):  # a Python number
+        return ops.full_like(target.value, new_value)
+    new_shape = ops.shape_of(new_value)
+    if new_shape != shape:
+        if len(new_shape) > len(shape) or any(
+                n not in (1, s) for n, s in zip(new_shape[::-1], shape[::-1])):
+            raise InPlaceError(
+                f"{call}: the result has shape {new_shape}, which cannot be written into a "
+                f"tensor of shape {shape}. Fix: make the shapes agree, or compute out of place."
+            )
+        new_value = ops.expand(new_value, *shape)
+    new_dtype = new_value.dtype
+    if new_dtype != dtype:
+        if not torch.can_cast(new_dtype, dtype):
+            raise InPlaceError(
+                f"{call}: the result has dtype {new_dtype}, which cannot be cast to the "
+                f"tensor's dtype {dtype} in place. Fix: compute out of place, or convert first."
+            )
+        new_value = ops.convert(new_value, dtype)
+    return new_value
+
+
+def _set_shape(t, shape):
+    """Change a FuncTensor's own metadata (for in-place view ops such as ``squeeze_``)."""
+    strides = torch._prims_common.make_contiguous_strides_for(shape) if shape else ()
+    with torch._C._DisableTorchDispatch():
+        torch.Tensor.as_strided_(t, shape, strides)
+
+
+# --- the front door: torch functions -------------------------------------------------------------
+def _qualified_name(func):
+    return torch_api.qualified_name(func)
+
+
+def call_function(func, args, kwargs):
+    """A torch function called with a FuncTensor among its arguments (``__torch_function__``)."""
+    op = torch_api.TORCH_FUNCTIONS.get(func)
+    if op is not None:
+        if kwargs:
+            if kwargs.get("out") is not None:
+                raise _out_error(func)
+            result = _wrap_result(op(*unwrap_all(args), **_unwrap_kwargs(kwargs)))
+        else:
+            result = _wrap_result(op(*unwrap_all(args)))
+        if func in torch_api.VIEWS and torch_api.VIEWS[func](args):
+            _record_views(result, args[0], func, args[1:], kwargs)
+        return result
+    op = torch_api.IN_PLACE.get(func)
+    if op is not None:
+        if kwargs.get("out") is not None:
+            raise _out_error(func)
+        new_value = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
+        return _write(args[0], new_value, f"{_qualified_name(func)}(...)")
+    refusal = torch_api.REFUSED.get(func)
+    if refusal is not None:
+        what, fix = refusal
+        raise UnsupportedOperationError(
+            f"{_qualified_name(func)}: {what} is not supported inside minifunctorch "
+            f"transforms. Fix: {fix}"
+        )
+    # the back door: torch lowers the call to aten ops, which reach __torch_dispatch__
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+def _out_error(func):
+    return InPlaceError(
+        f"{_qualified_name(func)}(..., out=...): writing into an out= tensor inside a "
+        "transform is not supported. Fix: use the returned value."
+    )
+
+
+# --- the back door: aten ops ---------------------------------------------------------------------
+@contextlib.contextmanager
+def _torch_autograd_enabled():
+    """Inside ``__torch_dispatch__`` torch has switched its own autograd off. Plain tensors
+    at the bottom of a value may be parameters that require grad (MAML's outer
+    ``.backward()``), so torch's autograd is switched back on while the engine works."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = exclude.remove(torch._C.DispatchKey.AutogradCPU).remove(
+        torch._C.DispatchKey.ADInplaceOrView)
+    with torch._C._ForceDispatchKeyGuard(include, exclude):
+        yield
+
+
+def call_aten(func, args, kwargs):
+    """An aten op with a FuncTensor among its arguments (``__torch_dispatch__``)."""
+    with _torch_autograd_enabled():
+        return _call_aten(func, args, kwargs)
+
+
+def _call_aten(func, args, kwargs):
+    if func._schema.is_mutable:
+        return _functionalize(func, args, kwargs)
+    values = unwrap_all(args)
+    kw = _unwrap_kwargs(kwargs)
+    top = top_dispatcher(optree.tree_leaves((values, kw), none_is_leaf=True))
+    if top is None:
+        # only tensors that no level owns: torch's own kernel computes the result
+        result = _wrap_result(func(*values, **kw))
+    else:
+        op = aten_api.ATEN_OPS.get(func) or aten_api.ATEN_OPS.get(func.overloadpacket)
+        if op is not None:
+            result = _wrap_result(op(*values, **kw))
+        elif torch.Tag.nondeterministic_seeded in func.tags:
+            result = _wrap_result(top.random_op(str(func), _runner(func), values, kw))
+        else:
+            decomposition = aten_api.decomposition(func)
+            if decomposition is not None:
+                return decomposition(*args, **kwargs)
+            result = _wrap_result(top.unknown_op(str(func), _runner(func), values, kw))
+    if aten_api.is_view(func) and args and type(args[0]) is FuncTensor:
+        _record_views(result, args[0], func, args[1:], kwargs)
+    return result
+
+
+def _runner(func):
+    """``run(values, kwargs)``: the aten op on values of a lower level (as FuncTensors, so that
+    their own levels interpret it), for a level's ``unknown_op`` and ``random_op``."""
+    def run(values, kwargs):
+        with engine_code():
+            return unwrap_tree(func(*as_tensors(values), **as_tensors(kwargs)))
+    return run
+
+
+def _functionalize(func, args, kwargs):
+    """(b) of NOTE [Two doors]: an in-place aten op, computed out of place."""
+    schema = func._schema
+    written = [i for i, a in enumerate(schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write]
+    call = f"{func}(...)"
+    if any(schema.arguments[i].kwarg_only for i in written):
+        raise InPlaceError(
+            f"{call}: writing into an out= tensor inside a transform is not supported. Fix: "
+            "use the returned value."
+        )
+    functional = aten_api.functional_variant(func)
+    if functional is None:
+        raise UnsupportedOperationError(
+            f"{call}: the in-place op has no out-of-place form, so it cannot run on a value "
+            "of a transform. Fix: write the computation out of place."
+        )
+    result = functional(*args, **kwargs)
+    results = result if isinstance(result, (list, tuple)) else (result,)
+    for position, out in zip(written, results):
+        target = args[position]
+        new_value = unwrap(out)
+        if aten_api.changes_metadata(func) and type(target) is FuncTensor:
+            target.value = new_value  # squeeze_, t_, ...: the tensor takes the new shape
+            target._generation += 1
+            _set_shape(target, tuple(new_value.shape))
+        else:
+            _write(target, new_value, call)
+    written_args = tuple(args[i] for i in written)
+    return written_args[0] if len(written_args) == 1 else written_args
+
+
+# --- the mode: tensors created while user code runs inside a transform ---------------------------
+class _TransformMode(TorchFunctionMode):
+    """Active while a transform runs user code (NOTE [Tensors created inside a transform])."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if FuncTensor in types:
+            return call_function(func, args, kwargs)
+        if func in torch_api.FACTORIES:
+            return _wrap_result(func(*args, **kwargs))
+        return func(*args, **kwargs)
+
+
+_MODE = _TransformMode()
+
+
+def _mode_on_top():
+    depth = torch._C._len_torch_function_stack()
+    return depth > 0 and torch._C._get_function_stack_at(depth - 1) is _MODE
+
+
+@contextlib.contextmanager
+def user_code():
+    """While a transform calls user code: the mode is on."""
+    if _mode_on_top():
+        yield
+        return
+    torch._C._push_on_torch_function_stack(_MODE)
+    try:
+        yield
+    finally:
+        popped = torch._C._pop_torch_function_stack()
+        assert popped is _MODE, "the transform mode must be popped by the call that pushed it"
+
+
+@contextlib.contextmanager
+def engine_code():
+    """While the engine works inside user code (a nested transform): the mode is off."""
+    if not _mode_on_top():
+        yield
+        return
+    torch._C._pop_torch_function_stack()
+    try:
+        yield
+    finally:
+        torch._C._push_on_torch_function_stack(_MODE)
