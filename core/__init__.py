@@ -7,6 +7,7 @@ tensor (with torch_api and aten_api) for how user code reaches the engine.
 from .autograd import Autograd, AutogradValue, BackwardStep, Tape, TapeEntry, capture_tapes, vjp_rules
 from .batching import Batched, BatchedValue, batching_rules, capture_fallbacks
 from .custom import custom_vjp
+from . import elementwise  # noqa: F401  (registers its primitives, rules and doors)
 from .dispatch import Dispatcher, Logger, LoggedValue, Torch
 from .tensor import FuncTensor, bind
 from .values import Value

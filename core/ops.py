@@ -85,12 +85,7 @@ def sign(x): return bind(P.sign_p, x)
 def detach(x): return bind(P.detach_p, x)
 
 
-def relu(x, inplace=False):
-    if inplace:
-        raise TransformUsageError(
-            "relu(x, inplace=True): in-place ops are not supported inside transforms. "
-            "Fix: use relu(x)."
-        )
+def relu(x):
     return bind(P.relu_p, x)
 
 

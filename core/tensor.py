@@ -190,19 +190,6 @@ class FuncTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return call_aten(func, args, kwargs or {})
 
-    # operators: the most frequent calls, straight onto ops (the same as the table would do)
-    def __add__(self, other): return wrap(ops.add(value_of(self), unwrap(other)))
-    def __radd__(self, other): return wrap(ops.add(unwrap(other), value_of(self)))
-    def __sub__(self, other): return wrap(ops.sub(value_of(self), unwrap(other)))
-    def __rsub__(self, other): return wrap(ops.sub(unwrap(other), value_of(self)))
-    def __mul__(self, other): return wrap(ops.mul(value_of(self), unwrap(other)))
-    def __rmul__(self, other): return wrap(ops.mul(unwrap(other), value_of(self)))
-    def __truediv__(self, other): return wrap(ops.div(value_of(self), unwrap(other)))
-    def __rtruediv__(self, other): return wrap(ops.div(unwrap(other), value_of(self)))
-    def __matmul__(self, other): return wrap(ops.matmul(value_of(self), unwrap(other)))
-    def __rmatmul__(self, other): return wrap(ops.matmul(unwrap(other), value_of(self)))
-    def __neg__(self): return wrap(ops.neg(value_of(self)))
-
 
 def _plain_name(tensor):
     return label(tensor).t_name
@@ -433,6 +420,20 @@ def call_function(func, args, kwargs):
             raise _out_error(func)
         new_value = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
         return _write(args[0], new_value, f"{_qualified_name(func)}(...)")
+    activation = torch_api.ACTIVATIONS.get(func)
+    if activation is not None:
+        op, position = activation
+        kwargs = dict(kwargs)
+        in_place = kwargs.pop("inplace", False)
+        if len(args) > position:
+            in_place = args[position]
+            args = args[:position]
+        if kwargs.get("out") is not None:
+            raise _out_error(func)
+        new_value = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
+        if in_place:
+            return _write(args[0], new_value, f"{_qualified_name(func)}(..., inplace=True)")
+        return wrap(new_value) if isinstance(new_value, Value) else _wrap_result(new_value)
     refusal = torch_api.REFUSED.get(func)
     if refusal is not None:
         what, fix = refusal

@@ -9,12 +9,16 @@ When user code calls a torch function with a FuncTensor among its arguments, tor
   write through the view reaches its base.
 - ``IN_PLACE``: in-place functions, as the op that computes the new value of the first
   argument (``x.add_(y)`` is ``ops.add(x, y)``, then written into ``x``).
+- ``ACTIVATIONS``: ``torch.nn.functional`` activations, whose ``inplace=True`` writes the
+  result into the input.
 - ``REFUSED``: functions that would silently bypass the engine, with the reason and the fix.
 - ``FACTORIES``: functions that create tensors from nothing (see tensor.py, NOTE [Tensors
   created inside a transform]).
 A function missing here still works: torch lowers it to aten ops, and those go through the
 back door (aten_api.py). This table is the fast path for what models call most.
 """
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -23,7 +27,47 @@ from . import ops
 TORCH_FUNCTIONS: dict = {}
 VIEWS: dict = {}
 IN_PLACE: dict = {}
+ACTIVATIONS: dict = {}
 REFUSED: dict = {}
+
+
+def register(*functions, view=None):
+    """Decorator: the front door sends each of ``functions`` to the decorated op (``view``: a
+    predicate on the arguments that says when the result is a view of the first one)."""
+    def decorate(op):
+        for function in functions:
+            TORCH_FUNCTIONS[function] = op
+            if view is not None:
+                VIEWS[function] = view
+        return op
+    return decorate
+
+
+def register_activation(function):
+    """Decorator for a ``torch.nn.functional`` activation with an ``inplace`` argument (its
+    last): ``F.silu(x, inplace=True)`` computes the op, then writes the result into ``x``."""
+    parameters = list(inspect.signature(function).parameters)
+    position = parameters.index("inplace")
+
+    def decorate(op):
+        ACTIVATIONS[function] = (op, position)
+        return op
+    return decorate
+
+
+def register_in_place(*functions):
+    """Decorator: each of ``functions`` is in place; the op computes the new first argument."""
+    def decorate(op):
+        for function in functions:
+            IN_PLACE[function] = op
+        return op
+    return decorate
+
+
+def torch_functions(name):
+    """``torch.<name>`` and ``Tensor.<name>``, the ones that exist."""
+    return tuple(f for f in (getattr(torch, name, None), getattr(torch.Tensor, name, None))
+                 if f is not None)
 
 # name -> op, for names that exist both as torch.<name> and Tensor.<name>
 _SHARED = [
@@ -52,7 +96,7 @@ _TORCH_ONLY = {
     "true_divide": ops.div,
 }
 _FUNCTIONAL = {
-    "linear": ops.linear, "relu": ops.relu, "tanh": ops.tanh, "sigmoid": ops.sigmoid,
+    "linear": ops.linear, "tanh": ops.tanh, "sigmoid": ops.sigmoid,
     "softmax": ops.softmax, "log_softmax": ops.log_softmax, "cross_entropy": ops.cross_entropy,
     "nll_loss": ops.nll_loss, "mse_loss": ops.mse_loss,
 }
@@ -81,6 +125,7 @@ for _name, _op in _FUNCTIONAL.items():
 for _name, _op in _OPERATORS.items():
     TORCH_FUNCTIONS[getattr(torch.Tensor, _name)] = _op
 TORCH_FUNCTIONS[torch.Tensor.data.__get__] = ops.detach
+ACTIVATIONS[F.relu] = (ops.relu, 1)
 
 
 # --- views -------------------------------------------------------------------------------------

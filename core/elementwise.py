@@ -1,0 +1,689 @@
+"""Elementwise primitives as data: one derivative formula each, from which every rule follows.
+
+NOTE [A formula written once]
+The course writes the rules of ``sin`` by hand, one per transform (autograd.py, forward.py,
+batching.py). For an elementwise function they all follow from one fact, the derivative of
+the output with respect to each input:
+- vjp: ``ct * d``, summed back to the input's shape where it was broadcast;
+- jvp: ``x_dot * d``, summed over the inputs;
+- batching: elementwise, so the batch dim stays where it is (broadcasting moves it).
+So each primitive here is one line: a name and a derivative formula written with ``ops``
+(and so itself differentiable: second derivatives come free). This is how PyTorch's
+``derivatives.yaml`` works: one formula per input, from which autograd's backward and its
+forward-mode rules are generated. A formula of ``None`` means a zero derivative (``floor``,
+``sign``, comparisons): the primitive is not differentiable.
+
+Most formulas are the ones derivatives.yaml states; ``tanh`` and ``sigmoid`` differentiate
+with torch's own fused ``tanh_backward`` and ``sigmoid_backward`` kernels, which round once,
+so that a training loop stays bit-exact with torch.func.
+
+Each primitive is reachable through both doors: the torch functions with its name (front,
+torch_api.py) and its aten and prims ops (back, aten_api.py).
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import aten_api, ops, torch_api
+from . import primitives as P
+from .autograd import sum_to_size, vjp_rules, wants_cotangent
+from .batching import batching_rules, broadcasting_batch, elementwise_batch
+from .errors import MissingRuleError, TransformUsageError
+from .forward import add_tangents, broadcast_tangent, jvp_rules
+from .values import Value, bind
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+_SQRT_PI = math.sqrt(math.pi)
+_SQRT_2PI = math.sqrt(2 * math.pi)
+
+
+def _is_tensor(x):
+    return isinstance(x, (torch.Tensor, Value))
+
+
+def _refuse_complex(prim, *args):
+    for a in args:
+        if _is_tensor(a) and a.dtype.is_complex:
+            raise MissingRuleError(
+                f"{prim.name}: derivatives of complex tensors are not supported yet (complex "
+                "autograd follows PyTorch's conjugate Wirtinger convention, which these "
+                "formulas do not implement). Fix: split into real and imaginary parts."
+            )
+
+
+# --- one input -----------------------------------------------------------------------------------
+def unary_rules(prim, derivative):
+    """Register the vjp, jvp and batching rules of an elementwise primitive of one input,
+    from ``derivative(x, out, **params)``, the derivative of its output."""
+    if derivative is None:
+        batching_rules[prim] = elementwise_batch(prim)
+        return  # not differentiable: the rules of primitives.py say so
+
+    def vjp(x, **params):
+        _refuse_complex(prim, x)
+        out = bind(prim, x, **params)
+        return out, lambda ct: (ops.mul(ct, derivative(x, out, **params)),)
+
+    def jvp(primals, tangents, **params):
+        (x,), (x_dot,) = primals, tangents
+        _refuse_complex(prim, x)
+        out = bind(prim, x, **params)
+        return out, ops.mul(x_dot, derivative(x, out, **params))
+
+    vjp_rules[prim] = vjp
+    jvp_rules[prim] = jvp
+    batching_rules[prim] = elementwise_batch(prim)
+
+
+def unary(name, derivative, *, impl=None, functions=None, aten_ops=None):
+    """An elementwise primitive of one input, with its doors. Returns its op."""
+    impl = impl or getattr(torch, name)
+    prim = P.primitive(name, impl, differentiable=derivative is not None)
+    unary_rules(prim, derivative)
+
+    def op(x):
+        return bind(prim, x)
+    op.__name__ = name
+    torch_api.register(*(torch_api.torch_functions(name) if functions is None else functions))(op)
+    if aten_ops is None:
+        aten_ops = [getattr(packet, "default") for packet in
+                    (getattr(aten, name, None), getattr(prims, name, None)) if packet is not None]
+    aten_api.register(*aten_ops)(op)
+    return op
+
+
+# the basic ops, under short names: formulas read as math
+add, sub, mul, div, neg, exp, log, pow = ops.add, ops.sub, ops.mul, ops.div, ops.neg, ops.exp, ops.log, ops.pow
+sin, cos, sign, where, full_like = ops.sin, ops.cos, ops.sign, ops.where, ops.full_like
+eq, ne, lt, le, gt, ge = ops.eq, ops.ne, ops.lt, ops.le, ops.gt, ops.ge
+
+
+def square(v):
+    return mul(v, v)
+
+
+def one_minus_square(v):
+    return sub(1, mul(v, v))
+
+
+# One line per primitive: its name and d out / d x as a function of the input x and the
+# output out (derivatives.yaml's formula); None: not differentiable.
+tan = unary("tan", lambda x, out: add(square(out), 1))
+asin = unary("asin", lambda x, out: rsqrt(one_minus_square(x)))
+acos = unary("acos", lambda x, out: neg(rsqrt(one_minus_square(x))))
+atan = unary("atan", lambda x, out: reciprocal(add(square(x), 1)))
+sinh = unary("sinh", lambda x, out: cosh(x))
+cosh = unary("cosh", lambda x, out: sinh(x))
+asinh = unary("asinh", lambda x, out: rsqrt(add(square(x), 1)))
+acosh = unary("acosh", lambda x, out: rsqrt(sub(square(x), 1)))
+atanh = unary("atanh", lambda x, out: reciprocal(one_minus_square(x)))
+exp2 = unary("exp2", lambda x, out: mul(out, math.log(2.0)))
+expm1 = unary("expm1", lambda x, out: add(out, 1))
+log2 = unary("log2", lambda x, out: reciprocal(mul(x, math.log(2.0))))
+log10 = unary("log10", lambda x, out: reciprocal(mul(x, math.log(10.0))))
+log1p = unary("log1p", lambda x, out: reciprocal(add(x, 1)))
+rsqrt = unary("rsqrt", lambda x, out: mul(pow(out, 3), -0.5))
+reciprocal = unary("reciprocal", lambda x, out: neg(square(out)))
+erf = unary("erf", lambda x, out: mul(exp(neg(square(x))), 2 / _SQRT_PI))
+erfc = unary("erfc", lambda x, out: mul(exp(neg(square(x))), -2 / _SQRT_PI))
+erfinv = unary("erfinv", lambda x, out: mul(exp(square(out)), _SQRT_PI / 2),
+               aten_ops=[aten.erfinv.default, prims.erf_inv.default])
+lgamma = unary("lgamma", lambda x, out: digamma(x))
+digamma = unary("digamma", lambda x, out: polygamma(1, x))
+i0 = unary("i0", lambda x, out: special_i1(x), aten_ops=[aten.i0.default, prims.bessel_i0.default])
+sinc = unary("sinc", lambda x, out: _sinc_derivative(x, out))
+frac = unary("frac", lambda x, out: full_like(x, 1))
+deg2rad = unary("deg2rad", lambda x, out: full_like(x, math.pi / 180))
+rad2deg = unary("rad2deg", lambda x, out: full_like(x, 180 / math.pi))
+positive = unary("positive", lambda x, out: full_like(x, 1))
+# zero derivative wherever there is one
+ceil = unary("ceil", None)
+floor = unary("floor", None)
+round = unary("round", None, aten_ops=[aten.round.default, prims.round.default])
+trunc = unary("trunc", None)
+sgn = unary("sgn", None)
+signbit = unary("signbit", None)
+isnan = unary("isnan", None)
+isinf = unary("isinf", None)
+isfinite = unary("isfinite", None)
+isposinf = unary("isposinf", None)
+isneginf = unary("isneginf", None)
+logical_not = unary("logical_not", None)
+bitwise_not = unary("bitwise_not", None)
+
+
+def _sinc_derivative(x, out):
+    """d/dx sin(pi x)/(pi x) = (cos(pi x) - sinc(x)) / x, and 0 at x = 0."""
+    nonzero = ne(x, 0)
+    safe_x = where(nonzero, x, 1.0)
+    return where(nonzero, div(sub(cos(mul(x, math.pi)), out), safe_x), 0.0)
+
+
+# --- special functions (torch.special) ------------------------------------------------------------
+def _special(name, derivative, aten_name, *, extra=()):
+    function = getattr(torch.special, name)
+    return unary(f"special_{name}", derivative, impl=function, functions=(function,),
+                 aten_ops=[getattr(aten, aten_name).default, *extra])
+
+
+def _at_zero(x, value_elsewhere, value_at_zero):
+    """A derivative with a removable singularity at 0: ``value_elsewhere(safe_x)`` away from
+    0 (computed with x replaced by 1 there, so that no nan appears), ``value_at_zero`` at 0."""
+    nonzero = ne(x, 0)
+    return where(nonzero, value_elsewhere(where(nonzero, x, 1.0)), value_at_zero)
+
+
+special_i0e = _special("i0e", lambda x, out: sub(special_i1e(x), mul(sign(x), out)),
+                       "special_i0e", extra=[prims.bessel_i0e.default])
+special_i1 = _special("i1", lambda x, out: _at_zero(x, lambda s: sub(i0(x), div(out, s)), 0.5),
+                      "special_i1", extra=[prims.bessel_i1.default])
+special_i1e = _special(
+    "i1e", lambda x, out: _at_zero(
+        x, lambda s: sub(special_i0e(x), mul(out, add(sign(x), reciprocal(s)))), 0.5),
+    "special_i1e", extra=[prims.bessel_i1e.default])
+special_ndtr = _special("ndtr", lambda x, out: div(exp(mul(square(x), -0.5)), _SQRT_2PI),
+                        "special_ndtr")
+special_ndtri = _special("ndtri", lambda x, out: mul(exp(mul(square(out), 0.5)), _SQRT_2PI),
+                         "special_ndtri", extra=[prims.ndtri.default])
+special_log_ndtr = _special(
+    "log_ndtr", lambda x, out: div(exp(sub(mul(square(x), -0.5), out)), _SQRT_2PI),
+    "special_log_ndtr")
+special_erfcx = _special("erfcx", lambda x, out: sub(mul(mul(x, out), 2), 2 / _SQRT_PI),
+                         "special_erfcx", extra=[prims.erfcx.default])
+special_entr = _special("entr", lambda x, out: neg(add(log(x), 1)), "special_entr")
+special_spherical_bessel_j0 = _special("spherical_bessel_j0", None,
+                                       "special_spherical_bessel_j0",
+                                       extra=[prims.spherical_bessel_j0.default])
+# torch has no derivative for these: under grad or jvp they are refused, as in torch.func
+for _name in ("bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_i0",
+              "modified_bessel_i1", "modified_bessel_k0", "modified_bessel_k1",
+              "scaled_modified_bessel_k0", "scaled_modified_bessel_k1", "airy_ai"):
+    _function = getattr(torch.special, _name)
+    _prim = P.primitive(f"special_{_name}", _function)
+    batching_rules[_prim] = elementwise_batch(_prim)
+    _op = (lambda prim: lambda x: bind(prim, x))(_prim)
+    torch_api.register(_function)(_op)
+    aten_api.register(getattr(aten, f"special_{_name}").default)(_op)
+
+# torch.special's aliases
+for _alias, _op in (("expm1", expm1), ("exp2", exp2), ("log1p", log1p), ("erf", erf),
+                    ("erfc", erfc), ("erfinv", erfinv), ("i0", i0), ("sinc", sinc),
+                    ("round", round), ("gammaln", lgamma), ("digamma", digamma),
+                    ("psi", digamma), ("expit", ops.sigmoid)):
+    torch_api.register(getattr(torch.special, _alias))(_op)
+
+
+# --- one input, with parameters -------------------------------------------------------------------
+def parametrized(name, impl, derivative):
+    """An elementwise primitive of one input with static parameters (``impl(x, **params)``),
+    and its op, which takes them as keywords. Its doors are registered by the caller, whose
+    signature matches torch's."""
+    prim = P.primitive(name, impl, differentiable=derivative is not None)
+    unary_rules(prim, derivative)
+    return lambda x, **params: bind(prim, x, **params)
+
+
+_polygamma = parametrized("polygamma", lambda x, *, n: torch.polygamma(n, x),
+                          lambda x, out, *, n: polygamma(n + 1, x))
+
+
+@torch_api.register(torch.polygamma, torch.special.polygamma)
+@aten_api.register(aten.polygamma.default)
+def polygamma(n, x):
+    return _polygamma(x, n=int(n))
+
+
+torch_api.register(torch.Tensor.polygamma)(lambda x, n: polygamma(n, x))
+
+
+def _mvlgamma_derivative(x, out, *, p):
+    halves = torch.arange(p, dtype=x.dtype, device=x.device) / 2
+    return ops.sum(digamma(sub(ops.unsqueeze(x, -1), halves)), -1)
+
+
+_mvlgamma = parametrized("mvlgamma", lambda x, *, p: torch.mvlgamma(x, p), _mvlgamma_derivative)
+
+
+@torch_api.register(torch.mvlgamma, torch.Tensor.mvlgamma, torch.special.multigammaln)
+@aten_api.register(aten.mvlgamma.default)
+def mvlgamma(x, p):
+    return _mvlgamma(x, p=int(p))
+
+
+def _logit_derivative(x, out, *, eps):
+    derivative = reciprocal(mul(x, sub(1, x)))
+    if eps is None:
+        return derivative
+    return where(logical_and(ge(x, eps), le(x, 1 - eps)), derivative, 0.0)
+
+
+_logit = parametrized("logit", lambda x, *, eps: torch.logit(x, eps), _logit_derivative)
+
+
+@torch_api.register(*torch_api.torch_functions("logit"), torch.special.logit)
+@aten_api.register(aten.logit.default)
+def logit(x, eps=None):
+    return _logit(x, eps=eps)
+
+
+_round_decimals = parametrized("round_decimals",
+                               lambda x, *, decimals: torch.round(x, decimals=decimals), None)
+aten_api.register(aten.round.decimals)(
+    lambda x, *, decimals=0: _round_decimals(x, decimals=decimals))
+
+
+def _nan_to_num_derivative(x, out, *, nan, posinf, neginf):
+    return where(isfinite(x), 1.0, 0.0)
+
+
+_nan_to_num = parametrized(
+    "nan_to_num", lambda x, *, nan, posinf, neginf: torch.nan_to_num(x, nan, posinf, neginf),
+    _nan_to_num_derivative)
+
+
+@torch_api.register(*torch_api.torch_functions("nan_to_num"))
+@aten_api.register(aten.nan_to_num.default)
+def nan_to_num(x, nan=0.0, posinf=None, neginf=None):
+    return _nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf)
+
+
+# clamp with number bounds (tensor bounds are a where of comparisons)
+def _clamp_derivative(x, out, *, min, max):
+    inside = None
+    if min is not None:
+        inside = ge(x, min)
+    if max is not None:
+        below = le(x, max)
+        inside = below if inside is None else logical_and(inside, below)
+    return where(inside, 1.0, 0.0)
+
+
+_clamp = parametrized("clamp", lambda x, *, min, max: torch.clamp(x, min, max), _clamp_derivative)
+
+
+@torch_api.register(*torch_api.torch_functions("clamp"), *torch_api.torch_functions("clip"))
+@aten_api.register(aten.clamp.default, aten.clamp.Tensor, aten.clip.default, aten.clip.Tensor)
+def clamp(x, min=None, max=None):
+    if min is None and max is None:
+        raise TransformUsageError("clamp(x): expected min or max (or both), got neither. Fix: "
+                                  "pass a bound.")
+    if (min is None or isinstance(min, (int, float))) and (
+            max is None or isinstance(max, (int, float))):
+        return _clamp(x, min=min, max=max)
+    out = x if min is None else where(lt(x, min), ops.convert(min, x.dtype), x)
+    return out if max is None else where(gt(out, max), ops.convert(max, x.dtype), out)
+
+
+@torch_api.register(*torch_api.torch_functions("clamp_min"))
+@aten_api.register(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(x, min):
+    return clamp(x, min, None)
+
+
+@torch_api.register(*torch_api.torch_functions("clamp_max"))
+@aten_api.register(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(x, max):
+    return clamp(x, None, max)
+
+
+torch_api.register_in_place(torch.Tensor.clamp_, torch.Tensor.clip_)(clamp)
+
+
+# --- activations (torch.nn.functional) ------------------------------------------------------------
+def _silu_derivative(x, out):
+    s = ops.sigmoid(x)
+    return mul(s, add(mul(x, sub(1, s)), 1))
+
+
+_silu = parametrized("silu", F.silu, _silu_derivative)
+
+
+@torch_api.register_activation(F.silu)
+@aten_api.register(aten.silu.default)
+def silu(x):
+    return _silu(x)
+
+
+def _mish_derivative(x, out):
+    tanh_softplus = ops.tanh(softplus(x))
+    return add(tanh_softplus, mul(mul(x, ops.sigmoid(x)), one_minus_square(tanh_softplus)))
+
+
+_mish = parametrized("mish", F.mish, _mish_derivative)
+
+
+@torch_api.register_activation(F.mish)
+@aten_api.register(aten.mish.default)
+def mish(x):
+    return _mish(x)
+
+
+def _gelu_derivative(x, out, *, approximate):
+    if approximate == "tanh":
+        k = math.sqrt(2 / math.pi)
+        t = ops.tanh(mul(add(x, mul(pow(x, 3), 0.044715)), k))
+        inner_derivative = mul(add(mul(square(x), 3 * 0.044715), 1), k)
+        return add(mul(add(t, 1), 0.5),
+                   mul(mul(mul(x, 0.5), one_minus_square(t)), inner_derivative))
+    cdf = mul(add(erf(mul(x, math.sqrt(0.5))), 1), 0.5)
+    pdf = div(exp(mul(square(x), -0.5)), _SQRT_2PI)
+    return add(cdf, mul(x, pdf))
+
+
+_gelu = parametrized("gelu", lambda x, *, approximate: F.gelu(x, approximate=approximate),
+                     _gelu_derivative)
+
+
+@torch_api.register(F.gelu)
+@aten_api.register(aten.gelu.default)
+def gelu(x, approximate="none"):
+    return _gelu(x, approximate=approximate)
+
+
+def _softplus_derivative(x, out, *, beta, threshold):
+    scaled = mul(x, beta)
+    return where(gt(scaled, threshold), 1.0, ops.sigmoid(scaled))
+
+
+_softplus = parametrized("softplus",
+                         lambda x, *, beta, threshold: F.softplus(x, beta, threshold),
+                         _softplus_derivative)
+
+
+@torch_api.register(F.softplus)
+@aten_api.register(aten.softplus.default)
+def softplus(x, beta=1.0, threshold=20.0):
+    return _softplus(x, beta=beta, threshold=threshold)
+
+
+def _elu_derivative(x, out, *, alpha, scale, input_scale):
+    return where(gt(x, 0), scale, mul(exp(mul(x, input_scale)), alpha * scale * input_scale))
+
+
+_elu = parametrized("elu", lambda x, *, alpha, scale, input_scale: aten.elu(x, alpha, scale,
+                                                                            input_scale),
+                    _elu_derivative)
+
+
+@aten_api.register(aten.elu.default)
+def elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    return _elu(x, alpha=alpha, scale=scale, input_scale=input_scale)
+
+
+torch_api.register_activation(F.elu)(lambda x, alpha=1.0: elu(x, alpha))
+torch_api.register_activation(F.selu)(
+    lambda x: elu(x, 1.6732632423543772848170429916717, 1.0507009873554804934193349852946))
+torch_api.register(torch.selu)(
+    lambda x: elu(x, 1.6732632423543772848170429916717, 1.0507009873554804934193349852946))
+torch_api.register_activation(F.celu)(lambda x, alpha=1.0: elu(x, alpha, 1.0, 1.0 / alpha))
+torch_api.register(torch.celu)(lambda x, alpha=1.0: elu(x, alpha, 1.0, 1.0 / alpha))
+
+_leaky_relu = parametrized(
+    "leaky_relu", lambda x, *, negative_slope: F.leaky_relu(x, negative_slope),
+    lambda x, out, *, negative_slope: where(gt(x, 0), 1.0, negative_slope))
+
+
+@torch_api.register_activation(F.leaky_relu)
+@aten_api.register(aten.leaky_relu.default)
+def leaky_relu(x, negative_slope=0.01):
+    return _leaky_relu(x, negative_slope=negative_slope)
+
+
+_hardtanh = parametrized(
+    "hardtanh", lambda x, *, min_val, max_val: F.hardtanh(x, min_val, max_val),
+    lambda x, out, *, min_val, max_val: where(logical_and(gt(x, min_val), lt(x, max_val)),
+                                              1.0, 0.0))
+
+
+@torch_api.register_activation(F.hardtanh)
+@aten_api.register(aten.hardtanh.default)
+def hardtanh(x, min_val=-1.0, max_val=1.0):
+    return _hardtanh(x, min_val=min_val, max_val=max_val)
+
+
+torch_api.register_activation(F.relu6)(lambda x: hardtanh(x, 0.0, 6.0))
+
+_hardsigmoid = parametrized(
+    "hardsigmoid", F.hardsigmoid,
+    lambda x, out: where(logical_and(gt(x, -3.0), lt(x, 3.0)), 1 / 6, 0.0))
+torch_api.register_activation(F.hardsigmoid)(_hardsigmoid)
+aten_api.register(aten.hardsigmoid.default)(_hardsigmoid)
+
+_hardswish = parametrized(
+    "hardswish", F.hardswish,
+    lambda x, out: where(lt(x, -3.0), 0.0, where(le(x, 3.0), add(div(x, 3.0), 0.5), 1.0)))
+torch_api.register_activation(F.hardswish)(_hardswish)
+aten_api.register(aten.hardswish.default)(_hardswish)
+
+
+def _outside(x, out, *, lambd):
+    return where(logical_or(lt(x, -lambd), gt(x, lambd)), 1.0, 0.0)
+
+
+_hardshrink = parametrized("hardshrink", lambda x, *, lambd: F.hardshrink(x, lambd), _outside)
+_softshrink = parametrized("softshrink", lambda x, *, lambd: F.softshrink(x, lambd), _outside)
+torch_api.register(F.hardshrink, *torch_api.torch_functions("hardshrink"))(
+    lambda x, lambd=0.5: _hardshrink(x, lambd=lambd))
+aten_api.register(aten.hardshrink.default)(lambda x, lambd=0.5: _hardshrink(x, lambd=lambd))
+torch_api.register(F.softshrink)(lambda x, lambd=0.5: _softshrink(x, lambd=lambd))
+aten_api.register(aten.softshrink.default)(lambda x, lambd=0.5: _softshrink(x, lambd=lambd))
+
+_threshold = parametrized(
+    "threshold", lambda x, *, threshold, value: F.threshold(x, threshold, value),
+    lambda x, out, *, threshold, value: where(gt(x, threshold), 1.0, 0.0))
+torch_api.register_activation(F.threshold)(
+    lambda x, threshold, value: _threshold(x, threshold=threshold, value=value))
+torch_api.register(torch.threshold)(
+    lambda x, threshold, value: _threshold(x, threshold=threshold, value=value))
+aten_api.register(aten.threshold.default)(
+    lambda x, threshold, value: _threshold(x, threshold=threshold, value=value))
+
+_log_sigmoid = parametrized("log_sigmoid", F.logsigmoid, lambda x, out: ops.sigmoid(neg(x)))
+torch_api.register(F.logsigmoid)(_log_sigmoid)
+# the second output is a buffer that only torch's own backward reads
+aten_api.register(aten.log_sigmoid_forward.default)(
+    lambda x: (_log_sigmoid(x), torch.empty(0, dtype=x.dtype, device=x.device)))
+
+
+# --- two inputs, with broadcasting ----------------------------------------------------------------
+def _as_tensor_like(v, like):
+    """A Python number as a 0-d tensor of ``like``'s dtype, for derivative formulas."""
+    if _is_tensor(v):
+        return v
+    return torch.tensor(v, dtype=like.dtype, device=like.device)
+
+
+def binary_rules(prim, dx, dy):
+    """Register the rules of an elementwise primitive of two broadcasting inputs, from the
+    derivatives of its output with respect to each (``None``: zero; ``NotImplemented``:
+    torch has no formula either, so asking for that derivative is refused)."""
+    def partial(formula, which, x, y, out):
+        if formula is NotImplemented:
+            raise MissingRuleError(
+                f"{prim.name}: the derivative with respect to its {which} argument is not "
+                "implemented (torch has no formula for it either). Fix: differentiate with "
+                "respect to the other argument only."
+            )
+        like = x if _is_tensor(x) else y
+        return formula(_as_tensor_like(x, like), _as_tensor_like(y, like), out)
+
+    def vjp(x, y, **params):
+        _refuse_complex(prim, x, y)
+        out = bind(prim, x, y, **params)
+
+        def backward(ct):
+            x_bar = y_bar = None
+            if dx is not None and wants_cotangent(0, x):
+                x_bar = sum_to_size(mul(ct, partial(dx, "first", x, y, out)), ops.shape_of(x))
+            if dy is not None and wants_cotangent(1, y):
+                y_bar = sum_to_size(mul(ct, partial(dy, "second", x, y, out)), ops.shape_of(y))
+            return x_bar, y_bar
+        return out, backward
+
+    def jvp(primals, tangents, **params):
+        (x, y), (x_dot, y_dot) = primals, tangents
+        _refuse_complex(prim, x, y)
+        out = bind(prim, x, y, **params)
+        out_dot = None
+        if dx is not None and x_dot is not None:
+            out_dot = mul(x_dot, partial(dx, "first", x, y, out))
+        if dy is not None and y_dot is not None:
+            out_dot = add_tangents(out_dot, mul(y_dot, partial(dy, "second", x, y, out)))
+        if out_dot is None:
+            out_dot = ops.zeros_like(out)
+        return out, broadcast_tangent(out_dot, ops.shape_of(out))
+
+    if dx is not None or dy is not None:
+        vjp_rules[prim] = vjp
+        jvp_rules[prim] = jvp
+    batching_rules[prim] = broadcasting_batch(prim)
+
+
+_OVERLOADS = ("default", "Tensor", "Scalar", "other", "Scalar_Other", "self", "Scalar_Tensor",
+              "Tensor_Scalar", "Tensor_Tensor", "self_scalar", "other_scalar")
+
+
+def binary(name, dx, dy, *, impl=None, functions=None, aten_ops=None):
+    """An elementwise primitive of two broadcasting inputs, with its doors. Returns its op."""
+    impl = impl or getattr(torch, name)
+    prim = P.primitive(name, impl, differentiable=dx is not None or dy is not None)
+    binary_rules(prim, dx, dy)
+
+    def op(x, y):
+        return bind(prim, x, y)
+    op.__name__ = name
+    torch_api.register(*(torch_api.torch_functions(name) if functions is None else functions))(op)
+    if aten_ops is None:
+        aten_ops = [getattr(packet, overload)
+                    for packet in (getattr(aten, name, None), getattr(prims, name, None))
+                    if packet is not None
+                    for overload in _OVERLOADS if overload in packet.overloads()]
+    aten_api.register(*aten_ops)(op)
+    return op
+
+
+def _shared_on_ties(x, y, picked):
+    """maximum and minimum: the chosen input gets the cotangent, ties share it evenly."""
+    return where(eq(x, y), 0.5, where(picked, 1.0, 0.0))
+
+
+def _picks_x(x, y, compare):
+    """fmax and fmin pick x where it wins or y is nan (ties are not shared, as in torch)."""
+    return logical_or(compare(x, y), isnan(y))
+
+
+def _igamma_dy(x, y):
+    """d/dy of the regularized lower incomplete gamma: y^(x-1) e^(-y) / Gamma(x)."""
+    return exp(sub(sub(mul(sub(x, 1), log(y)), y), lgamma(x)))
+
+
+# One line per primitive: name, d out / d x, d out / d y, as functions of (x, y, out).
+atan2 = binary("atan2", lambda x, y, out: div(y, add(square(x), square(y))),
+               lambda x, y, out: neg(div(x, add(square(x), square(y)))))
+hypot = binary("hypot", lambda x, y, out: div(x, out), lambda x, y, out: div(y, out))
+maximum = binary("maximum", lambda x, y, out: _shared_on_ties(x, y, gt(x, y)),
+                 lambda x, y, out: _shared_on_ties(x, y, lt(x, y)))
+minimum = binary("minimum", lambda x, y, out: _shared_on_ties(x, y, lt(x, y)),
+                 lambda x, y, out: _shared_on_ties(x, y, gt(x, y)))
+fmax = binary("fmax", lambda x, y, out: where(_picks_x(x, y, ge), 1.0, 0.0),
+              lambda x, y, out: where(_picks_x(x, y, ge), 0.0, 1.0))
+fmin = binary("fmin", lambda x, y, out: where(_picks_x(x, y, le), 1.0, 0.0),
+              lambda x, y, out: where(_picks_x(x, y, le), 0.0, 1.0))
+copysign = binary("copysign", lambda x, y, out: _at_zero(x, lambda s: div(out, s), 0.0), None)
+fmod = binary("fmod", lambda x, y, out: full_like(out, 1),
+              lambda x, y, out: neg(div_rounding(x, y, "trunc")))
+remainder = binary("remainder", lambda x, y, out: full_like(out, 1),
+                   lambda x, y, out: neg(div_rounding(x, y, "floor")))
+logaddexp = binary("logaddexp", lambda x, y, out: reciprocal(add(exp(sub(y, x)), 1)),
+                   lambda x, y, out: reciprocal(add(exp(sub(x, y)), 1)))
+logaddexp2 = binary("logaddexp2", lambda x, y, out: reciprocal(add(pow(2.0, sub(y, x)), 1)),
+                    lambda x, y, out: reciprocal(add(pow(2.0, sub(x, y)), 1)))
+xlogy = binary("xlogy", lambda x, y, out: xlogy(ops.convert(ne(x, 0), y.dtype), y),
+               lambda x, y, out: div(x, y),
+               functions=(*torch_api.torch_functions("xlogy"), torch.special.xlogy))
+special_xlog1py = binary(
+    "special_xlog1py", lambda x, y, out: special_xlog1py(ops.convert(ne(x, 0), y.dtype), y),
+    lambda x, y, out: div(x, add(y, 1)), impl=torch.special.xlog1py,
+    functions=(torch.special.xlog1py,))
+special_zeta = binary("special_zeta", NotImplemented,
+                      lambda x, y, out: neg(mul(x, special_zeta(add(x, 1), y))),
+                      impl=torch.special.zeta, functions=(torch.special.zeta,),
+                      aten_ops=[aten.special_zeta.default, aten.special_zeta.self_scalar,
+                                aten.special_zeta.other_scalar, prims.zeta.default])
+igamma = binary("igamma", NotImplemented, lambda x, y, out: _igamma_dy(x, y),
+                functions=(*torch_api.torch_functions("igamma"), torch.special.gammainc))
+igammac = binary("igammac", NotImplemented, lambda x, y, out: neg(_igamma_dy(x, y)),
+                 functions=(*torch_api.torch_functions("igammac"), torch.special.gammaincc))
+# zero derivative wherever there is one
+nextafter = binary("nextafter", None, None)
+heaviside = binary("heaviside", None, None)
+floor_divide = binary("floor_divide", None, None)
+logical_and = binary("logical_and", None, None)
+logical_or = binary("logical_or", None, None)
+logical_xor = binary("logical_xor", None, None)
+bitwise_and = binary("bitwise_and", None, None)
+bitwise_or = binary("bitwise_or", None, None)
+bitwise_xor = binary("bitwise_xor", None, None)
+bitwise_left_shift = binary("bitwise_left_shift", None, None)
+bitwise_right_shift = binary("bitwise_right_shift", None, None)
+gcd = binary("gcd", None, None)
+lcm = binary("lcm", None, None)
+
+# division that rounds: its derivative is zero (derivatives.yaml says so)
+div_rounding_p = P.primitive(
+    "div_rounding", lambda x, y, *, rounding_mode: torch.div(x, y, rounding_mode=rounding_mode),
+    differentiable=False)
+batching_rules[div_rounding_p] = broadcasting_batch(div_rounding_p)
+
+
+def div_rounding(x, y, rounding_mode):
+    return bind(div_rounding_p, x, y, rounding_mode=rounding_mode)
+
+
+@aten_api.register(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(x, y, *, rounding_mode=None):
+    return div(x, y) if rounding_mode is None else div_rounding(x, y, rounding_mode)
+
+
+# --- tanh and sigmoid: torch's fused backward kernels ---------------------------------------------
+# tanh_backward(ct, y) = ct * (1 - y^2) and sigmoid_backward(ct, y) = ct * y * (1 - y), each
+# rounded once. They are primitives of their own, differentiable in both arguments.
+tanh_backward_p = P.primitive("tanh_backward", aten.tanh_backward)
+sigmoid_backward_p = P.primitive("sigmoid_backward", aten.sigmoid_backward)
+binary_rules(tanh_backward_p, lambda ct, y, out: one_minus_square(y),
+             lambda ct, y, out: mul(mul(ct, y), -2))
+binary_rules(sigmoid_backward_p, lambda ct, y, out: mul(y, sub(1, y)),
+             lambda ct, y, out: mul(ct, sub(1, mul(y, 2))))
+aten_api.register(aten.tanh_backward.default)(lambda ct, y: bind(tanh_backward_p, ct, y))
+aten_api.register(aten.sigmoid_backward.default)(lambda ct, y: bind(sigmoid_backward_p, ct, y))
+
+
+def tanh_vjp(x):
+    out = ops.tanh(x)
+    return out, lambda ct: (bind(tanh_backward_p, ct, out),)
+
+
+def tanh_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    out = ops.tanh(x)
+    return out, bind(tanh_backward_p, x_dot, out)
+
+
+def sigmoid_vjp(x):
+    out = ops.sigmoid(x)
+    return out, lambda ct: (bind(sigmoid_backward_p, ct, out),)
+
+
+def sigmoid_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    out = ops.sigmoid(x)
+    return out, bind(sigmoid_backward_p, x_dot, out)
+
+
+vjp_rules[P.tanh_p] = tanh_vjp
+jvp_rules[P.tanh_p] = tanh_jvp
+vjp_rules[P.sigmoid_p] = sigmoid_vjp
+jvp_rules[P.sigmoid_p] = sigmoid_jvp
