@@ -7,7 +7,8 @@ tensor (with torch_api and aten_api) for how user code reaches the engine.
 from .autograd import Autograd, AutogradValue, BackwardStep, Tape, TapeEntry, capture_tapes, vjp_rules
 from .batching import Batched, BatchedValue, batching_rules, capture_fallbacks
 from .custom import custom_vjp
-from . import elementwise  # noqa: F401  (registers its primitives, rules and doors)
+# families of primitives: importing each registers its primitives, rules and doors
+from . import elementwise, indexing, nn, structural  # noqa: F401
 from .dispatch import Dispatcher, Logger, LoggedValue, Torch
 from .tensor import FuncTensor, bind
 from .values import Value

@@ -281,6 +281,15 @@ def bind(prim, *args, **params):
     return values.bind(prim, *args, **params)
 
 
+def call_with_tensors(function, *args, **kwargs):
+    """Run a function written for tensors (a torch decomposition, a composite of torch
+    calls) on engine values: the values are shown to it as FuncTensors, and its results taken
+    back as values. A rule can use it to borrow torch's own decomposition of an op; the ops
+    inside go through the doors, so every level interprets them."""
+    with engine_code():
+        return unwrap_tree(function(*as_tensors(args), **as_tensors(kwargs)))
+
+
 # --- views and writes ----------------------------------------------------------------------------
 class _View:
     """How a FuncTensor was made from its base: ``func(base, *args, **kwargs)[output]``."""
