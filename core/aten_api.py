@@ -18,6 +18,7 @@ primitives, keeps one set of rules: the back door adds breadth, not a second eng
 """
 import torch
 import torch._decomp
+import torch._refs  # noqa: F401  (registers torch.ops.prims, which the refs decompose to)
 
 from . import ops
 
@@ -193,3 +194,88 @@ register(aten.ones_like.default)(
     lambda x, *, dtype=None, **ignored: ops.full_like(x, 1, dtype=dtype))
 register(aten.empty_like.default)(
     lambda x, *, dtype=None, **ignored: ops.full_like(x, 0, dtype=dtype))
+
+
+@register(aten.copy.default)
+def _copy(x, source, non_blocking=False):
+    """``x.copy_(source)`` computed out of place: source with x's shape, dtype and device."""
+    out = ops.to(source, dtype=x.dtype, device=x.device)
+    if ops.shape_of(out) != ops.shape_of(x):
+        out = ops.expand(out, *ops.shape_of(x))
+    return out
+
+
+register(aten.fill.Scalar, aten.fill.Tensor)(lambda x, value: _copy(x, value)
+                                             if hasattr(value, "shape") else
+                                             ops.full_like(x, value))
+register(aten.zero.default)(lambda x: ops.zeros_like(x))
+register(aten.lift_fresh_copy.default)(ops.clone)
+register(aten.contiguous.default)(lambda x, memory_format=None: x)
+
+
+def _new_tensor(creator):
+    """``x.new_zeros(size)`` and its kin: a plain tensor, x's dtype and device by default."""
+    def new(x, size, *fill, dtype=None, layout=None, device=None, pin_memory=None):
+        return creator(size, *fill, dtype=dtype or x.dtype, device=device or x.device)
+    return new
+
+
+register(aten.new_zeros.default)(_new_tensor(torch.zeros))
+register(aten.new_ones.default)(_new_tensor(torch.ones))
+register(aten.new_empty.default)(_new_tensor(torch.zeros))
+register(aten.new_full.default)(_new_tensor(torch.full))
+
+
+# --- torch.ops.prims: the primitives of torch's own reference decompositions --------------------
+# torch._refs writes many aten ops in terms of these; mapping them here lets those
+# decompositions run on the engine. Their arguments are already normalized.
+prims = torch.ops.prims
+
+register(prims.convert_element_type.default)(ops.convert)
+register(prims.reshape.default)(lambda x, shape: ops.reshape(x, *shape))
+register(prims.squeeze.default)(lambda x, dimensions: ops.squeeze(x, tuple(dimensions)))
+register(prims.transpose.default)(lambda x, permutation: ops.permute(x, *permutation))
+register(prims.view_of.default)(lambda x: x)
+register(prims.where.default)(ops.where)
+register(prims.clone.default)(lambda x, *, memory_format=None: ops.clone(x))
+register(prims.cat.default)(ops.cat)
+register(prims.full_like.default)(
+    lambda x, fill_value, *, dtype=None, device=None, requires_grad=False:
+    ops.full_like(x, fill_value, dtype=dtype))
+register(prims.fill.default)(lambda x, value: ops.full_like(x, value))
+register(prims.item.default)(lambda x: concrete(x).item())
+register(prims.device_put.default)(lambda x, device, non_blocking=False: ops.to(x, device=device))
+
+
+@register(prims.broadcast_in_dim.default)
+def _broadcast_in_dim(x, shape, broadcast_dimensions):
+    """x's dims placed at ``broadcast_dimensions`` of ``shape``, then broadcast to it."""
+    placed = [1] * len(shape)
+    for source, target in enumerate(broadcast_dimensions):
+        placed[target] = ops.shape_of(x)[source]
+    return ops.expand(ops.reshape(x, *placed), *shape)
+
+
+@register(prims.collapse_view.default, prims.collapse.default)
+def _collapse(x, start, end):
+    """Dims ``start`` up to (not including) ``end`` merged into one."""
+    shape = ops.shape_of(x)
+    merged = 1
+    for size in shape[start:end]:
+        merged *= size
+    return ops.reshape(x, *shape[:start], merged, *shape[end:])
+
+
+@register(prims.split_dim.default)
+def _split_dim(x, dim, outer_length):
+    shape = ops.shape_of(x)
+    return ops.reshape(x, *shape[:dim], outer_length, shape[dim] // outer_length, *shape[dim + 1:])
+
+
+def functional_write(op, x, source):
+    """The new value of ``x`` for an in-place op with no out-of-place overload in aten (the
+    prims' ``copy_to``): the same as ``x.copy_(source)``."""
+    return _copy(x, source)
+
+
+IN_PLACE_ONLY = {prims.copy_to.default: functional_write}

@@ -710,7 +710,17 @@ def clone_vjp(x):
 vjp_rules[P.clone_p] = clone_vjp
 
 
+def to_device_vjp(x, *, device):
+    x_device = x.device
+    return (bind(P.to_device_p, x, device=device),
+            lambda ct: (bind(P.to_device_p, ct, device=x_device),))
+vjp_rules[P.to_device_p] = to_device_vjp
+
+
 def convert_vjp(x, *, dtype):
     x_dtype = x.dtype
-    return bind(P.convert_p, x, dtype=dtype), lambda ct: (ops.convert(ct, x_dtype),)
+    out = bind(P.convert_p, x, dtype=dtype)
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return out, lambda ct: (None,)  # x.long(), x.bool(): no derivative flows back
+    return out, lambda ct: (ops.convert(ct, x_dtype),)
 vjp_rules[P.convert_p] = convert_vjp

@@ -150,11 +150,16 @@ class Batched(Dispatcher):
         def example(i):
             def select(v):
                 if isinstance(v, BatchedValue) and v.dispatcher is self:
-                    return ops.getitem(v.payload, (slice(None),) * v.bdim + (i,))
+                    v = ops.getitem(v.payload, (slice(None),) * v.bdim + (i,))
+                    # an op that reads the layout (as_strided) must see the example's own
+                    # storage, not an offset into the batch's
+                    return v.clone().resolve_conj() if isinstance(v, torch.Tensor) else v
                 return v
             return map_tensors(select, (values, kwargs))
 
-        outputs = [run(*example(i)) for i in range(self.length)]
+        # a lazily conjugated plain result (aten._conj) is made concrete before stacking
+        outputs = [map_tensors(lambda t: t.resolve_conj() if isinstance(t, torch.Tensor) else t,
+                               run(*example(i))) for i in range(self.length)]
         return self._stack_examples(name, outputs)
 
     def _stack_examples(self, name, outputs):
@@ -241,7 +246,8 @@ def elementwise_batch(prim):
 
 
 for _prim in (P.neg_p, P.exp_p, P.log_p, P.sin_p, P.cos_p, P.tanh_p, P.sigmoid_p, P.relu_p,
-              P.abs_p, P.sqrt_p, P.sign_p, P.full_like_p, P.convert_p, P.detach_p, P.clone_p):
+              P.abs_p, P.sqrt_p, P.sign_p, P.full_like_p, P.convert_p, P.detach_p, P.clone_p,
+              P.to_device_p):
     batching_rules[_prim] = elementwise_batch(_prim)
 
 
@@ -293,8 +299,8 @@ def broadcasting_batch(prim):
     return rule
 
 
-for _prim in (P.add_p, P.sub_p, P.mul_p, P.div_p, P.pow_p, P.eq_p, P.ne_p, P.lt_p, P.le_p,
-              P.gt_p, P.ge_p, P.where_p):
+for _prim in (P.add_p, P.sub_p, P.mul_p, P.div_p, P.div_rounding_p, P.pow_p, P.eq_p, P.ne_p,
+              P.lt_p, P.le_p, P.gt_p, P.ge_p, P.where_p):
     batching_rules[_prim] = broadcasting_batch(_prim)
 
 

@@ -142,7 +142,7 @@ positive = unary("positive", lambda x, out: full_like(x, 1))
 # zero derivative wherever there is one
 ceil = unary("ceil", None)
 floor = unary("floor", None)
-round = unary("round", None, aten_ops=[aten.round.default, prims.round.default])
+round = unary("round", None, aten_ops=[aten.round.default, prims.round.default], functions=())
 trunc = unary("trunc", None)
 sgn = unary("sgn", None)
 signbit = unary("signbit", None)
@@ -211,7 +211,7 @@ for _name in ("bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bess
 # torch.special's aliases
 for _alias, _op in (("expm1", expm1), ("exp2", exp2), ("log1p", log1p), ("erf", erf),
                     ("erfc", erfc), ("erfinv", erfinv), ("i0", i0), ("sinc", sinc),
-                    ("round", round), ("gammaln", lgamma), ("digamma", digamma),
+                    ("gammaln", lgamma), ("digamma", digamma),
                     ("psi", digamma), ("expit", ops.sigmoid)):
     torch_api.register(getattr(torch.special, _alias))(_op)
 
@@ -271,8 +271,12 @@ def logit(x, eps=None):
 
 _round_decimals = parametrized("round_decimals",
                                lambda x, *, decimals: torch.round(x, decimals=decimals), None)
-aten_api.register(aten.round.decimals)(
-    lambda x, *, decimals=0: _round_decimals(x, decimals=decimals))
+
+
+@torch_api.register(*torch_api.torch_functions("round"), torch.special.round)
+@aten_api.register(aten.round.decimals)
+def round_(x, *, decimals=0):
+    return round(x) if decimals == 0 else _round_decimals(x, decimals=decimals)
 
 
 def _nan_to_num_derivative(x, out, *, nan, posinf, neginf):
@@ -618,7 +622,8 @@ igamma = binary("igamma", NotImplemented, lambda x, y, out: _igamma_dy(x, y),
 igammac = binary("igammac", NotImplemented, lambda x, y, out: neg(_igamma_dy(x, y)),
                  functions=(*torch_api.torch_functions("igammac"), torch.special.gammaincc))
 # zero derivative wherever there is one
-nextafter = binary("nextafter", None, None)
+# nextafter(x, y) moves x by one ulp: torch differentiates it as x itself
+nextafter = binary("nextafter", lambda x, y, out: full_like(out, 1), None)
 heaviside = binary("heaviside", None, None)
 floor_divide = binary("floor_divide", None, None)
 logical_and = binary("logical_and", None, None)
@@ -632,20 +637,8 @@ bitwise_right_shift = binary("bitwise_right_shift", None, None)
 gcd = binary("gcd", None, None)
 lcm = binary("lcm", None, None)
 
-# division that rounds: its derivative is zero (derivatives.yaml says so)
-div_rounding_p = P.primitive(
-    "div_rounding", lambda x, y, *, rounding_mode: torch.div(x, y, rounding_mode=rounding_mode),
-    differentiable=False)
-batching_rules[div_rounding_p] = broadcasting_batch(div_rounding_p)
-
-
 def div_rounding(x, y, rounding_mode):
-    return bind(div_rounding_p, x, y, rounding_mode=rounding_mode)
-
-
-@aten_api.register(aten.div.Tensor_mode, aten.div.Scalar_mode)
-def _div_mode(x, y, *, rounding_mode=None):
-    return div(x, y) if rounding_mode is None else div_rounding(x, y, rounding_mode)
+    return ops.div(x, y, rounding_mode=rounding_mode)
 
 
 # --- tanh and sigmoid: torch's fused backward kernels ---------------------------------------------

@@ -118,9 +118,18 @@ def linear_jvp(prim):
 
 for _prim in (P.neg_p, P.sum_p, P.mean_p, P.permute_p, P.reshape_p, P.unsqueeze_p,
               P.squeeze_p, P.expand_p, P.getitem_p, P.scatter_index_p, P.diagonal_p,
-              P.diagonal_scatter_p, P.diag_embed_p, P.gather_p, P.scatter_add_p, P.convert_p,
-              P.clone_p):
+              P.diagonal_scatter_p, P.diag_embed_p, P.gather_p, P.scatter_add_p,
+              P.clone_p, P.to_device_p):
     jvp_rules[_prim] = linear_jvp(_prim)
+
+
+def convert_jvp(primals, tangents, *, dtype):
+    (x,), (x_dot,) = primals, tangents
+    out = bind(P.convert_p, x, dtype=dtype)
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return out, None  # x.long(), x.bool(): the result carries no tangent
+    return out, bind(P.convert_p, x_dot, dtype=dtype)
+jvp_rules[P.convert_p] = convert_jvp
 
 
 # --- elementwise -------------------------------------------------------------------------------

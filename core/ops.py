@@ -101,12 +101,14 @@ def mul(x, y): return bind(P.mul_p, x, y)
 
 
 def div(x, y, *, rounding_mode=None):
-    if rounding_mode is not None:
+    if rounding_mode is None:
+        return bind(P.div_p, x, y)
+    if rounding_mode not in ("floor", "trunc"):
         raise TransformUsageError(
-            f"div(x, y, rounding_mode={rounding_mode!r}): only true division is differentiable "
-            "here. Fix: drop rounding_mode."
+            f"div(x, y, rounding_mode={rounding_mode!r}): expected rounding_mode None, "
+            "'floor' or 'trunc'."
         )
-    return bind(P.div_p, x, y)
+    return bind(P.div_rounding_p, x, y, rounding_mode=rounding_mode)
 
 
 def pow(x, y): return bind(P.pow_p, x, y)
@@ -317,6 +319,10 @@ def cat(tensors, dim=0):
     tensors = list(tensors)
     if not tensors:
         raise TransformUsageError("cat([], dim): expected at least one tensor, got none.")
+    # torch's legacy rule: a 1-D tensor of size 0 is skipped among tensors of another rank
+    kept = [t for t in tensors if shape_of(t) != (0,)]
+    if kept and len(kept) < len(tensors) and any(_rank(t) != 1 for t in kept):
+        tensors = kept
     rank = _rank(tensors[0])
     dim = normalize_dim(dim, rank, op="cat")
     if len(tensors) == 1:
@@ -463,12 +469,21 @@ def convert(x, dtype):
     return bind(P.convert_p, x, dtype=dtype)
 
 
-def to(x, *args, **kwargs):
-    dtype = kwargs.get("dtype")
+def to(x, *args, dtype=None, device=None, **ignored):
+    """``x.to(dtype)``, ``x.to(device)``, ``x.to(device, dtype)``, ``x.to(other)``."""
     for arg in args:
         if isinstance(arg, torch.dtype):
             dtype = arg
-    return x if dtype is None else convert(x, dtype)
+        elif isinstance(arg, (str, torch.device)) or (isinstance(arg, int) and
+                                                       not isinstance(arg, bool)):
+            device = arg
+        elif isinstance(arg, (torch.Tensor, Value)):
+            dtype, device = arg.dtype, arg.device
+    if dtype is not None:
+        x = convert(x, dtype)
+    if device is not None and torch.device(device) != x.device:
+        x = bind(P.to_device_p, x, device=torch.device(device))
+    return x
 
 
 def clone(x, **ignored):

@@ -86,6 +86,10 @@ add_p = primitive("add", torch.add)
 sub_p = primitive("sub", torch.sub)
 mul_p = primitive("mul", torch.mul)
 div_p = primitive("div", torch.div)
+# division that rounds (floor, trunc): its derivative is zero, as derivatives.yaml says
+div_rounding_p = primitive(
+    "div_rounding", lambda x, y, *, rounding_mode: torch.div(x, y, rounding_mode=rounding_mode),
+    differentiable=False)
 pow_p = primitive("pow", torch.pow)
 eq_p = primitive("eq", torch.eq, differentiable=False)
 ne_p = primitive("ne", torch.ne, differentiable=False)
@@ -154,6 +158,7 @@ full_like_p = primitive(
 )
 clone_p = primitive("clone", torch.clone)
 convert_p = primitive("convert", lambda x, *, dtype: x.to(dtype))
+to_device_p = primitive("to_device", lambda x, *, device: x.to(device))
 # Identity whose derivative is zero: `x.detach()` inside a transform (JAX's stop_gradient).
 detach_p = primitive("detach", lambda x: x.detach(), differentiable=False)
 

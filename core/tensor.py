@@ -239,7 +239,7 @@ def unwrap_all(args):
         if type(a) is FuncTensor:
             out.append(a.value if a._view is None else value_of(a))
         elif isinstance(a, (list, tuple)):
-            out.append(type(a)(unwrap(item) for item in a))
+            out.append(_same_sequence(a, [unwrap(item) for item in a]))
         else:
             out.append(a)
     return out
@@ -260,8 +260,19 @@ def _wrap_result(out):
     if isinstance(out, (Value, torch.Tensor)):
         return out if type(out) is FuncTensor else wrap(out)
     if isinstance(out, (list, tuple)):
-        return type(out)(_wrap_result(o) for o in out)
+        return _same_sequence(out, [_wrap_result(o) for o in out])
     return out
+
+
+def _same_sequence(original, items):
+    """A list or tuple of ``original``'s type (a named tuple, or torch's return types such
+    as ``torch.return_types.max``) holding ``items``."""
+    kind = type(original)
+    if kind is list or kind is tuple:
+        return kind(items)
+    if hasattr(kind, "_fields"):
+        return kind(*items)
+    return kind(items)  # torch.return_types.* are built from one sequence
 
 
 def bind(prim, *args, **params):
@@ -500,8 +511,14 @@ def _call_aten(func, args, kwargs):
         else:
             decomposition = aten_api.decomposition(func)
             if decomposition is not None:
-                return decomposition(*args, **kwargs)
-            result = _wrap_result(top.unknown_op(str(func), _runner(func), values, kw))
+                # The mode makes the tensors a decomposition creates FuncTensors, so that it
+                # may write into them; and its outputs, which came out of other doors, are
+                # shown as fresh tensors, as torch requires of __torch_dispatch__.
+                with user_code():
+                    out = decomposition(*args, **kwargs)
+                result = _wrap_result(unwrap_tree(out))
+            else:
+                result = _wrap_result(top.unknown_op(str(func), _runner(func), values, kw))
     if aten_api.is_view(func) and args and type(args[0]) is FuncTensor:
         _record_views(result, args[0], func, args[1:], kwargs)
     return result
@@ -527,6 +544,9 @@ def _functionalize(func, args, kwargs):
             f"{call}: writing into an out= tensor inside a transform is not supported. Fix: "
             "use the returned value."
         )
+    write = aten_api.IN_PLACE_ONLY.get(func)
+    if write is not None:
+        return _write(args[0], write(func, *unwrap_all(args)), call)
     functional = aten_api.functional_variant(func)
     if functional is None:
         raise UnsupportedOperationError(

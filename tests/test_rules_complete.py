@@ -44,6 +44,8 @@ SAMPLES = {
     "convert": ((x23,), {"dtype": torch.float32}),
     "detach": ((x23,), {}),
     "clone": ((x23,), {}),
+    "to_device": ((x23,), {"device": torch.device("cpu")}),
+    "div_rounding": ((x23, torch.ones(3, dtype=torch.float64)), {"rounding_mode": "floor"}),
 }
 
 

@@ -1,0 +1,183 @@
+"""Values are real tensors: what user code sees inside a transform, what transforms return,
+and the silent wrong answers and crashes of the old wrappers (each a regression test)."""
+import pytest
+import torch
+import torch.func as tf
+import torch.nn.functional as F
+
+import minifunctorch.core as mf
+from minifunctorch.core import Autograd, Batched, Forward, Logger, Torch, label
+
+x3 = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+batch = torch.arange(12.0, dtype=torch.float64).reshape(4, 3) / 7
+
+
+def _seen(transform):
+    seen = []
+
+    def f(x):
+        seen.append((isinstance(x, torch.Tensor), x.layout, x.device, x.cpu() is not None))
+        return (x * 2).sum()
+    transform(f)
+    return seen
+
+
+@pytest.mark.parametrize("name, transform", [
+    ("grad", lambda f: mf.grad(f)(x3)),
+    ("vmap", lambda f: mf.vmap(f)(batch)),
+    ("jvp", lambda f: mf.jvp(f, (x3,), (x3,))),
+    ("vmap(grad)", lambda f: mf.vmap(mf.grad(f))(batch)),
+])
+def test_values_inside_transforms_are_tensors(name, transform):
+    for is_tensor, layout, device, cpu in _seen(transform):
+        assert is_tensor and layout == torch.strided and device == x3.device and cpu
+
+
+def test_transforms_return_plain_tensors():
+    f = lambda x: (x.sin() * x).sum()  # noqa: E731
+    results = [mf.grad(f)(x3), mf.vmap(torch.sin)(batch), *mf.jvp(f, (x3,), (x3,)),
+               mf.jacrev(torch.sin)(x3), mf.jacfwd(torch.sin)(x3), mf.hessian(f)(x3),
+               *mf.vjp(torch.sin, x3)[1](x3), mf.vmap(mf.grad(f))(batch)]
+    for result in results:
+        assert type(result) is torch.Tensor, type(result)
+
+
+def test_nn_module_code_accepts_the_values():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.GELU(),
+                                torch.nn.Linear(4, 1)).double()
+    params = dict(model.named_parameters())
+
+    def loss(p, x):
+        return mf.functional_call(model, p, (x,)).sum()
+
+    def reference(p, x):
+        return torch.func.functional_call(model, p, (x,)).sum()
+    torch.testing.assert_close(mf.vmap(mf.grad(loss), in_dims=(None, 0))(params, batch),
+                               tf.vmap(tf.grad(reference), in_dims=(None, 0))(params, batch))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Autograd(Torch(), create_graph=True),
+    lambda: Logger(Torch()),
+    lambda: Forward(Torch()),
+    lambda: Batched(Torch(), length=3),
+])
+def test_explicit_dispatcher_values_are_accepted_by_torch(make, capsys):
+    a = label(torch.tensor([[1.0, 2.0, 3.0]] * 3, dtype=torch.float64), "a")
+    d = make()
+    out = d.mul(a, 2.0)
+    assert isinstance(out, torch.Tensor)
+    if isinstance(d, Autograd):
+        (g,) = d.grad(d.sum(d.mul(a, a)), [a])
+        assert torch.allclose(g, 2 * a) and torch.as_tensor(g) is g
+        assert "FuncTensor" in repr(g)
+    if not isinstance(d, Batched):
+        assert torch.allclose(out, a * 2)
+    assert torch.as_tensor(out) is out
+    assert isinstance(repr(out), str)
+
+
+# --- the silent wrong answers and crashes of the issue ------------------------------------------
+def test_a_batched_float32_with_a_float64_0d_tensor_promotes_per_example():
+    x = torch.ones(4, dtype=torch.float32)
+    y = torch.tensor(2.0, dtype=torch.float64)
+    ours, theirs = mf.vmap(lambda v: v * y)(x), tf.vmap(lambda v: v * y)(x)
+    assert ours.dtype == theirs.dtype == torch.float64
+    torch.testing.assert_close(ours, theirs)
+    w = torch.ones(3, dtype=torch.float32)  # a dimensioned operand keeps float32
+    f = lambda v: v + w  # noqa: E731
+    assert mf.vmap(f)(batch[:, 0]).dtype == tf.vmap(f)(batch[:, 0]).dtype
+
+
+@pytest.mark.parametrize("like", [torch.ones_like, torch.zeros_like,
+                                  lambda v, dtype: torch.full_like(v, 3, dtype=dtype)])
+def test_like_functions_keep_their_dtype_under_vmap(like):
+    f = lambda v: like(v, dtype=torch.int64)  # noqa: E731
+    ours, theirs = mf.vmap(f)(batch), tf.vmap(f)(batch)
+    assert ours.dtype == theirs.dtype == torch.int64
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_clone_under_vmap_copies_and_squeeze_is_a_view():
+    x = torch.randn(4, 1, 3)
+    cloned = mf.vmap(torch.clone)(x)
+    assert cloned.data_ptr() != x.data_ptr() and cloned.is_contiguous()
+    torch.testing.assert_close(cloned, x)
+    for in_dims, source in ((0, x), (2, x.movedim(0, 2).contiguous())):
+        squeezed = mf.vmap(lambda v: v.squeeze(0), in_dims=in_dims)(source)
+        torch.testing.assert_close(squeezed, tf.vmap(lambda v: v.squeeze(0), in_dims=in_dims)(source))
+        assert squeezed._base is source, "a view op under vmap returns a view of its input"
+
+
+def test_cat_of_batched_and_unbatched_operands():
+    unbatched = torch.randn(2, 3, dtype=torch.float64)
+    for f in (lambda v: torch.cat([v.unsqueeze(0), unbatched]),
+              lambda v: torch.cat([v, torch.empty(0, dtype=torch.float64)]),
+              lambda v: torch.stack([v, unbatched[0]])):
+        torch.testing.assert_close(mf.vmap(f)(batch), tf.vmap(f)(batch))
+
+
+def test_gather_under_vmap():
+    index = torch.tensor([[0, 2], [1, 1], [2, 0], [0, 0]])
+    for in_dims, f in (((0, 0), lambda v, i: torch.gather(v, 0, i)),
+                       ((0, None), lambda v, i: torch.gather(v, 0, i[0])),
+                       ((None, 0), lambda v, i: torch.gather(v, 0, i))):
+        v = batch[0] if in_dims[0] is None else batch
+        torch.testing.assert_close(mf.vmap(f, in_dims=in_dims)(v, index),
+                                   tf.vmap(f, in_dims=in_dims)(v, index))
+
+
+def test_single_out_dims_tuple_for_a_single_output():
+    ours = mf.vmap(torch.sin, out_dims=(1,))(batch)
+    torch.testing.assert_close(ours, tf.vmap(torch.sin, out_dims=(1,))(batch))
+
+
+def test_tanh_backward_is_bit_exact_with_torch():
+    x = torch.randn(64, dtype=torch.float32)
+    f = lambda v: torch.tanh(v).sum()  # noqa: E731
+    assert torch.equal(mf.grad(f)(x), tf.grad(f)(x))
+    g = lambda v: torch.sigmoid(v).sum()  # noqa: E731
+    assert torch.equal(mf.grad(g)(x), tf.grad(g)(x))
+
+
+def test_in_place_on_tensors_created_inside_the_function():
+    def f(x):
+        buf = torch.zeros(3, dtype=x.dtype)
+        buf[0] = x.sin().sum()
+        buf[1:] = x[:2] * 2
+        h = F.relu(x - 1, inplace=True)
+        return (buf * h).sum()
+    torch.testing.assert_close(mf.grad(f)(x3), tf.grad(f)(x3))
+    # torch.func's vmap refuses a batched value written into an unbatched tensor; here the
+    # tensor becomes batched, and the result is the per-example gradient
+    torch.testing.assert_close(mf.vmap(mf.grad(f))(batch),
+                               torch.stack([tf.grad(f)(row) for row in batch]))
+
+
+def test_relu_inplace_module():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(inplace=True)).double()
+    params = dict(model.named_parameters())
+    f = lambda p, x: mf.functional_call(model, p, (x,)).sum()  # noqa: E731
+    g = lambda p, x: torch.func.functional_call(model, p, (x,)).sum()  # noqa: E731
+    torch.testing.assert_close(mf.grad(f)(params, x3), tf.grad(g)(params, x3))
+
+
+def test_writes_through_views_reach_their_base():
+    def f(x):
+        y = x * 1
+        head = y[:2]
+        head.mul_(3)  # a write through a view
+        tail = y[1:]  # a view read after its base was written
+        y.add_(1)
+        return (tail * x[1:]).sum() + y.sum()
+    torch.testing.assert_close(mf.grad(f)(x3), tf.grad(f)(x3))
+    torch.testing.assert_close(mf.vmap(mf.grad(f))(batch), tf.vmap(tf.grad(f))(batch))
+
+
+def test_write_through_an_expanded_view_is_refused():
+    def f(x):
+        y = torch.zeros(1, dtype=x.dtype).expand(3)
+        y.add_(x)
+        return y.sum()
+    with pytest.raises(mf.TransformError, match=r"several elements share one place"):
+        mf.grad(f)(x3)
