@@ -25,7 +25,8 @@ from .errors import (
 )
 from .forward import Forward, ForwardValue, jvp_rules
 from .names import label, reset_names
-from .program import Equation, Literal, Program, Var
+from .ir import Equation, Literal, Var
+from .program import Program
 from .tracing import TracerValue, Tracing, trace
 from .source_to_source import split_vjp, vjp_program
 from .passes import simplify

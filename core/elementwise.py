@@ -197,12 +197,26 @@ special_entr = _special("entr", lambda x, out: neg(add(log(x), 1)), "special_ent
 special_spherical_bessel_j0 = _special("spherical_bessel_j0", None,
                                        "special_spherical_bessel_j0",
                                        extra=[prims.spherical_bessel_j0.default])
+def refused_derivative_rules(prim, function_name):
+    """The vjp and jvp rules of a function torch has no derivative for: a clear refusal (as
+    torch.func's), rather than a zero that would be silently wrong."""
+    def refuse(*args, **params):
+        raise MissingRuleError(
+            f"{function_name}: torch defines no derivative for it, so neither grad nor jvp can "
+            "differentiate it (torch.func refuses it too). Fix: keep it out of the "
+            "differentiated computation, e.g. apply it to x.detach()."
+        )
+    vjp_rules[prim] = refuse
+    jvp_rules[prim] = refuse
+
+
 # torch has no derivative for these: under grad or jvp they are refused, as in torch.func
 for _name in ("bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_i0",
               "modified_bessel_i1", "modified_bessel_k0", "modified_bessel_k1",
               "scaled_modified_bessel_k0", "scaled_modified_bessel_k1", "airy_ai"):
     _function = getattr(torch.special, _name)
     _prim = P.primitive(f"special_{_name}", _function)
+    refused_derivative_rules(_prim, f"torch.special.{_name}")
     batching_rules[_prim] = elementwise_batch(_prim)
     _op = (lambda prim: lambda x: bind(prim, x))(_prim)
     torch_api.register(_function)(_op)

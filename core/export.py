@@ -12,7 +12,7 @@ import torch.fx
 from . import primitives as P
 from .values import Value
 from .errors import TransformUsageError
-from .program import INFIX_FUNCTIONS, Literal, export_target
+from .ir import INFIX_FUNCTIONS, Literal, export_target
 
 
 def program_to_fx(program) -> torch.fx.GraphModule:

@@ -9,7 +9,7 @@
 - ``simplify``: all of them, until nothing changes.
 """
 from . import primitives as P
-from .program import Equation, Literal, Var
+from .ir import Equation, Literal, Var
 
 
 def eliminate_dead_code(program):

@@ -158,7 +158,9 @@ full_like_p = primitive(
 )
 clone_p = primitive("clone", torch.clone)
 convert_p = primitive("convert", lambda x, *, dtype: x.to(dtype))
-to_device_p = primitive("to_device", lambda x, *, device: x.to(device))
+# (a meta tensor, as a shape rule or a trace sees it, stays on meta: only its type matters)
+to_device_p = primitive("to_device",
+                        lambda x, *, device: x if x.device.type == "meta" else x.to(device))
 # Identity whose derivative is zero: `x.detach()` inside a transform (JAX's stop_gradient).
 detach_p = primitive("detach", lambda x: x.detach(), differentiable=False)
 

@@ -19,8 +19,6 @@ import contextlib
 
 import torch
 
-from . import torch_api  # noqa: F401  (its tables must capture torch's own random functions,
-#                           so it is imported before any guard replaces them)
 from .errors import RandomnessError
 from .tensor import as_tensor
 

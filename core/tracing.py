@@ -19,7 +19,8 @@ import torch
 
 from .dispatch import Dispatcher, new_level, transform_scope
 from .errors import TransformError, TransformUsageError
-from .program import Equation, Literal, Program, Var
+from .ir import Equation, Literal, Var
+from .program import Program
 from .tensor import as_tensor, engine_code, unwrap, unwrap_tree, user_code
 from .values import Value
 
