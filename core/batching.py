@@ -39,7 +39,8 @@ class BatchedValue(Value):
     @property
     def shape(self):
         shape = self.payload.shape
-        return shape[:self.bdim] + shape[self.bdim + 1:]
+        bdim = self.bdim
+        return shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:]
 
 
 class Batched(Dispatcher):

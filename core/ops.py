@@ -540,3 +540,22 @@ def mse_loss(x, target, size_average=None, reduce=None, reduction="mean", weight
                                   "Fix: compute (weight * (x - target) ** 2) and reduce it.")
     difference = sub(x, target)
     return _reduce(mul(difference, difference), reduction, "mse_loss")
+
+
+# NOTE [Arithmetic on values]
+# Rules compute with values, and ``ops.mul(ct, ops.cos(x))`` is how the engine's own rules
+# are written. A rule written by hand (the course's exercises) may read as math instead:
+# ``ct * x`` on values means ``ops.mul(ct, x)``. The operators live here, beside the ops
+# they call, rather than in values.py, which sits below ops. Comparisons are left out on
+# purpose: ``a == b`` must stay a Python comparison in the engine's own code.
+def _reflected(op):
+    return lambda x, y: op(y, x)
+
+
+Value.__add__, Value.__radd__ = add, _reflected(add)
+Value.__sub__, Value.__rsub__ = sub, _reflected(sub)
+Value.__mul__, Value.__rmul__ = mul, _reflected(mul)
+Value.__truediv__, Value.__rtruediv__ = div, _reflected(div)
+Value.__pow__, Value.__rpow__ = pow, _reflected(pow)
+Value.__matmul__, Value.__rmatmul__ = matmul, _reflected(matmul)
+Value.__neg__ = neg

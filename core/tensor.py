@@ -63,7 +63,11 @@ class FuncTensor(torch.Tensor):
     FuncTensor True (2,)
     """
 
-    __slots__ = ("value", "_view", "_generation")
+    __slots__ = ("value",)
+    # set on the few tensors that are views, or were written in place (a class default keeps
+    # the creation of the many others to one attribute)
+    _view = None
+    _generation = 0
 
     # --- metadata, without a trip through __torch_function__ ---------------------------------
     @property
@@ -200,8 +204,6 @@ def wrap(value):
     """A FuncTensor showing ``value`` (a Value, or a plain tensor that no level owns)."""
     t = _make_wrapper(FuncTensor, value.shape, dtype=value.dtype, device=value.device)
     t.value = value
-    t._view = None
-    t._generation = 0
     return t
 
 

@@ -13,13 +13,14 @@ batch at once. minifunctorch calls these interpreters **dispatchers** (or **leve
 you stack them, each one doing its own job and passing the real work to the one below.
 
 This chapter drives the dispatchers *by hand*, calling `d.mul(a, b)` on an explicit object, so
-that nothing is hidden. Only near the end do we meet the wrapper that lets ordinary PyTorch
-code (`torch.sin(x)`, `x * y`) run under `grad` and `vmap`.
+that nothing is hidden. Only near the end do we meet the tensor class that lets ordinary
+PyTorch code (`torch.sin(x)`, `x * y`) run under `grad` and `vmap`.
 
 **Contents.** 1 · Torch and Logger · 2 · Autograd records a tape · 3 · The tape is data ·
 4 · Where backward ops go · 5 · Second derivatives with one shared tape · 6 · Second
 derivatives with two levels · 7 · Per-sample gradients · 8 · `custom_vjp` · 9 · Lifting and
-lowering · 10 · The FuncTensor wrapper · 11 · Perturbation confusion · Exercise
+lowering · 10 · Values as real tensors · 11 · Perturbation confusion · Exercise · Appendix:
+the two doors
 
 Every number we compute is compared with `torch.func`.
 """),
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 import torch.func
 
-from minifunctorch.core import (Autograd, Batched, FuncTensor, Logger, Torch, custom_vjp,
+from minifunctorch.core import (Autograd, Batched, FuncTensor, Logger, Torch, Value, custom_vjp,
                                 grad, label, reset_names, vmap)
 
 torch.manual_seed(0)
@@ -66,10 +67,10 @@ s = d.sum(d.add(c, a), dim=0)
 s
 """),
 md("""
-Each printed line reads *result : shape = expression*. The value we get back is not a plain
-tensor: it is a `LoggedTensor`, a value that **belongs to level 1**, and its **payload** is the
-torch tensor underneath (a value of level 0). Every level wraps the values of the level below in
-the same way; section 9 comes back to this.
+Each printed line reads *result : shape = expression*. What we get back is a tensor, but not
+a plain one: it shows a `LoggedValue`, a value that **belongs to level 1**, and whose
+**payload** is the torch tensor underneath (a value of level 0). Every level wraps the values
+of the level below in the same way; sections 9 and 10 come back to this.
 
 ## 2 · The Autograd dispatcher records a tape
 
@@ -416,7 +417,8 @@ it into level 1 *lowers* it, and the batch dimension becomes visible again, in f
 code("""
 def show_levels(value):
     \"\"\"Print a value one level per line, from its own level down to the torch tensor.\"\"\"
-    while isinstance(value, FuncTensor):
+    value = value.value if isinstance(value, FuncTensor) else value  # the value it shows
+    while isinstance(value, Value):
         extra = f", bdim={value.bdim}" if hasattr(value, "bdim") else ""
         print(f"level {value.dispatcher.level}  {value.dispatcher.name:<9}  "
               f"{type(value).__name__}{extra}, shape seen here {tuple(value.shape)}")
@@ -439,28 +441,38 @@ print("lowered to level", lowered.dispatcher.level, "it has shape", tuple(lowere
 """),
 
 md("""
-## 10 · The wrapper: ordinary PyTorch code under `grad` and `vmap`
+## 10 · Values as real tensors: ordinary PyTorch code under `grad` and `vmap`
 
 Real code calls `torch.sin(x)`, not `d.sin(x)`. Two pieces close the gap.
 
 1. **A global stack of levels.** `grad(f)(x)` creates an Autograd level on top of the *current*
-   level, makes it current while `f` runs, and wraps `x` as a value of that level.
-2. **The wrapper class.** That value is a `FuncTensor` (here an `AutogradTensor`). It is not a
-   `torch.Tensor`, but it defines `__torch_function__`, the hook PyTorch calls when one of the
-   arguments of a torch function is a foreign object. So `torch.sin(x)` lands in minifunctorch,
-   which finds the highest level among the arguments and lets that level run the operation.
+   level, makes it current while `f` runs, and makes `x` a value of that level (an
+   `AutogradValue`).
+2. **A tensor that shows the value.** `f` receives a `FuncTensor`: a real `torch.Tensor`
+   (so `isinstance(x, torch.Tensor)` holds, and nn.Modules accept it) that holds no numbers of
+   its own, only the value. It defines `__torch_function__`, the hook PyTorch calls when one
+   of the arguments of a torch function is a tensor subclass. So `torch.sin(x)` lands in
+   minifunctorch, which finds the highest level among the values and lets that level run the
+   operation; the result is shown to `f` as a new FuncTensor.
+
+Why two objects, a value and a tensor? The levels' own work (rules, backward closures) runs on
+light values; only what user code sees needs to be a tensor, and a tensor subclass costs about
+ten times more to create.
 
 The first cell looks inside `f` under `grad` and under `vmap(grad(...))`: the stack grows with
-nesting. The second cell rebuilds `grad` from these pieces, with the two helpers that
-minifunctorch's own `grad` uses: `new_level` stacks a level on the current one, and
-`transform_scope` makes it current while `f` runs (and pops it afterwards, even on an error).
+nesting. The second cell rebuilds `grad` from these pieces, with the helpers that
+minifunctorch's own `grad` uses: `new_level` stacks a level on the current one,
+`transform_scope` makes it current while `f` runs (and pops it afterwards, even on an error),
+`as_tensor` shows a value to `f` as a FuncTensor, and `unwrap` takes the value back out of a
+tensor (so that `my_grad(my_grad(f))` works: the inner call receives a FuncTensor).
 """),
 code("""
 from minifunctorch.core.dispatch import current_dispatcher
 
 
 def f(x):
-    print(f"inside f: x is {type(x).__name__} of level {x.dispatcher.level};",
+    print(f"inside f: x is a {type(x).__name__} showing a {type(x.value).__name__} "
+          f"of level {x.dispatcher.level};",
           "current stack:", current_dispatcher())
     y = torch.sin(x) * x             # torch sees a FuncTensor and hands the call over
     print("torch.sin(x) * x ->", repr(y))
@@ -474,15 +486,16 @@ _ = vmap(grad(f))(torch.tensor([0.5, 1.0]))
 """),
 code("""
 from minifunctorch.core.dispatch import new_level, transform_scope
+from minifunctorch.core.tensor import as_tensor, unwrap
 
 
 def my_grad(f):
     def grad_f(x):
         level = new_level(Autograd)              # on top of whatever level is current
         with transform_scope(level):
-            x_in = level.wrap_input(x)           # x, as a value of the new level
-            out = f(x_in)
-        (g,) = level.grad(out, [x_in])           # walk this level's tape
+            x_value = level.wrap_input(unwrap(x))  # x, as a value of the new level
+            out = f(as_tensor(x_value))          # ... shown to f as a tensor
+        (g,) = level.grad(out, [x_value])        # walk this level's tape
         return g
     return grad_f
 
@@ -563,8 +576,9 @@ md("""
 - Independent levels let `vmap` sit between two `grad`s (per-sample gradients) and keep nested
   derivatives apart (no perturbation confusion).
 - `custom_vjp` swaps in a hand-written backward, and survives batching as `vmap(f)`.
-- `adopt` lifts values into a level, lowering takes them back down; `FuncTensor` and
-  `__torch_function__` let ordinary PyTorch code reach the current level.
+- `adopt` lifts values into a level, lowering takes them back down. A `FuncTensor`, a real
+  `torch.Tensor` showing one value, lets ordinary PyTorch code reach the current level
+  through `__torch_function__` (and `__torch_dispatch__` for everything else).
 
 ---
 

@@ -26,10 +26,11 @@ import textwrap
 import torch
 import torch.func
 
-from minifunctorch.core import (PRIMITIVES, Batched, Forward, FuncTensor, Logger, Torch, bind,
-                                batching_rules, grad, jacfwd, jvp, jvp_rules, label, ops,
+from minifunctorch.core import (PRIMITIVES, Batched, Forward, FuncTensor, Logger, Torch, Value,
+                                bind, batching_rules, grad, jacfwd, jvp, jvp_rules, label, ops,
                                 reset_names, vjp_rules, vmap)
 from minifunctorch.core.dispatch import current_dispatcher
+from minifunctorch.core.tensor import as_tensor
 from minifunctorch.core.primitives import mul_p, sin_p, sum_p
 
 torch.manual_seed(0)
@@ -121,7 +122,7 @@ md("""
 |---|---|
 | an interpreter on the stack (`MainTrace` / `Trace`) | a level: a `Dispatcher` object with a `.level` number and an `.inner` level |
 | the evaluation interpreter at the bottom | `Torch()`, level 0 (or no level at all: `bind` calls `impl`) |
-| a boxed value (`Tracer`) | a `FuncTensor` of that level, whose `payload` is a value one level down |
+| a boxed value (`Tracer`) | a `Value` of that level (`AutogradValue`, `BatchedValue`, ...), whose `payload` is a value one level down; user code sees it as a `FuncTensor`, a real `torch.Tensor` |
 | finding the top interpreter among the arguments | the loop at the start of `bind` |
 | raising a value into a level | `Dispatcher.adopt` (explicit API); transforms treat unknown values as constants |
 | lowering a value out of a level | `Dispatcher.lower`, and the unwrapping of outputs when a transform returns |
@@ -135,7 +136,8 @@ the innermost line comes first.
 code("""
 def show_levels(value):
     \"\"\"Print a value one level per line, from its own level down to the torch tensor.\"\"\"
-    while isinstance(value, FuncTensor):
+    value = value.value if isinstance(value, FuncTensor) else value  # the value it shows
+    while isinstance(value, Value):
         extra = ""
         if hasattr(value, "bdim"):
             extra = f", bdim={value.bdim}"
@@ -166,7 +168,8 @@ primals and the tangents of the arguments and returns the output and its tangent
 that is `sin(x)` and `x_dot * cos(x)`.
 
 Below, a `Logger` sits under the `Forward` level, so we can see what the rules do. The function
-`f` is plain PyTorch code; it runs on a `ForwardTensor` because that is a `FuncTensor`. Every
+`f` is plain PyTorch code; it runs on the `ForwardValue` once `as_tensor` shows that value as
+a `FuncTensor`, a real tensor whose `__torch_function__` hands each call to the level. Every
 line the logger prints is an operation that a JVP rule issued one level down: the primal
 computation interleaved with the tangent computation.
 
@@ -185,7 +188,7 @@ d = Forward(below)
 x = d.wrap_input(below.adopt(label(torch.tensor(0.5), "x")),        # the primal
                  below.adopt(label(torch.tensor(1.0), "x_dot")),    # its tangent
                  name="x")
-z = f(x)
+z = f(as_tensor(x))
 print()
 show_levels(z)
 print()
@@ -278,7 +281,7 @@ so that broadcasting does the rest.
 code("""
 reset_names()
 d = Batched(Torch(), length=3)
-xb = d.wrap_input(torch.arange(6.0).reshape(2, 3), 1, name="xb")   # 3 examples of shape (2,)
+xb = as_tensor(d.wrap_input(torch.arange(6.0).reshape(2, 3), 1, name="xb"))  # 3 examples of (2,)
 print("one example has shape", tuple(xb.shape), "| payload shape", tuple(xb.payload.shape),
       "| bdim", xb.bdim)
 

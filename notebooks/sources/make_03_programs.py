@@ -49,8 +49,8 @@ cells = [
 
     `trace(f)` returns a new function. Calling it with example arguments runs `f` exactly
     once, with a **Tracing** level on top of the stack. Instead of the real tensors, `f`
-    receives stand-ins (`TracerTensor`s) whose payload is a *meta* tensor: a shape and a
-    dtype, and no storage at all.
+    receives stand-ins (`TracerValue`s, shown to it as tensors) whose payload is a *meta*
+    tensor: a shape and a dtype, and no storage at all.
 
     Each primitive that reaches the Tracing level is appended to a list of equations. The
     type of its result comes from the primitive's shape rule, which runs the torch

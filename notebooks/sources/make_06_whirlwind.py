@@ -327,10 +327,11 @@ list(ours)
 """)
 
 md("""
-`functional_call` is the one piece to swap along with the transforms. Inside a minifunctorch
-transform, values are minifunctorch's own wrapper objects, not `torch.Tensor` subclasses, and
-`torch.func.functional_call` accepts only real tensors as module parameters. Hence
-`api.functional_call` in `tour`, and the two losses made by `make_loss` earlier.
+`functional_call` is swapped along with the transforms, as the rest of the API is: inside a
+minifunctorch transform the values are real tensors (`FuncTensor`s), so
+`torch.func.functional_call` would work too, but each library's own is used with its own
+transforms. Hence `api.functional_call` in `tour`, and the two losses made by `make_loss`
+earlier.
 """)
 
 md("""
