@@ -41,6 +41,7 @@ from .transforms import (
     jacrev,
     jvp,
     linearize,
+    stack_module_state,
     vjp,
     vmap,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "TransformError", "TransformUsageError", "TypecheckError", "UnsupportedOperationError",
     "batching_rules", "bind", "capture_tapes", "custom_vjp", "functional_call", "grad",
     "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "jvp_rules", "label", "linearize",
+    "stack_module_state",
     "reset_names", "vjp", "vjp_rules", "vmap", "trace", "Program", "Var", "Literal",
     "Equation", "Tracing", "TracerValue", "split_vjp", "vjp_program", "simplify", "jit",
     "Value", "AutogradValue", "BatchedValue", "ForwardValue", "LoggedValue", "capture_fallbacks",

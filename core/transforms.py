@@ -726,3 +726,62 @@ def functional_call(module, params_and_buffers, args=(), kwargs=None, *, tie_wei
     finally:
         for table, attribute, original in reversed(swapped):
             table[attribute] = original
+
+
+def stack_module_state(models):
+    """Stack the parameters and buffers of ``models`` (same class, same mode) along a new
+    dim 0, for an ensemble under ``vmap``: returns ``(params, buffers)``, two dicts keyed by
+    the names of ``named_parameters()`` and ``named_buffers()``.
+
+    >>> import torch
+    >>> from minifunctorch.core import functional_call, stack_module_state, vmap
+    >>> models = [torch.nn.Linear(3, 2) for _ in range(4)]
+    >>> params, buffers = stack_module_state(models)
+    >>> params["weight"].shape
+    torch.Size([4, 2, 3])
+    >>> run = lambda p, b, x: functional_call(models[0], (p, b), (x,))
+    >>> vmap(run, in_dims=(0, 0, None))(params, buffers, torch.ones(5, 3)).shape
+    torch.Size([4, 5, 2])
+
+    The stacked parameters are new leaves, detached from the models' own: they require grad
+    where the models' parameters do, so an optimizer can train them directly (as with
+    torch.func.stack_module_state).
+    """
+    models = list(models)
+    call = f"stack_module_state(<{len(models)} models>)"
+    if not models:
+        raise TransformUsageError(f"{call}: expected at least one model, got none.")
+    first = models[0]
+    if any(type(m) is not type(first) for m in models):
+        kinds = sorted({type(m).__name__ for m in models})
+        raise TransformUsageError(
+            f"{call}: expected models of one class, got {kinds}. Fix: stack copies of one "
+            "architecture.")
+    if any(m.training != first.training for m in models):
+        raise TransformUsageError(
+            f"{call}: expected every model in the same mode, got some in training and some in "
+            "eval mode. Fix: call .train() or .eval() on all of them.")
+
+    def stacked(named):
+        tables = [dict(named(m)) for m in models]
+        names = list(tables[0])
+        for index, table in enumerate(tables[1:], start=1):
+            if list(table) != names:
+                raise TransformUsageError(
+                    f"{call}: model {index} has the tensors {list(table)}, model 0 has "
+                    f"{names}. Fix: stack models with the same structure.")
+        result = {}
+        for name in names:
+            tensors = [table[name] for table in tables]
+            shapes = {tuple(t.shape) for t in tensors}
+            if len(shapes) > 1:
+                raise TransformUsageError(
+                    f"{call}: {name!r} has different shapes in different models: "
+                    f"{sorted(shapes)}. Fix: stack models of one configuration.")
+            value = torch.stack([t.detach() for t in tensors])
+            if any(t.requires_grad for t in tensors):
+                value.requires_grad_()
+            result[name] = value
+        return result
+
+    return stacked(lambda m: m.named_parameters()), stacked(lambda m: m.named_buffers())
