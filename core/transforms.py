@@ -550,6 +550,7 @@ def _concatenate_chunks(outputs, out_dims, call):
 # --- Jacobians and Hessians: compositions ------------------------------------------------------
 def _with_selected(f, args, argnums):
     """``f`` as a function of the arguments ``argnums`` only, the others held fixed."""
+    @functools.wraps(f)
     def f_of_selected(*selected):
         full = list(args)
         for argnum, value in zip(argnums, selected):
