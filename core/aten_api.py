@@ -279,3 +279,26 @@ def functional_write(op, x, source):
 
 
 IN_PLACE_ONLY = {prims.copy_to.default: functional_write}
+
+
+# --- composites that torch has no Python decomposition of -----------------------------------
+@register(aten.addbmm.default)
+def _addbmm(x, batch1, batch2, *, beta=1, alpha=1):
+    """beta * x + alpha * (sum over the batch of batch1 @ batch2)."""
+    product = ops.sum(ops.matmul(batch1, batch2), 0)
+    product = product if alpha == 1 else ops.mul(product, alpha)
+    if beta == 0:  # torch ignores x then (even nan)
+        return ops.expand(product, *ops.shape_of(x)) if ops.shape_of(product) != ops.shape_of(x) \
+            else product
+    return ops.add(x if beta == 1 else ops.mul(x, beta), product)
+
+
+@register(aten._safe_softmax.default)
+def _safe_softmax(x, dim, dtype=None):
+    """softmax, with 0 (and a zero derivative) on the slices that are all -inf. The -inf
+    slices are replaced by zeros before the softmax, so that no nan reaches its derivative."""
+    if dtype is not None:
+        x = ops.convert(x, dtype)
+    empty = ops.all_true(ops.eq(x, float("-inf")), dim)
+    safe = ops.where(empty, 0.0, x)
+    return ops.where(empty, 0.0, ops.softmax(safe, dim))

@@ -28,7 +28,13 @@ import math
 
 from . import ops
 from . import primitives as P
-from .dispatch import Dispatcher, cyclic_gc_paused, name_of, nondifferentiable_outputs
+from .dispatch import (
+    Dispatcher,
+    complex_not_supported,
+    cyclic_gc_paused,
+    name_of,
+    nondifferentiable_outputs,
+)
 from .errors import NonScalarOutputError, missing_rule_error
 from .names import fresh_name
 from .printing import format_equation, type_string
@@ -314,8 +320,11 @@ class Autograd(Dispatcher):
         name = out.name
         if name in inputs:  # a rule returned its input unchanged: keep names distinct
             name = out._name = fresh_name()
+        dtype = out.dtype
+        if dtype.is_complex:
+            raise complex_not_supported(self, prim)
         self.tape.record(TapeEntry(prim, params, inputs, labels, args, name, out.shape,
-                                   out.dtype, backward))
+                                   dtype, backward))
         return out
 
     def wrap_adopted(self, payload, original):

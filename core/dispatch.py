@@ -361,6 +361,19 @@ def nondifferentiable_outputs(level, name, run, values, kwargs):
     return out
 
 
+def complex_not_supported(level, prim) -> UnsupportedOperationError:
+    """NOTE [Complex numbers]
+    Derivatives of complex functions follow PyTorch's conjugate Wirtinger convention, which
+    the rules do not implement yet: rather than a silently wrong gradient, a derivative level
+    refuses any complex result. vmap, which needs no derivative, accepts complex tensors."""
+    name = getattr(prim, "name", prim)
+    return UnsupportedOperationError(
+        f"{level.call}: {name} gives a complex result, and derivatives of complex numbers are "
+        "not supported yet. Fix: differentiate real and imaginary parts separately "
+        "(torch.view_as_real), or keep complex numbers out of the differentiated function."
+    )
+
+
 def unsupported(what: str) -> UnsupportedOperationError:
     return UnsupportedOperationError(
         f"{what} is not supported inside minifunctorch transforms: there is no primitive for "

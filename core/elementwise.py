@@ -197,30 +197,19 @@ special_entr = _special("entr", lambda x, out: neg(add(log(x), 1)), "special_ent
 special_spherical_bessel_j0 = _special("spherical_bessel_j0", None,
                                        "special_spherical_bessel_j0",
                                        extra=[prims.spherical_bessel_j0.default])
-def refused_derivative_rules(prim, function_name):
-    """The vjp and jvp rules of a function torch has no derivative for: a clear refusal (as
-    torch.func's), rather than a zero that would be silently wrong."""
-    def refuse(*args, **params):
-        raise MissingRuleError(
-            f"{function_name}: torch defines no derivative for it, so neither grad nor jvp can "
-            "differentiate it (torch.func refuses it too). Fix: keep it out of the "
-            "differentiated computation, e.g. apply it to x.detach()."
-        )
-    vjp_rules[prim] = refuse
-    jvp_rules[prim] = refuse
-
-
-# torch has no derivative for these: under grad or jvp they are refused, as in torch.func
+# NOTE [Functions torch does not differentiate]
+# derivatives.yaml marks these outputs as not differentiable, so torch (and torch.func)
+# gives them a zero derivative rather than an error: so do we, as the oracle does.
 for _name in ("bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_i0",
               "modified_bessel_i1", "modified_bessel_k0", "modified_bessel_k1",
               "scaled_modified_bessel_k0", "scaled_modified_bessel_k1", "airy_ai"):
     _function = getattr(torch.special, _name)
-    _prim = P.primitive(f"special_{_name}", _function)
-    refused_derivative_rules(_prim, f"torch.special.{_name}")
+    _prim = P.primitive(f"special_{_name}", _function, differentiable=False)
     batching_rules[_prim] = elementwise_batch(_prim)
     _op = (lambda prim: lambda x: bind(prim, x))(_prim)
     torch_api.register(_function)(_op)
     aten_api.register(getattr(aten, f"special_{_name}").default)(_op)
+
 
 # torch.special's aliases
 for _alias, _op in (("expm1", expm1), ("exp2", exp2), ("log1p", log1p), ("erf", erf),
@@ -650,6 +639,16 @@ bitwise_left_shift = binary("bitwise_left_shift", None, None)
 bitwise_right_shift = binary("bitwise_right_shift", None, None)
 gcd = binary("gcd", None, None)
 lcm = binary("lcm", None, None)
+# the orthogonal polynomials p_n(x), n a tensor or a number: not differentiable either
+for _name in ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
+              "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t",
+              "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+              "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he",
+              "laguerre_polynomial_l", "legendre_polynomial_p"):
+    binary(f"special_{_name}", None, None, impl=getattr(torch.special, _name),
+           functions=(getattr(torch.special, _name),),
+           aten_ops=[getattr(getattr(aten, f"special_{_name}"), overload)
+                     for overload in ("default", "x_scalar", "n_scalar")])
 
 def div_rounding(x, y, rounding_mode):
     return ops.div(x, y, rounding_mode=rounding_mode)

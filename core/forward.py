@@ -10,7 +10,7 @@ import math
 
 from . import ops
 from . import primitives as P
-from .dispatch import Dispatcher, name_of, nondifferentiable_outputs
+from .dispatch import Dispatcher, complex_not_supported, name_of, nondifferentiable_outputs
 from .errors import missing_rule_error
 from .values import Value, bind
 
@@ -63,6 +63,8 @@ class Forward(Dispatcher):
         out, out_dot = rule(primals, tangents, **params)
         if out_dot is None:
             return out
+        if out.dtype.is_complex:
+            raise complex_not_supported(self, prim)
         return ForwardValue(self, out, out_dot)
 
     def wrap_input(self, primal, tangent, name=None):

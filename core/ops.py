@@ -162,6 +162,13 @@ def min(x, *rest, **kwargs):
     return amin(x)
 
 
+def all_true(mask, dim):
+    """Whether every element of a boolean ``mask`` along ``dim`` is true (keeping ``dim``)."""
+    dim = normalize_dim(dim, _rank(mask), op="all")
+    count = sum(convert(mask, torch.int64), dim, keepdim=True)
+    return eq(count, shape_of(mask)[dim] if shape_of(mask) else 1)
+
+
 def logsumexp(x, dim, keepdim=False):
     return bind(P.logsumexp_p, x, dim=normalize_dims(dim, _rank(x), op="logsumexp"),
                 keepdim=keepdim)

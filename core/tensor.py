@@ -236,6 +236,10 @@ def unwrap(x):
 
 def unwrap_all(args):
     """``unwrap`` on arguments, and on the tensors inside list and tuple arguments."""
+    if len(args) == 1:  # one argument, the most common call
+        a = args[0]
+        if type(a) is FuncTensor and a._view is None:
+            return (a.value,)
     out = []
     for a in args:
         if type(a) is FuncTensor:
@@ -371,6 +375,13 @@ def _write(target, new_value, call):
     if view is not None:
         base = view.base
         base_value = value_of(base)
+        if base_value.dtype != target.dtype:
+            raise UnsupportedOperationError(
+                f"{call}: this writes through a view that reads its base as another dtype "
+                f"({base_value.dtype} seen as {target.dtype}, e.g. torch.view_as_real), which "
+                "is not supported inside transforms. Fix: build the tensor out of place (for "
+                "complex numbers, torch.complex(real, imag))."
+            )
         positions = view.replay(torch.arange(base_value.shape.numel(),
                                              device=base_value.device).reshape(base_value.shape))
         if positions.numel() != positions.unique().numel():
@@ -430,9 +441,14 @@ def call_function(func, args, kwargs):
         if kwargs:
             if kwargs.get("out") is not None:
                 raise _out_error(func)
-            result = _wrap_result(op(*unwrap_all(args), **_unwrap_kwargs(kwargs)))
+            out = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
         else:
-            result = _wrap_result(op(*unwrap_all(args)))
+            out = op(*unwrap_all(args))
+        if isinstance(out, Value):  # the common case, written out: this is the hot path
+            result = _make_wrapper(FuncTensor, out.shape, dtype=out.dtype, device=out.device)
+            result.value = out
+        else:
+            result = _wrap_result(out)
         if func in torch_api.VIEWS and torch_api.VIEWS[func](args):
             _record_views(result, args[0], func, args[1:], kwargs)
         return result
