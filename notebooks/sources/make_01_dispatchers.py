@@ -668,6 +668,67 @@ display(check_against(vmap(grad(grad(softplus))), torch.func.vmap(torch.func.gra
                       torch.randn(5), what="second derivative of softplus, per element",
                       hint="the backward closure must use ops.*, so that it can be differentiated again"))
 """),
+
+md("""
+---
+
+## Appendix · The two doors
+
+Section 10 said that a FuncTensor hands every torch call to minifunctorch. There are two ways in,
+and a call takes the first that knows it.
+
+1. **The front door, `__torch_function__`.** Torch passes the function as the user called it
+   (`torch.sin`, `Tensor.reshape`, `F.conv2d`). A table, `torch_api.TORCH_FUNCTIONS`, maps the
+   common ones onto `ops`, which bind primitives. This is the fast path, and the one whose
+   programs read like the code you wrote.
+2. **The back door, `__torch_dispatch__`.** Any other function is handed back to torch, whose
+   own C++ lowers it to *aten* ops, torch's internal vocabulary (`aten.sub.Tensor`,
+   `aten.sum.dim_IntList`), and each aten op comes back to minifunctorch. It then tries, in
+   order: its aten table (`aten_api.ATEN_OPS`, onto the same `ops`); an in-place op computed
+   out of place; one of torch's own decompositions into other aten ops; what the level itself
+   can do without a rule (vmap loops over the examples; grad and jvp run an op whose results
+   cannot carry a derivative, such as integer indices); and otherwise an error that names the
+   op.
+
+`torch.trapezoid` is not in the front table, so it takes the back door; the program shows what
+it became. The primitives are the same ones the front door uses: the back door adds breadth,
+not a second engine.
+"""),
+code("""
+from minifunctorch.core import TransformError, capture_fallbacks, torch_api, trace
+
+print("front door knows torch.sin:", torch.sin in torch_api.TORCH_FUNCTIONS)
+print("front door knows torch.trapezoid:", torch.trapezoid in torch_api.TORCH_FUNCTIONS)
+print(trace(torch.trapezoid)(torch.ones(5)))
+same(grad(lambda x: torch.trapezoid(x * x))(torch.arange(5.0)),
+     torch.func.grad(lambda x: torch.trapezoid(x * x))(torch.arange(5.0)), "grad of trapezoid")
+"""),
+md("""
+The last two steps show on an op that nobody taught minifunctorch: a custom op registered with
+`torch.library`, which torch cannot decompose. Under `vmap` it runs once per example (correct,
+but a Python loop: `capture_fallbacks` names every op that took that slow path, so that it can
+get a batching rule). Under `grad` there is no way to differentiate it, and the error says so.
+"""),
+code("""
+@torch.library.custom_op("course::scaled_cube", mutates_args=())
+def scaled_cube(x: torch.Tensor) -> torch.Tensor:
+    return 2 * x ** 3
+
+
+@scaled_cube.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+xs = torch.arange(6.0).reshape(3, 2)
+with capture_fallbacks() as used:
+    same(vmap(scaled_cube)(xs), 2 * xs ** 3, "vmap of an op without a batching rule")
+print("took the per-example fallback:", dict(used))
+try:
+    grad(lambda x: scaled_cube(x).sum())(xs[0])
+except TransformError as error:
+    print(type(error).__name__ + ":", error)
+"""),
 ]
 
 write(cells, "01_dispatchers.ipynb")
