@@ -132,12 +132,12 @@ def _dims_batch(prim):
 
 
 def _reduce(prim, x, dim, keepdim, op, **params):
-    """Bind a reduction primitive over ``dim`` (None: every dim). A 0-d tensor is reduced as
-    a tensor of one element, so that primitives never see an empty dim tuple (torch reads
-    ``dim=()`` as every dim, which under vmap would include the batch dim)."""
+    """Bind a reduction primitive over ``dim`` (None or empty: every dim, as torch reads
+    them). A 0-d tensor is reduced as a tensor of one element, so that primitives never see
+    an empty dim tuple (which under vmap would include the batch dim)."""
     if _rank(x) == 0:
         return bind(prim, ops.reshape(x, 1), dim=(0,), keepdim=False, **params)
-    dims = ops.normalize_dims(dim, _rank(x), op=op)
+    dims = ops.normalize_dims(dim, _rank(x), op=op) or tuple(range(_rank(x)))
     return bind(prim, x, dim=dims, keepdim=keepdim, **params)
 
 
@@ -469,8 +469,8 @@ def _aten_norm(x, p=2, dim=None, keepdim=False, *, dtype=None):
 
 
 @torch_api.register(*torch_api.torch_functions("dist"))
-def dist(x, y, p=2):
-    return vector_norm(ops.sub(x, y), p)
+def dist(x, other, p=2):
+    return vector_norm(ops.sub(x, other), p)
 
 
 # --- the prims reductions that torch._refs decompositions produce --------------------------------
@@ -880,8 +880,9 @@ batching_rules[roll_p] = _dims_batch(roll_p)
 
 @torch_api.register(*torch_api.torch_functions("flip"))
 @aten_api.register(aten.flip.default, prims.rev.default)
-def flip(x, *dims):
-    dims = ops.normalize_dims(_int_tuple(dims), _rank(x), op="flip")
+def flip(x, *dims_args, dims=None):
+    dims = ops.normalize_dims(_int_tuple(dims_args if dims is None else (dims,)), _rank(x),
+                              op="flip")
     dims = tuple(d for d in dims if ops.shape_of(x)[d] > 1)
     return bind(flip_p, x, dims=dims) if dims else x
 
@@ -961,8 +962,8 @@ def repeat(x, *sizes):
 
 
 @torch_api.register(*torch_api.torch_functions("tile"))
-def tile(x, *dims):
-    dims = _int_tuple(dims)
+def tile(x, *dims_args, dims=None):
+    dims = _int_tuple(dims_args if dims is None else (dims,))
     return repeat(x, *((1,) * (_rank(x) - len(dims)) + dims))
 
 
@@ -1038,7 +1039,9 @@ def _pieces(x, dim, sizes, op):
 
 @torch_api.register(torch.split, torch.Tensor.split, view=_always)
 @aten_api.register(aten.split.Tensor, aten.split.sizes)
-def split(x, split_size_or_sections, dim=0):
+def split(x, split_size_or_sections=None, dim=0, *, split_size=None):
+    if split_size_or_sections is None:  # Tensor.split names it split_size
+        split_size_or_sections = split_size
     dim = ops.normalize_dim(_int(dim), _rank(x), op="split")
     if isinstance(split_size_or_sections, (list, tuple)):
         return split_with_sizes(x, split_size_or_sections, dim)
@@ -1084,7 +1087,9 @@ def chunk(x, chunks, dim=0):
 @torch_api.register(*torch_api.torch_functions("tensor_split"), view=_always)
 @aten_api.register(aten.tensor_split.sections, aten.tensor_split.indices,
                    aten.tensor_split.tensor_indices_or_sections)
-def tensor_split(x, indices_or_sections, dim=0):
+def tensor_split(x, indices_or_sections=None, dim=0, *, sections=None, indices=None):
+    if indices_or_sections is None:  # the overloads name it sections or indices
+        indices_or_sections = sections if indices is None else indices
     dim = ops.normalize_dim(_int(dim), _rank(x), op="tensor_split")
     size = ops.shape_of(x)[dim]
     if _is_tensor(indices_or_sections):
@@ -1107,7 +1112,9 @@ def tensor_split(x, indices_or_sections, dim=0):
 
 
 def _split_along(name, dim, min_rank):
-    def op(x, indices_or_sections):
+    def op(x, indices_or_sections=None, *, sections=None, indices=None):
+        if indices_or_sections is None:
+            indices_or_sections = sections if indices is None else indices
         rank = _rank(x)
         if rank < min_rank:
             raise TransformUsageError(
@@ -1167,8 +1174,10 @@ def movedim(x, source, destination):
     return ops.permute(x, *order)
 
 
-torch_api.register(*torch_api.torch_functions("swapaxes"), *torch_api.torch_functions("swapdims"),
-                   view=_always)(ops.transpose)
+torch_api.register(*torch_api.torch_functions("swapaxes"), view=_always)(
+    lambda x, axis0, axis1: ops.transpose(x, axis0, axis1))
+torch_api.register(*torch_api.torch_functions("swapdims"), view=_always)(
+    lambda x, dim0, dim1: ops.transpose(x, dim0, dim1))
 
 
 @torch_api.register(*torch_api.torch_functions("unflatten"), view=_always)

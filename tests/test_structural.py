@@ -100,6 +100,9 @@ REDUCTIONS = [
     unary("var_unbiased_false", lambda x: torch.var(x, False)),
     unary("var_dim_unbiased_keepdim", lambda x: torch.var(x, 1, False, True)),
     unary("var_0d", lambda x: torch.var(x, correction=0), shape=()),
+    unary("var_empty_dims", lambda x: torch.var(x, [], keepdim=True)),
+    unary("std_empty_dims", lambda x: x.std(dim=())),
+    unary("vector_norm_empty_dims", lambda x: torch.linalg.vector_norm(x, 3, [])),
     unary("var_back_door", lambda x: aten.var.correction(x, [1], correction=1)),
     unary("prims_var", lambda x: prims.var(x, [1], 0.0)),
     unary("std_all", torch.std, hessian=True),
@@ -311,6 +314,10 @@ REFERENCES = {
     "prims_sum": lambda x: x.sum(1),
     "prims_amax": lambda x: x.amax(0),
     "prims_amin": lambda x: x.amin(),
+    # torch reads dim=[] as every dim, but its var_backward divides by N - correction with
+    # N = 1 (the product of no sizes): its gradient is inf; checked against dim=None
+    "var_empty_dims": lambda x: torch.var(x, None, keepdim=True),
+    "std_empty_dims": lambda x: x.std(),
     # torch.func has no batching rule for these two
     "moveaxis": lambda x: torch.movedim(x, -1, 0),
     "column_stack": lambda x, y: torch.cat([x.reshape(-1, 1), y], 1),
@@ -545,3 +552,24 @@ def test_shape_rules_of_the_new_primitives():
         prim = mf.PRIMITIVES[name]
         out = prim.impl(*args, **params)
         assert prim.shape_rule(*args, **params) == (out.shape, out.dtype), name
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: torch.flip(x, dims=(0,)), lambda x: x.tile(dims=(2, 1)),
+    lambda x: pieces(x.split(split_size=2)), lambda x: pieces(torch.split(x, 2, dim=1)),
+    lambda x: pieces(torch.tensor_split(x, sections=2)),
+    lambda x: pieces(torch.tensor_split(x, indices=[1])),
+    lambda x: pieces(torch.hsplit(x, indices=[1])),
+    lambda x: torch.swapaxes(x, axis0=0, axis1=1), lambda x: x.swapdims(dim0=1, dim1=0),
+    lambda x: torch.dist(x, other=x.sin(), p=3), lambda x: torch.roll(x, shifts=1, dims=0),
+    lambda x: torch.sort(x, stable=True, dim=0, descending=True).values,
+    lambda x: torch.topk(x, k=2, dim=0, largest=False, sorted=True).values,
+    lambda x: torch.max(x, other=x.cos()), lambda x: torch.narrow(x, dim=1, start=1, length=2),
+    lambda x: x.unflatten(dim=1, sizes=(2, 2)), lambda x: torch.movedim(x, source=0,
+                                                                        destination=1),
+], ids=lambda f: "")
+def test_keyword_arguments(call):
+    x = torch.randn(4, 4, dtype=DTYPE)
+    xs = torch.randn(3, 4, 4, dtype=DTYPE)
+    assert_same(mf.vmap(call)(xs), tf.vmap(call)(xs))
+    assert_same(mf.grad(lambda x: call(x).sum())(x), tf.grad(lambda x: call(x).sum())(x))
