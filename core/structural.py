@@ -1006,6 +1006,15 @@ def diagflat(x, offset=0):
 
 
 # --- views: slices, selections and permutations of one tensor ------------------------------------
+# NOTE [Shape ops that are views]
+# In torch, narrow, select, split, chunk, tensor_split, unbind, movedim, swapaxes, unflatten
+# and unfold return views: a write into one (``x.narrow(0, 1, 2).mul_(2)``) changes x. Here
+# each is an op over the engine's own getitem, permute, reshape and gather, registered with
+# ``view=``, so that the front door records how the result was made from its first argument
+# and a later write through it reaches the base (tensor.py, NOTE [Writing through a view]).
+# The multi-output ones (split, unbind, ...) record one view per output. torch's autograd
+# refuses writes into those (its "multiple views" check); functionalization has no need to,
+# so they are allowed here and agree with the same write made through narrow or select.
 @torch_api.register(*torch_api.torch_functions("narrow"), view=_always)
 @aten_api.register(aten.narrow.default, aten.narrow.Tensor)
 def narrow(x, dim, start, length):
