@@ -1,12 +1,14 @@
 """Reductions, scans, sorting and shape ops: prod, var/std, norms, max/min with indices, sort,
 topk, median, cumsum/cumprod/logcumsumexp, flip, roll, repeat, split, unbind, stacks, ...
 
-Few new primitives: many of these ops are compositions of the engine's shape primitives
-(``split`` is slices, ``movedim`` a permute, ``repeat`` a reshape, an expand and a reshape),
-and are written here once as ops so that the front door (torch_api.py) reaches them without
-torch's slow lowering to aten ops. A primitive is added where an op has a derivative of its
-own (prod, var, std, vector_norm, cumsum, cumprod, logcumsumexp, flip, roll) or produces
-indices (argmax, sort, topk, ...).
+Many of these ops are compositions of the engine's existing primitives (``split`` is
+slices, ``movedim`` a permute, ``repeat`` a reshape, an expand and a reshape, ``cross`` four
+rolls), written here once as ops so that the front door (torch_api.py) reaches them without
+torch's slower lowering to aten ops. A primitive is added only where an op has a derivative
+of its own (prod, var, std, vector_norm, cumsum, cumprod, logcumsumexp, flip, roll) or
+produces indices (argmax, sort, topk, ...). Ops that torch's decompositions already bring to
+supported aten ops with batching rules (tril, triu, kron, renorm, trapezoid, nansum,
+nanmean, count_nonzero, aminmax, take_along_dim) are left to the back door.
 
 NOTE [Values through their indices]
 ``torch.max(x, dim)``, ``sort``, ``topk``, ``kthvalue``, ``median(x, dim)``, ``mode``,
@@ -485,17 +487,17 @@ def _prims_reduction(reduce):
     return op
 
 
+def prod_over(x, dims=None, keepdim=False):
+    """prod over several dims at once (prims.prod; torch.prod takes one dim)."""
+    return _reduce(prod_p, x, dims, keepdim, "prod")
+
+
 aten_api.register(prims.sum.default)(_prims_reduction(lambda x, dims: ops.sum(x, dims)))
-aten_api.register(prims.prod.default)(_prims_reduction(lambda x, dims: prod_over(x, dims)))
+aten_api.register(prims.prod.default)(_prims_reduction(prod_over))
 aten_api.register(prims.amax.default)(_prims_reduction(
     lambda x, dims: ops.amax(x, () if dims is None else dims)))
 aten_api.register(prims.amin.default)(_prims_reduction(
     lambda x, dims: ops.amin(x, () if dims is None else dims)))
-
-
-def prod_over(x, dims=None, keepdim=False):
-    """prod over several dims at once (prims.prod; torch.prod takes one dim)."""
-    return _reduce(prod_p, x, dims, keepdim, "prod")
 
 
 @aten_api.register(prims.var.default)
@@ -1037,7 +1039,7 @@ def select(x, dim, index):
     return ops.getitem(x, (slice(None),) * dim + (_int(index),))
 
 
-def _pieces(x, dim, sizes, op):
+def _pieces(x, dim, sizes):
     """Consecutive slices of ``sizes`` along ``dim``."""
     pieces, start = [], 0
     for size in sizes:
@@ -1062,7 +1064,7 @@ def split(x, split_size_or_sections=None, dim=0, *, split_size=None):
             "pass the size of each piece."
         )
     sizes = [builtins.min(step, size - start) for start in range(0, size, step)] if size else [0]
-    return _pieces(x, dim, sizes, "split")
+    return _pieces(x, dim, sizes)
 
 
 @torch_api.register(torch.split_with_sizes, torch.Tensor.split_with_sizes, view=_always)
@@ -1076,7 +1078,7 @@ def split_with_sizes(x, split_sizes, dim=0):
             f"split(x, {list(sizes)}, dim={dim}): expected sizes that sum to {size} (the size "
             f"of dim {dim}), got a sum of {builtins.sum(sizes)}. Fix: make the sizes add up."
         )
-    return _pieces(x, dim, sizes, "split_with_sizes")
+    return _pieces(x, dim, sizes)
 
 
 @torch_api.register(*torch_api.torch_functions("chunk"), view=_always)
@@ -1117,7 +1119,7 @@ def tensor_split(x, indices_or_sections=None, dim=0, *, sections=None, indices=N
             f"{sections}. Fix: pass sections >= 1."
         )
     small, extra = divmod(size, sections)
-    return _pieces(x, dim, [small + 1] * extra + [small] * (sections - extra), "tensor_split")
+    return _pieces(x, dim, [small + 1] * extra + [small] * (sections - extra))
 
 
 def _split_along(name, dim, min_rank):

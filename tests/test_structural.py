@@ -13,9 +13,9 @@ import torch
 import torch.func as tf
 
 import minifunctorch.core as mf
-from minifunctorch.core import structural, torch_api
+from minifunctorch.core import torch_api
 from minifunctorch.core.errors import TransformUsageError
-from op_table import DTYPE, OpCase, distinct, indices, normal, positive
+from op_table import DTYPE, OpCase, distinct, normal, positive
 from oracle import (
     TRANSFORMS,
     assert_same,
@@ -492,7 +492,7 @@ def test_prims_reduction_over_no_dims_keeps_the_tensor():
     assert_same(mf.grad(lambda x: prims.prod(x, []).sum())(x), torch.ones_like(x))
 
 
-# --- errors ----------------------------------------------------------------------------------------
+# --- errors -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("call, message", [
     (lambda x: torch.split(x, [1, 1]), r"split\(x, \[1, 1\], dim=0\): expected sizes that sum"),
     (lambda x: x.narrow(0, 2, 3), r"narrow\(x, 0, 2, 3\): expected start \+ length"),
