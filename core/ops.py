@@ -144,24 +144,6 @@ def amin(x, dim=(), keepdim=False):
     return bind(P.amin_p, x, dim=dims, keepdim=keepdim)
 
 
-def max(x, *rest, **kwargs):
-    if rest or kwargs:
-        raise TransformUsageError(
-            "max(x, dim): the (values, indices) form is not supported inside transforms. "
-            "Fix: use torch.amax(x, dim) for the values, or torch.maximum for two tensors."
-        )
-    return amax(x)
-
-
-def min(x, *rest, **kwargs):
-    if rest or kwargs:
-        raise TransformUsageError(
-            "min(x, dim): the (values, indices) form is not supported inside transforms. "
-            "Fix: use torch.amin(x, dim) for the values."
-        )
-    return amin(x)
-
-
 def all_true(mask, dim):
     """Whether every element of a boolean ``mask`` along ``dim`` is true (keeping ``dim``)."""
     dim = normalize_dim(dim, _rank(mask), op="all")

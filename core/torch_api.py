@@ -73,7 +73,7 @@ def torch_functions(name):
 _SHARED = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sin", "cos", "tanh", "sigmoid",
     "relu", "abs", "sqrt", "sign", "square", "eq", "ne", "lt", "le", "gt", "ge",
-    "sum", "mean", "amax", "amin", "max", "min", "logsumexp", "softmax", "log_softmax",
+    "sum", "mean", "amax", "amin", "logsumexp", "softmax", "log_softmax",
     "matmul", "mm", "mv", "bmm", "dot", "permute", "transpose", "t", "reshape", "flatten",
     "unsqueeze", "squeeze", "broadcast_to", "diagonal", "diag", "diag_embed", "trace",
     "gather", "clone", "detach", "scatter",

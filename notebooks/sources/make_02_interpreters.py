@@ -394,9 +394,10 @@ md("""
 
 ## Exercise: forward-mode and batching rules for `cumsum`
 
-`torch.cumsum(x, dim)` (running totals along `dim`) is not a primitive of minifunctorch. The
-cell below creates `cumsum_p`, with a static parameter `dim` (a non-negative int), and gives it
-a reverse-mode rule. **Write the two missing rules:**
+`torch.cumsum(x, dim)` computes running totals along `dim`. The engine has its own cumsum
+primitive (in `core/structural.py`); here we build one from scratch. The cell below creates
+`cumsum_p`, with a static parameter `dim` (a non-negative int), and gives it a reverse-mode
+rule. **Write the two missing rules:**
 
 1. `cumsum_jvp(primals, tangents, *, dim)` returns `(out, out_dot)`. Hint: `cumsum` is
    *linear*, so the tangent of the output is the cumsum of the tangent.
