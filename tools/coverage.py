@@ -85,6 +85,22 @@ def _notes(results):
     return "; ".join(f"{', '.join(ts)}: {reason}" for reason, ts in by_reason.items())
 
 
+def refusal_messages(rows):
+    """[(message, entries)], most entries first: the refusals that name no aten op, grouped
+    by their message without the call that starts it and with numbers replaced by N."""
+    counts = collections.Counter()
+    for _, res, _ in rows:
+        messages = set()
+        for t in TRANSFORMS:
+            for o in res[t].outcomes:
+                if o.kind == "refused" and not opinfo.named_ops(o.detail):
+                    kind, _, text = o.detail.partition(": ")
+                    text = re.sub(r"(?<![A-Za-z_])\d+", "N", _strip_call(text))
+                    messages.add(f"{kind}: {text[:110]}")
+        counts.update(messages)
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
 def render(rows, cap, left_out):
     counts = {t: collections.Counter(res[t].status for _, res, _ in rows) for t in TRANSFORMS}
     n = len(rows)
@@ -94,19 +110,10 @@ def render(rows, cap, left_out):
     agree = sum(all(res[t].status in (SUPPORTED, FALLBACK, TF_REFUSES, NO_SAMPLES)
                     for t in TRANSFORMS) for _, res, _ in rows)
 
-    fallback_entries = collections.Counter()
+    refused_entries = collections.Counter()
     for _, res, _ in rows:
-        for name in {f for t in TRANSFORMS for f in res[t].fallbacks}:
-            fallback_entries[name] += 1
-    refused_entries, wrong_entries = collections.Counter(), collections.Counter()
-    for _, res, _ in rows:
-        refused = {name for t in TRANSFORMS for name in res[t].refused_ops}
-        for name in refused:
+        for name in {name for t in TRANSFORMS for name in res[t].refused_ops}:
             refused_entries[name] += 1
-        wrong = {name for t in TRANSFORMS for o in res[t].outcomes if o.kind == "wrong"
-                 for name in opinfo.named_ops(o.detail)}
-        for name in wrong:
-            wrong_entries[name] += 1
 
     out = []
     w = out.append
@@ -135,6 +142,12 @@ def render(rows, cap, left_out):
       "tensors are scaled by factors a little below 1 (integer and boolean tensors are "
       "copied unchanged), under three `in_dims`: every tensor at 0; the first at -1 and the "
       "others unbatched; the first unbatched and the others at 0.")
+    w("- Where torch.func refuses to differentiate every floating argument (a loss's target, "
+      "a running statistic: PyTorch has no derivative for them), the sample is compared "
+      "with respect to its input alone. Where ours and torch.func disagree under vmap, the "
+      "per-example loop (the op on each example, stacked) decides: if ours agrees with it "
+      "and torch.func does not, the sample counts as agreeing and the note says "
+      "\"torch.func is off\" (NOTE [When torch.func is wrong]).")
     w(f"- Comparison: `torch.testing.assert_close(rtol={opinfo.RTOL}, atol={opinfo.ATOL}, "
       "equal_nan=True)`, dtypes and shapes exact (NOTE [Tolerances]); our results must be "
       "plain tensors. Every entry is seeded from its name, so the sweep is deterministic. "
@@ -185,6 +198,14 @@ def render(rows, cap, left_out):
     w("|---|---:|")
     for name, k in sorted(refused_entries.items(), key=lambda kv: (-kv[1], kv[0]))[:40]:
         w(f"| `{name}` | {k} |")
+    w("")
+    w("The refusals that name no aten op, grouped by message (the call and numbers left out), "
+      "and how many entries each affects:")
+    w("")
+    w("| refusal | entries |")
+    w("|---|---:|")
+    for message, k in refusal_messages(rows)[:30]:
+        w(f"| {_cell(message)} | {k} |")
     w("")
     wrong_rows = [(op, res) for op, res, _ in rows
                   if any(res[t].status == WRONG for t in TRANSFORMS)]
