@@ -1,0 +1,558 @@
+"""The OpInfo coverage harness: every op of PyTorch's OpInfo database (``op_db``) under
+minifunctorch's vjp, jvp and vmap, compared with torch.func's.
+
+A library: ``tools/coverage.py`` runs the full sweep and writes docs/COVERAGE.md, and
+``tests/test_opinfo.py`` runs a sample of it in the test suite. Everything is seeded from the
+entry's name, so a sample, its cotangents, tangents and batches are the same in both.
+
+NOTE [How one sample is checked]
+A sample is ``op(input, *args, **kwargs)``; its tensors are found by flattening
+``(input, args, kwargs)``, so tensors inside lists (``torch.cat``) and keyword arguments count.
+- vjp: a function of the floating tensors (every other argument held fixed) whose output is
+  the sample's floating outputs, after OpInfo's ``output_process_fn_grad`` (which drops the
+  parts of an output that are not differentiable or not unique, such as eigenvector signs);
+  integer and boolean outputs go to ``has_aux``. The cotangents are random normal. Compared:
+  outputs, aux and the pulled-back cotangents.
+- jvp: the same function, random normal tangents for the same arguments. Compared: outputs,
+  tangents of the outputs and aux.
+- vmap: a function of all the tensors, under several ``in_dims`` (VMAP_VARIANTS). A batch of
+  3 stacks the sample and two copies whose floating tensors are scaled by factors a little
+  below 1 (one factor per copy and argument, so the examples differ but stay in the op's
+  domain: probabilities stay in (0, 1), positive definite matrices stay positive definite,
+  sorted sequences stay sorted); integer and boolean tensors are copied unchanged.
+torch.func runs the same function on the same tensors (the global RNG reseeded before each
+run, for ops that draw random numbers), and is the oracle.
+
+NOTE [Tolerances]
+float32 results of two engines differ by rounding: a batched kernel sums in another order
+than a loop, a decomposition in another order than a fused kernel, and a backward formula
+may be written differently. The comparison is ``torch.testing.assert_close`` with
+RTOL = 1e-4 and ATOL = 1e-4 (torch's float32 defaults, 1.3e-6 and 1e-5, are for one kernel
+against itself), dtypes and shapes exact, nan equal to nan. Measured on the full sweep
+(torch 2.13): with torch's float32 defaults only two (entry, transform) pairs differ (ldexp
+under jvp, matmul under vjp, by 1.5e-5 and 2e-5 absolute), and every real bug found so far
+is off by more than 0.1 or gives nan, so the margin is wide on both sides.
+"""
+import dataclasses
+import re
+import signal
+import warnings
+import zlib
+
+import optree
+import torch
+import torch.func as tf
+
+import minifunctorch.core as mf
+from minifunctorch.core import dispatch
+from minifunctorch.core.errors import TransformError
+
+TRANSFORMS = ("vjp", "jvp", "vmap")
+RTOL = 1e-4
+ATOL = 1e-4
+SAMPLE_CAP = 32          # samples per op in the full sweep (evenly spread over op_db's list)
+BATCH = 3                # examples in a vmap batch: the sample and two scaled copies
+CALL_TIME_LIMIT = 30.0   # seconds for one call of ours; longer is a hang, classified wrong
+
+# The in_dims variants of NOTE [How one sample is checked]: a name and, for n tensor
+# arguments, their in_dims (None where the variant does not apply).
+VMAP_VARIANTS = {
+    "all 0": lambda n: (0,) * n,
+    "first -1, rest None": lambda n: (-1,) + (None,) * (n - 1),
+    "first None, rest 0": lambda n: (None,) + (0,) * (n - 1) if n > 1 else None,
+}
+
+# Statuses of an (op, transform), worst first (NOTE [Statuses]).
+SUPPORTED, FALLBACK, REFUSED, WRONG = "supported", "fallback", "refused", "wrong"
+TF_REFUSES, NO_SAMPLES = "torch.func refuses", "no samples"
+STATUSES = (WRONG, REFUSED, TF_REFUSES, NO_SAMPLES, FALLBACK, SUPPORTED)
+
+
+# --- the entries and their samples ---------------------------------------------------------
+def entry_key(op) -> str:
+    """``name`` or ``name.variant``: one op_db entry."""
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+def entries():
+    """The op_db entries that support float32 on CPU, in op_db's order."""
+    from torch.testing._internal.common_methods_invocations import op_db
+    return [op for op in op_db if torch.float32 in op.supported_dtypes("cpu")]
+
+
+def seed_of(*parts) -> int:
+    """A stable seed from names and numbers (Python's hash() changes between runs)."""
+    return zlib.crc32("/".join(str(p) for p in parts).encode())
+
+
+def load_samples(op):
+    """All of the op's float32 CPU samples, generated from a seed of its own name."""
+    torch.manual_seed(seed_of(entry_key(op), "samples"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return list(op.sample_inputs("cpu", torch.float32, requires_grad=False))
+
+
+def spread(n, cap):
+    """Indices of ``cap`` samples spread evenly over ``n`` (all of them when n <= cap)."""
+    if n <= cap:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (cap - 1)) for i in range(cap)})
+
+
+# --- one sample, flattened -------------------------------------------------------------------
+def _is_tensor(x):
+    return isinstance(x, torch.Tensor)
+
+
+def _is_float(x):
+    return isinstance(x, torch.Tensor) and x.dtype.is_floating_point
+
+
+class Sample:
+    """A SampleInput flattened: its leaves, which are tensors and which are floating."""
+
+    def __init__(self, op, sample, index):
+        self.op, self.sample, self.index = op, sample, index
+        self.key = entry_key(op)
+        self.leaves, self.spec = optree.tree_flatten(
+            (sample.input, tuple(sample.args), dict(sample.kwargs)), none_is_leaf=True)
+        self.tensors = [i for i, leaf in enumerate(self.leaves) if _is_tensor(leaf)]
+        self.floats = [i for i, leaf in enumerate(self.leaves) if _is_float(leaf)]
+        n_input = len(optree.tree_leaves(sample.input, none_is_leaf=True))
+        self.input_floats = [i for i in self.floats if i < n_input]
+
+    def call(self, replaced):
+        """The op with the leaves at positions ``replaced`` (a dict) swapped in (the other
+        tensors copied: an op may write into its arguments, and samples are reused)."""
+        leaves = [replaced[i] if i in replaced else leaf.clone() if _is_tensor(leaf) else leaf
+                  for i, leaf in enumerate(self.leaves)]
+        inp, args, kwargs = optree.tree_unflatten(self.spec, leaves)
+        return self.op(inp, *args, **kwargs)
+
+    def fresh(self, positions):
+        """Copies of the tensors at ``positions`` (an op may write into its arguments)."""
+        return [self.leaves[i].clone() for i in positions]
+
+    def describe(self):
+        def show(x):
+            if _is_tensor(x):
+                return f"{str(x.dtype)[6:]}{list(x.shape)}"
+            if isinstance(x, (list, tuple)):
+                inner = ", ".join(show(i) for i in x)
+                return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+            return repr(x)
+        parts = [show(self.sample.input)] + [show(a) for a in self.sample.args]
+        parts += [f"{k}={show(v)}" for k, v in self.sample.kwargs.items()]
+        text = ", ".join(parts)
+        return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _split_outputs(out):
+    """(floating tensor outputs, other tensor outputs) of an op's output pytree."""
+    leaves = optree.tree_leaves(out, none_is_leaf=True)
+    floats = tuple(o for o in leaves if _is_float(o))
+    others = tuple(o for o in leaves if _is_tensor(o) and not _is_float(o))
+    return floats, others
+
+
+def _random(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(tuple(shape), generator=g, dtype=torch.float32).to(dtype)
+
+
+# --- the transforms, written once for both namespaces (ns: torch.func or minifunctorch) -----
+def _differentiable_fn(s, wrt):
+    def f(*diff):
+        out = s.call(dict(zip(wrt, diff)))
+        floats, others = _split_outputs(s.sample.output_process_fn_grad(out))
+        return floats, others
+    return f
+
+
+def _probe(s):
+    """Why the sample cannot be differentiated (no floating argument or output), or None."""
+    if not s.floats:
+        return "no floating tensor argument"
+    torch.manual_seed(seed_of(s.key, s.index, "call"))
+    with torch.no_grad():
+        floats, _ = _differentiable_fn(s, s.floats)(*s.fresh(s.floats))
+    if not floats:
+        return "no floating output"
+    return None
+
+
+def run_vjp(ns, s, wrt):
+    torch.manual_seed(seed_of(s.key, s.index, "call"))
+    out, vjp_fn, aux = ns.vjp(_differentiable_fn(s, wrt), *s.fresh(wrt), has_aux=True)
+    cts = tuple(_random(o.shape, o.dtype, seed_of(s.key, s.index, "ct", k))
+                for k, o in enumerate(out))
+    return {"outputs": out, "aux": aux, "grads": vjp_fn(cts)}
+
+
+def run_jvp(ns, s, wrt):
+    primals = tuple(s.fresh(wrt))
+    tangents = tuple(_random(p.shape, p.dtype, seed_of(s.key, s.index, "tangent", k))
+                     for k, p in enumerate(primals))
+    torch.manual_seed(seed_of(s.key, s.index, "call"))
+    out, out_dot, aux = ns.jvp(_differentiable_fn(s, wrt), primals, tangents, has_aux=True)
+    return {"outputs": out, "tangents": out_dot, "aux": aux}
+
+
+def scale(k, j):
+    """The factor of copy ``k`` (1, 2) for tensor argument ``j``: a little below 1."""
+    return 1.0 - 0.04 * k - 0.01 * (j % 5)
+
+
+def batched_inputs(s, in_dims):
+    """The vmap inputs: for each tensor argument, the stacked batch moved to its in_dim, or
+    the sample's own tensor where the in_dim is None."""
+    inputs = []
+    for j, (position, in_dim) in enumerate(zip(s.tensors, in_dims)):
+        x = s.leaves[position]
+        if in_dim is None:
+            inputs.append(x.clone())
+            continue
+        copies = [x.clone()]
+        for k in range(1, BATCH):
+            copies.append(x * scale(k, j) if x.dtype.is_floating_point else x.clone())
+        inputs.append(torch.movedim(torch.stack(copies), 0, in_dim))
+    return inputs
+
+
+def run_vmap(ns, s, in_dims):
+    def g(*tensors):
+        return s.call(dict(zip(s.tensors, tensors)))
+    inputs = batched_inputs(s, in_dims)
+    torch.manual_seed(seed_of(s.key, s.index, "call"))
+    return ns.vmap(g, in_dims=in_dims)(*inputs)
+
+
+def loop_vmap(s, in_dims):
+    """What vmap means: the op on each example, the results stacked (a second oracle, for
+    when torch.func itself is off: NOTE [When torch.func is wrong])."""
+    inputs = batched_inputs(s, in_dims)
+    results = []
+    for i in range(BATCH):
+        # each example a tensor of its own (a view into the batch would have a storage
+        # offset, which as_strided sees)
+        example = [x.clone() if d is None else x.select(d, i).clone()
+                   for x, d in zip(inputs, in_dims)]
+        torch.manual_seed(seed_of(s.key, s.index, "call"))
+        results.append(s.call(dict(zip(s.tensors, example))))
+    leaves, spec = optree.tree_flatten(results[0], none_is_leaf=True)
+    columns = zip(*(optree.tree_leaves(r, none_is_leaf=True) for r in results))
+    stacked = [torch.stack(c) if _is_tensor(c[0]) else c[0] for c in columns]
+    return optree.tree_unflatten(spec, stacked)
+
+
+# --- comparing ---------------------------------------------------------------------------------
+def _path(path):
+    """Where a leaf is: ``grads[1]``, ``output[0]``, ``output``."""
+    if path and isinstance(path[0], str):
+        head, path = path[0], path[1:]
+    else:
+        head = "output"
+    return head + "".join(f"[{p!r}]" for p in path)
+
+
+def difference(ours, theirs, values=True, names=("ours", "torch.func")):
+    """None when ours agrees with theirs, else a one-line description of the difference.
+    ``values=False`` compares dtypes and shapes only (ops whose output is uninitialized
+    memory, such as empty_like: OpInfo's ``has_nondeterministic_output``)."""
+    ours_paths, ours_leaves, _ = optree.tree_flatten_with_path(ours, none_is_leaf=True)
+    theirs_leaves = optree.tree_leaves(theirs, none_is_leaf=True)
+    for path, leaf in zip(ours_paths, ours_leaves):
+        if _is_tensor(leaf) and type(leaf) is not torch.Tensor:
+            return f"{_path(path)}: {names[0]} returned a {type(leaf).__name__}, not a plain tensor"
+    if len(ours_leaves) != len(theirs_leaves):
+        return (f"the output structure differs: {len(ours_leaves)} leaves ({names[0]}) against "
+                f"{len(theirs_leaves)} ({names[1]})")
+    for path, a, b in zip(ours_paths, ours_leaves, theirs_leaves):
+        where = _path(path)
+        if _is_tensor(a) != _is_tensor(b):
+            return f"{where}: {names[0]} {type(a).__name__}, {names[1]} {type(b).__name__}"
+        if not _is_tensor(a):
+            if a != b:
+                return f"{where}: {names[0]} {a!r}, {names[1]} {b!r}"
+            continue
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return (f"{where}: {names[0]} {str(a.dtype)[6:]}{list(a.shape)}, {names[1]} "
+                    f"{str(b.dtype)[6:]}{list(b.shape)}")
+        if not values:
+            continue
+        try:
+            torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)
+        except AssertionError as e:
+            return f"{where}: {_summary(str(e))}"
+    return None
+
+
+def _summary(message):
+    """assert_close's message in one line: how many elements differ and by how much."""
+    keep = [line.strip() for line in message.splitlines()
+            if line.strip().startswith(("Mismatched elements", "Greatest absolute",
+                                        "Greatest relative", "Expected ", "Absolute diff",
+                                        "Relative diff"))]
+    return "; ".join(keep) if keep else first_line(message)
+
+
+def first_line(text, limit=200):
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def describe_error(e):
+    return f"{type(e).__name__}: {first_line(e)}"
+
+
+_OP_NAME = re.compile(r"\b((?:aten|prims)\.[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)?)")
+
+
+def named_ops(message):
+    """The aten/prims ops a message names (for counting the causes of refusals)."""
+    return sorted(set(_OP_NAME.findall(message)))
+
+
+# --- running one sample under one transform ------------------------------------------------------
+class CallTimeout(Exception):
+    """Our call ran past CALL_TIME_LIMIT (not a TransformError: a hang is a bug)."""
+
+
+def _on_alarm(signum, frame):
+    raise CallTimeout(f"no result after {CALL_TIME_LIMIT:.0f} s (a hang?)")
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One sample (and vmap variant) under one transform."""
+    kind: str                  # "ok", "refused", "wrong", "tf refuses", "skip"
+    sample: int
+    variant: str = ""
+    detail: str = ""           # the error or difference, one line
+    fallbacks: tuple = ()      # aten ops that took vmap's per-example fallback
+    we_refuse_too: bool = False  # for "tf refuses": did ours raise as well?
+    described: str = ""        # the sample's arguments, for messages
+
+    def short(self):
+        """The detail with the sample it happened on."""
+        variant = f" ({self.variant})" if self.variant else ""
+        return f"sample {self.sample}{variant}: {self.detail}"
+
+    def where(self, key, transform):
+        variant = f", {self.variant}" if self.variant else ""
+        return f"{key} under {transform}, sample {self.sample}{variant} ({self.described})"
+
+
+def _ours(run, *args):
+    """Our result (or exception), the fallbacks it used, and whether it left the engine
+    clean. A hang is cut by an alarm."""
+    stack_depth = len(dispatch._transform_stack)
+    modes = torch._C._len_torch_function_stack()
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, CALL_TIME_LIMIT)
+    try:
+        with mf.capture_fallbacks() as used:
+            try:
+                result, error = run(mf, *args), None
+            except Exception as e:  # noqa: BLE001 - every error is classified
+                result, error = None, e
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    left = None
+    if len(dispatch._transform_stack) != stack_depth:
+        del dispatch._transform_stack[stack_depth:]
+        left = "left a transform level on the stack"
+    while torch._C._len_torch_function_stack() > modes:
+        torch._C._pop_torch_function_stack()
+        left = "left a TorchFunctionMode on the stack"
+    return result, error, tuple(sorted(used)), left
+
+
+def _second_opinion(outcome, s, in_dims, ours, theirs, values):
+    """NOTE [When torch.func is wrong]
+    torch.func has bugs of its own (an empty input whose output loses the batch dim). When
+    ours and torch.func disagree under vmap, the per-example loop decides: if ours agrees with
+    the loop and torch.func does not, the sample counts as agreeing, with a note."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loop = loop_vmap(s, in_dims)
+    except Exception:  # noqa: BLE001 - no second opinion
+        return
+    theirs_off = difference(theirs, loop, values, names=("torch.func", "loop"))
+    if difference(ours, loop, values) is None and theirs_off is not None:
+        outcome.kind = "ok"
+        outcome.detail = f"torch.func is off, ours agrees with the per-example loop: {theirs_off}"
+
+
+def _theirs(run, args):
+    try:
+        return run(tf, *args), None
+    except Exception as e:  # noqa: BLE001 - torch.func's refusals are recorded
+        return None, e
+
+
+def check(s, transform, variant=None):
+    """One sample under one transform (vmap: one in_dims variant), as an Outcome."""
+    if transform == "vmap":
+        in_dims = VMAP_VARIANTS[variant](len(s.tensors)) if s.tensors else None
+        outcome = Outcome("skip", s.index, variant, described=s.describe())
+        if in_dims is None:
+            outcome.detail = "no tensor argument" if not s.tensors else "needs 2 tensors"
+            return outcome
+        args = (s, in_dims)
+        run = run_vmap
+        outcome.variant = f"in_dims {variant}"
+    else:
+        outcome = Outcome("skip", s.index, described=s.describe())
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                why = _probe(s)
+        except Exception as e:  # noqa: BLE001 - the op itself fails on its sample
+            why = f"the op fails on its own: {describe_error(e)}"
+        if why:
+            outcome.detail = why
+            return outcome
+        args = (s, s.floats)
+        run = run_vjp if transform == "vjp" else run_jvp
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs, their_error = _theirs(run, args)
+        if (their_error is not None and transform != "vmap" and s.input_floats
+                and len(s.input_floats) < len(s.floats)):
+            # NOTE [Arguments torch cannot differentiate]: a loss's target or a running
+            # statistic has no derivative in PyTorch, and torch.func raises when asked for
+            # one; then the sample is compared w.r.t. its input alone.
+            retry = (s, s.input_floats)
+            retried, retry_error = _theirs(run, retry)
+            if retry_error is None:
+                theirs, their_error, args = retried, None, retry
+                outcome.variant = "w.r.t. the input only"
+        ours, error, used, left = _ours(run, *args)
+    outcome.fallbacks = used
+    if their_error is not None:
+        outcome.kind = "tf refuses"
+        outcome.detail = describe_error(their_error)
+        outcome.we_refuse_too = error is not None
+    elif left is not None:
+        outcome.kind, outcome.detail = "wrong", left
+    elif isinstance(error, TransformError):
+        outcome.kind, outcome.detail = "refused", describe_error(error)
+    elif error is not None:
+        outcome.kind, outcome.detail = "wrong", "crash: " + describe_error(error)
+    else:
+        values = not getattr(s.op, "has_nondeterministic_output", False)
+        diff = difference(ours, theirs, values)
+        if diff is None:
+            outcome.kind = "ok"
+        else:
+            outcome.kind, outcome.detail = "wrong", diff
+            if transform == "vmap":
+                _second_opinion(outcome, s, args[1], ours, theirs, values)
+    return outcome
+
+
+# --- one op under one transform ----------------------------------------------------------------
+@dataclasses.dataclass
+class Result:
+    """NOTE [Statuses]
+    Of one (op, transform), from its samples' outcomes, the first that applies:
+    wrong (some sample disagrees or crashes with a non-TransformError: a bug); refused (ours
+    raised a TransformError on a sample torch.func runs); torch.func refuses (no sample could
+    be compared because torch.func raises); no samples (none to run: no floating argument
+    or output, or no sample at all); fallback (all compared samples agree, some through
+    vmap's per-example fallback); supported."""
+    key: str
+    transform: str
+    status: str
+    reason: str = ""
+    fallbacks: tuple = ()
+    outcomes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def refused_ops(self):
+        return sorted({name for o in self.outcomes if o.kind == "refused"
+                       for name in named_ops(o.detail)})
+
+
+def classify(key, transform, outcomes, no_samples_reason="op_db gives no sample"):
+    kinds = [o.kind for o in outcomes]
+    fallbacks = tuple(sorted({f for o in outcomes if o.kind == "ok" for f in o.fallbacks}))
+    compared = kinds.count("ok")
+
+    def first(kind):
+        return next(o for o in outcomes if o.kind == kind)
+
+    def counted(kind):
+        n = kinds.count(kind)
+        return f" [{n} of {len(outcomes)} runs]" if len(outcomes) > 1 else ""
+    if "wrong" in kinds:
+        status, reason = WRONG, first("wrong").short() + counted("wrong")
+    elif "refused" in kinds:
+        status, reason = REFUSED, first("refused").short() + counted("refused")
+    elif compared == 0 and "tf refuses" in kinds:
+        o = first("tf refuses")
+        refusing = [x for x in outcomes if x.kind == "tf refuses"]
+        ours = ("we refuse too" if all(x.we_refuse_too for x in refusing) else
+                "we run it" if not any(x.we_refuse_too for x in refusing) else
+                "we refuse some")
+        status, reason = TF_REFUSES, f"{o.detail} ({ours})"
+    elif compared == 0:
+        status = NO_SAMPLES
+        reason = first("skip").detail if "skip" in kinds else no_samples_reason
+    else:
+        status = FALLBACK if fallbacks else SUPPORTED
+        noted = [o for o in outcomes if o.kind == "ok" and o.detail]
+        reason = noted[0].short() if noted else ""
+    return Result(key, transform, status, reason, fallbacks, outcomes)
+
+
+def check_op(op, transforms=TRANSFORMS, cap=SAMPLE_CAP, indices=None, variants=None,
+             samples=None):
+    """{transform: Result} for one op_db entry: the samples at ``indices`` (default: ``cap``
+    of them, spread over the list), every vmap variant in ``variants`` (default: all).
+    ``samples``: the op's samples if already loaded (load_samples)."""
+    key = entry_key(op)
+    variants = list(VMAP_VARIANTS) if variants is None else variants
+    if samples is None:
+        try:
+            samples = load_samples(op)
+        except Exception as e:  # noqa: BLE001
+            reason = f"sample_inputs fails: {describe_error(e)}"
+            return {t: Result(key, t, NO_SAMPLES, reason) for t in transforms}
+    chosen = spread(len(samples), cap) if indices is None else [
+        i for i in indices if i < len(samples)]
+    flat = [Sample(op, samples[i], i) for i in chosen]
+    results = {}
+    for t in transforms:
+        outcomes = []
+        for s in flat:
+            if t == "vmap":
+                outcomes += [check(s, t, v) for v in variants]
+            else:
+                outcomes.append(check(s, t))
+        results[t] = classify(key, t, outcomes)
+    return results
+
+
+# --- docs/COVERAGE.md: its table, read back ----------------------------------------------------
+def read_table(path):
+    """{key: {transform: status}} from the table of a generated COVERAGE.md."""
+    table = {}
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    try:
+        start = lines.index("<!-- table -->")
+    except ValueError:
+        return table
+    for line in lines[start + 3:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        name, variant = cells[0].strip("`"), cells[1].strip("`")
+        key = name + (f".{variant}" if variant else "")
+        table[key] = {t: cells[2 + i].strip("*") for i, t in enumerate(TRANSFORMS)}
+    return table
