@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lab test test-fast notebooks bench bench-quick clean
+.PHONY: setup lab test test-fast notebooks bench bench-quick coverage clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ bench: setup
 
 bench-quick: setup
 	$(BIN)/python -m benchmarks.run --quick
+
+# The full OpInfo sweep against torch.func (a few minutes, one thread): writes docs/COVERAGE.md.
+# `make test` runs a sampled version of it (tests/test_opinfo.py).
+coverage: setup
+	$(BIN)/python tools/coverage.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
