@@ -331,8 +331,7 @@ def _values_for(x, values, region, op):
     values = ops.convert(values, x.dtype)
     shape = ops.shape_of(values)
     try:
-        torch.broadcast_shapes(shape, region)
-        fits = len(shape) <= len(region)
+        fits = tuple(torch.broadcast_shapes(shape, region)) == tuple(region)
     except RuntimeError:
         fits = False
     if not fits:
@@ -1289,3 +1288,72 @@ def functional_embedding(input, weight, padding_idx=None, max_norm=None, norm_ty
 
 
 torch_api.register(torch.embedding)(embedding)
+
+
+@torch_api.register(F.embedding_bag)
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False,
+                  mode="mean", sparse=False, per_sample_weights=None, include_last_offset=False,
+                  padding_idx=None):
+    """NOTE [embedding_bag as index and scatter]
+    Each bag reduces the rows its indices name: the rows are read with one ``index``, and
+    reduced into their bags with ``index_put(accumulate=True)`` (sum, and mean, divided by the
+    bag's size) or ``scatter_reduce(amax, include_self=False)`` (max). An element's bag comes
+    from ``offsets`` with a searchsorted (vmap may batch the offsets); indices equal to
+    ``padding_idx`` go to one extra bag that is dropped, so they count nowhere, as in torch.
+    Empty bags are zeros. torch's max backward sends each feature's gradient to one row (the
+    first maximum); here exact ties between rows share it, which differs only when two
+    different rows hold equal values."""
+    op = "F.embedding_bag(input, weight, ...)"
+    if max_norm is not None or scale_grad_by_freq:
+        raise UnsupportedOperationError(
+            f"{op}: max_norm and scale_grad_by_freq are not supported inside minifunctorch "
+            "transforms. Fix: drop them, or compute the bags with F.embedding and a sum."
+        )
+    if mode not in ("sum", "mean", "max"):
+        raise TransformUsageError(f"{op}: expected mode 'sum', 'mean' or 'max', got {mode!r}.")
+    if per_sample_weights is not None and mode != "sum":
+        raise TransformUsageError(f"{op}: per_sample_weights needs mode='sum', got {mode!r}.")
+    if _rank(weight) != 2:
+        raise TransformUsageError(f"{op}: weight must be 2-d, got shape {ops.shape_of(weight)}.")
+    rows, features = ops.shape_of(weight)
+    input = _long(input)
+    if _rank(input) == 2:
+        if offsets is not None:
+            raise TransformUsageError(f"{op}: offsets must be None for a 2-d input.")
+        bags, length = ops.shape_of(input)
+        bag_of = torch.arange(bags, device=weight.device).repeat_interleave(length)
+        if per_sample_weights is not None:
+            per_sample_weights = ops.reshape(per_sample_weights, -1)
+        input = ops.reshape(input, -1)
+    elif _rank(input) == 1:
+        if offsets is None or _rank(offsets) != 1:
+            raise TransformUsageError(f"{op}: a 1-d input needs 1-d offsets.")
+        bags = ops.shape_of(offsets)[0] - (1 if include_last_offset else 0)
+        positions = torch.arange(ops.shape_of(input)[0], device=weight.device)
+        bag_of = ops.sub(bind(searchsorted_p, _long(offsets), positions, None, right=True,
+                              out_int32=False), 1)
+        if include_last_offset:  # torch's last bag runs to the end of the input
+            bag_of = ops.where(ops.lt(bag_of, bags), bag_of, bags - 1)
+    else:
+        raise TransformUsageError(f"{op}: input must be 1-d or 2-d, got shape "
+                                  f"{ops.shape_of(input)}.")
+    if padding_idx is not None:
+        if padding_idx < 0:
+            padding_idx += rows
+        bag_of = ops.where(ops.eq(input, padding_idx), bags, bag_of)  # the extra bag
+    picked = bind(index_p, weight, input, dims=(0,))
+    if per_sample_weights is not None:
+        picked = ops.mul(picked, ops.unsqueeze(ops.convert(per_sample_weights, weight.dtype), 1))
+    zeros = torch.zeros((bags + 1, features), dtype=weight.dtype, device=weight.device)
+    if mode == "max":
+        along = ops.expand(ops.unsqueeze(bag_of, 1), *ops.shape_of(picked))
+        out = bind(scatter_reduce_p, zeros, along, picked, dim=0, reduce="amax",
+                   include_self=False)
+    else:
+        out = bind(index_put_p, zeros, picked, bag_of, dims=(0,), accumulate=True)
+        if mode == "mean":
+            ones = ops.full_like(bag_of, 1.0, dtype=weight.dtype)
+            counts = bind(index_put_p, torch.zeros(bags + 1, dtype=weight.dtype), ones, bag_of,
+                          dims=(0,), accumulate=True)
+            out = ops.div(out, ops.unsqueeze(ops.where(ops.eq(counts, 0), 1.0, counts), 1))
+    return ops.getitem(out, (slice(0, bags, 1),))
