@@ -817,8 +817,8 @@ torch_api.register_in_place(torch.Tensor.scatter_reduce_)(scatter_reduce)
 @aten_api.register(aten.take_along_dim.default)
 def take_along_dim(x, indices, dim=None):
     """``gather`` after broadcasting x and indices in every dim but ``dim`` (torch's rule)."""
-    if dim is None:
-        return take(x, indices)
+    if dim is None:  # x and indices flattened
+        return take(x, ops.reshape(indices, -1))
     rank = _rank(x)
     if _rank(indices) != rank:
         raise TransformUsageError(
@@ -831,6 +831,8 @@ def take_along_dim(x, indices, dim=None):
                                          tuple(i_shape[:dim] + [1] + i_shape[dim + 1:])))
     x = ops.expand(x, *(common[:dim] + [x_shape[dim]] + common[dim + 1:]))
     indices = ops.expand(_long(indices), *(common[:dim] + [i_shape[dim]] + common[dim + 1:]))
+    # unlike gather, take_along_dim counts negative indices from the end
+    indices = ops.where(ops.lt(indices, 0), ops.add(indices, x_shape[dim]), indices)
     return ops.gather(x, dim, indices)
 
 
@@ -885,6 +887,9 @@ def _along(x, dim, index, op):
 @torch_api.register(*torch_api.torch_functions("index_add"))
 @aten_api.register(aten.index_add.default)
 def index_add(x, dim, index, source, *, alpha=1):
+    if _rank(x) == 0:  # torch reads 0-d tensors as 1-d ones of size 1 here
+        return ops.reshape(index_add(ops.reshape(x, 1), 0, index, ops.reshape(source, -1),
+                                     alpha=alpha))
     dim, index = _along(x, dim, index, "index_add")
     source = ops.convert(source, x.dtype)
     if alpha != 1:
@@ -895,6 +900,8 @@ def index_add(x, dim, index, source, *, alpha=1):
 @torch_api.register(*torch_api.torch_functions("index_copy"))
 @aten_api.register(aten.index_copy.default)
 def index_copy(x, dim, index, source):
+    if _rank(x) == 0:
+        return ops.reshape(index_copy(ops.reshape(x, 1), 0, index, ops.reshape(source, -1)))
     dim, index = _along(x, dim, index, "index_copy")
     return bind(index_put_p, x, ops.convert(source, x.dtype), index, dims=(dim,),
                 accumulate=False)
@@ -986,14 +993,10 @@ def _bool_mask(mask, op):
 @torch_api.register(*torch_api.torch_functions("masked_fill"))
 @aten_api.register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(x, mask, value):
+    """A where (x and mask broadcast together, as torch's out-of-place masked_fill does;
+    ``masked_fill_`` refuses a result larger than x when it is written back)."""
     op = "masked_fill(x, mask, value)"
-    mask = _bool_mask(mask, op)
-    if tuple(torch.broadcast_shapes(ops.shape_of(x), ops.shape_of(mask))) != ops.shape_of(x):
-        raise TransformUsageError(
-            f"{op}: the mask of shape {ops.shape_of(mask)} must broadcast to x's shape "
-            f"{ops.shape_of(x)}."
-        )
-    return ops.where(mask, _fill_value(x, value, op), x)
+    return ops.where(_bool_mask(mask, op), _fill_value(x, value, op), x)
 
 
 torch_api.register_in_place(torch.Tensor.masked_fill_)(masked_fill)
