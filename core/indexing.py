@@ -1054,7 +1054,10 @@ def _strided_positions(x, size, stride, storage_offset, op):
     offset)`` picks the elements whose flat positions are ``as_strided`` applied to
     ``arange(x.numel())``: the positions are computed on a plain tensor, and the op is a
     ``take`` at them (its scatter a ``put``). torch's decompositions of ``unfold`` and
-    ``group_norm`` produce such calls."""
+    ``group_norm`` produce such calls. Sizes, strides and offsets are read in x's own layout,
+    the one ``x.stride()`` and ``x.storage_offset()`` report inside a transform; positions
+    outside x (which torch would read from the storage of a larger tensor that x is a view
+    of) are refused."""
     numel = math.prod(ops.shape_of(x))
     positions = torch.arange(numel, device=x.device)
     try:
@@ -1222,7 +1225,6 @@ def _data_dependent(func, what):
 
 
 for _func, _what in ((aten.nonzero.default, "nonzero"), (aten.argwhere.default, "argwhere"),
-                     (aten.nonzero_static.default, "nonzero_static"),
                      (aten._unique2.default, "unique"), (aten._unique.default, "unique"),
                      (aten.unique_dim.default, "unique(dim=...)"),
                      (aten.unique_consecutive.default, "unique_consecutive"),
