@@ -6,11 +6,12 @@ Every op of this family is written over a handful of primitives, each with its t
 - ``index`` (``x[i0, :, i1]``, aten's ``index.Tensor``) and its transpose ``index_put``
   (with ``accumulate``): advanced indexing, ``index_select``, ``take``, ``put``,
   ``index_add``, ``index_copy``, ``index_fill``, ``masked_select``, ``masked_scatter``,
-  ``as_strided``, ``embedding``;
+  ``as_strided``, ``unfold``, ``embedding``, ``embedding_bag``;
 - ``gather`` (course primitive) and the new ``scatter`` and ``scatter_reduce``:
   ``take_along_dim``, ``scatter_add``, ``index_reduce``, ``scatter(..., reduce=)``;
 - small non-differentiable helpers (``searchsorted``, ``histc``, ``mask_order``) and two
-  identities whose only job is to shape a derivative (``scale_grad``, ``guard``).
+  identities whose only job is to shape a derivative (``scale_grad`` for embedding's
+  backward, ``double_backward_guard`` for scatter_reduce's).
 Each op is reachable through both doors: the torch functions (torch_api) and the aten ops
 torch lowers to (aten_api). PyTorch does the same: ``index_select``, ``take`` and
 ``embedding`` decompose to ``index`` in torch._decomp, and derivatives.yaml writes the
@@ -380,14 +381,14 @@ def _sequence_as_tuple(index):
                or item is Ellipsis for item in index)
 
 
-def _list_index(items, op):
+def _list_index(items, device, op):
     items = [unwrap(i) for i in items]
     if any(isinstance(i, Value) for i in _flatten(items)):
         raise TransformUsageError(
             f"{op}: a list holding tensors of a transform cannot be used as an index. Fix: "
             "stack them into one tensor (torch.stack) and index with it."
         )
-    return torch.tensor(items)
+    return torch.tensor(items, device=device)
 
 
 def _flatten(items):
@@ -398,12 +399,13 @@ def _flatten(items):
             yield item
 
 
-def _split_index(shape, index, op):
+def _split_index(x, index, op):
     """``x[index]`` as ``index(getitem(x, basic), entries)``: the ints, slices, None and ...
     of ``index`` (a basic index, which ``ops.getitem`` handles and programs print as such),
     and a list of tensor indices (or None) per dim of the basic result. torch's Python
     indexing does the same: it applies the basic items first as views, and collects the
     tensors for one ``index`` call."""
+    shape = ops.shape_of(x)
     if isinstance(index, list) and _sequence_as_tuple(index):
         index = tuple(index)
     if not isinstance(index, tuple):
@@ -412,7 +414,7 @@ def _split_index(shape, index, op):
     for item in index:
         item = unwrap(item)
         if isinstance(item, list):
-            item = _list_index(item, op)
+            item = _list_index(item, x.device, op)
         if isinstance(item, torch.Tensor) and item.dim() == 0 and not item.dtype.is_floating_point \
                 and item.dtype not in (torch.bool, torch.uint8):
             item = int(item)  # a plain 0-d integer tensor selects, as in torch
@@ -441,7 +443,7 @@ def _split_index(shape, index, op):
             consumed = len(shape)  # a second ... adds nothing (torch refuses it anyway)
         elif isinstance(item, bool):  # x[True] adds a dim of size 1, x[False] one of size 0
             basic.append(None)
-            entries.append(None if item else torch.zeros(0, dtype=torch.int64))
+            entries.append(None if item else torch.zeros(0, dtype=torch.int64, device=x.device))
         elif _is_basic(item):
             basic.append(item)
             if not isinstance(item, int):
@@ -477,7 +479,7 @@ def getitem(x, index):
     """``x[index]``: basic indexing goes to ``ops.getitem`` (a view), tensors to ``index``."""
     if _all_basic(index):
         return ops.getitem(x, index)
-    basic, entries = _split_index(ops.shape_of(x), index, "x[index]")
+    basic, entries = _split_index(x, index, "x[index]")
     return advanced_index(ops.getitem(x, basic), entries)
 
 
@@ -489,7 +491,7 @@ def setitem(x, index, value):
     if _all_basic(index):
         return ops.setitem(x, index, value)
     op = "x[index] = value"
-    basic, entries = _split_index(ops.shape_of(x), index, op)
+    basic, entries = _split_index(x, index, op)
     region = ops.getitem(x, basic)
     tensors, dims = _normalize_entries(region, entries, op)
     if _is_tensor(value):
@@ -661,7 +663,8 @@ def _scatter_reduce_partials(x, index, src, out, dim, reduce, include_self):
       element that is the only zero at its place gets the product of the others (a second
       scatter_reduce with that zero replaced by 1), any other gets ``result / src``. With two
       or more zeros at one place every partial is 0, which is right, but the derivative of
-      that 0 is not: torch refuses the double backward there, and so does ``guard`` here.
+      that 0 is not: torch refuses the double backward there, and so does
+      ``double_backward_guard`` here (an identity whose derivatives raise where flagged).
     (torch.func's forward mode returns 0 for prod, and not_implemented for index_reduce; the
     jvp here is the transpose of the vjp.)"""
     x_shape, dtype = ops.shape_of(x), x.dtype
@@ -910,7 +913,8 @@ def index_copy(x, dim, index, source):
 def _written(x, dims, indices):
     """A boolean mask of x's shape, True at the places ``index_put`` at ``indices`` writes."""
     mask = torch.zeros(ops.shape_of(x), dtype=torch.bool, device=x.device)
-    return bind(index_put_p, mask, torch.ones((), dtype=torch.bool), *indices, dims=dims,
+    return bind(index_put_p, mask, torch.ones((), dtype=torch.bool, device=x.device), *indices,
+                dims=dims,
                 accumulate=False)
 
 
@@ -990,6 +994,14 @@ def _bool_mask(mask, op):
     return mask if mask.dtype == torch.bool else ops.ne(mask, 0)
 
 
+def _broadcast_with_mask(x, mask, op):
+    """x and its boolean mask, broadcast to their common shape."""
+    mask = _bool_mask(mask, op)
+    shape = tuple(torch.broadcast_shapes(ops.shape_of(x), ops.shape_of(mask)))
+    x = ops.expand(x, *shape) if ops.shape_of(x) != shape else x
+    return x, (ops.expand(mask, *shape) if ops.shape_of(mask) != shape else mask)
+
+
 @torch_api.register(*torch_api.torch_functions("masked_fill"))
 @aten_api.register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(x, mask, value):
@@ -1013,10 +1025,7 @@ def masked_scatter(x, mask, source):
     cotangents of the unused source elements are zero, as in torch's
     ``masked_scatter_backward``). Under vmap the order is computed per example."""
     op = "masked_scatter(x, mask, source)"
-    mask = _bool_mask(mask, op)
-    shape = tuple(torch.broadcast_shapes(ops.shape_of(x), ops.shape_of(mask)))
-    x = ops.expand(x, *shape) if ops.shape_of(x) != shape else x
-    mask = ops.expand(mask, *shape) if ops.shape_of(mask) != shape else mask
+    x, mask = _broadcast_with_mask(x, mask, op)
     if math.prod(ops.shape_of(source)) == 0:
         _check_no_true(mask, op)
         return x
@@ -1037,12 +1046,8 @@ torch_api.register_in_place(torch.Tensor.masked_scatter_)(masked_scatter)
 def masked_select(x, mask):
     """``x[mask]`` after broadcasting the two: a 1-d tensor as long as the mask has True
     elements (NOTE [Shapes that depend on the data])."""
-    op = "masked_select(x, mask)"
-    mask = _bool_mask(mask, op)
-    shape = tuple(torch.broadcast_shapes(ops.shape_of(x), ops.shape_of(mask)))
-    x = ops.expand(x, *shape) if ops.shape_of(x) != shape else x
-    mask = ops.expand(mask, *shape) if ops.shape_of(mask) != shape else mask
-    if not shape:
+    x, mask = _broadcast_with_mask(x, mask, "masked_select(x, mask)")
+    if not ops.shape_of(x):
         x, mask = ops.reshape(x, 1), ops.reshape(mask, 1)
     return advanced_index(x, [mask])
 
@@ -1358,7 +1363,8 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         out = bind(index_put_p, zeros, picked, bag_of, dims=(0,), accumulate=True)
         if mode == "mean":
             ones = ops.full_like(bag_of, 1.0, dtype=weight.dtype)
-            counts = bind(index_put_p, torch.zeros(bags + 1, dtype=weight.dtype), ones, bag_of,
-                          dims=(0,), accumulate=True)
+            counts = bind(index_put_p, torch.zeros(bags + 1, dtype=weight.dtype,
+                                                   device=weight.device),
+                          ones, bag_of, dims=(0,), accumulate=True)
             out = ops.div(out, ops.unsqueeze(ops.where(ops.eq(counts, 0), 1.0, counts), 1))
     return ops.getitem(out, (slice(0, bags, 1),))

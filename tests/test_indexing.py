@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import minifunctorch.core as mf
-from op_table import DTYPE, OpCase, distinct, indices, normal, positive
+from op_table import DTYPE, OpCase, distinct, indices, normal
 from oracle import (TRANSFORMS, assert_same, check_finite_differences, check_under_transform,
                     t_hessian,
                     transform_params)
