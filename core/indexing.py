@@ -6,7 +6,7 @@ Every op of this family is written over a handful of primitives, each with its t
 - ``index`` (``x[i0, :, i1]``, aten's ``index.Tensor``) and its transpose ``index_put``
   (with ``accumulate``): advanced indexing, ``index_select``, ``take``, ``put``,
   ``index_add``, ``index_copy``, ``index_fill``, ``masked_select``, ``masked_scatter``,
-  ``as_strided``, ``unfold``, ``embedding``, ``embedding_bag``;
+  ``as_strided``, ``embedding``, ``embedding_bag``;
 - ``gather`` (course primitive) and the new ``scatter`` and ``scatter_reduce``:
   ``take_along_dim``, ``scatter_add``, ``index_reduce``, ``scatter(..., reduce=)``;
 - small non-differentiable helpers (``searchsorted``, ``histc``, ``mask_order``) and two
@@ -1082,21 +1082,6 @@ def as_strided(x, size, stride, storage_offset=None):
     return take(x, positions)
 
 
-@torch_api.register(torch.Tensor.unfold)
-@aten_api.register(aten.unfold.default)
-def unfold(x, dimension, size, step):
-    """``x.unfold(dim, size, step)``: windows of ``size`` elements every ``step`` along dim,
-    a new last dim. The positions of the windows' elements come from unfolding an arange
-    (torch's decomposition is an as_strided, which is the same read)."""
-    numel = math.prod(ops.shape_of(x))
-    positions = torch.arange(numel, device=x.device).reshape(ops.shape_of(x))
-    try:
-        positions = positions.unfold(dimension, size, step)
-    except RuntimeError as error:
-        raise TransformUsageError(f"unfold(x, {dimension}, {size}, {step}): {error}") from None
-    return take(x, positions)
-
-
 @torch_api.register(*torch_api.torch_functions("as_strided_scatter"))
 @aten_api.register(aten.as_strided_scatter.default)
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
@@ -1123,9 +1108,14 @@ def searchsorted_batch(values, bdims, *, right, out_int32):
         return bind(searchsorted_p, sequence, searched, sorter, right=right,
                     out_int32=out_int32), v_bdim
     size = batch_size(values, bdims)
-    sequence, searched = to_front([sequence, searched], [s_bdim, v_bdim], expand_unbatched=True)
+
+    def in_front(value, bdim):
+        if bdim is not None:
+            return move_bdim(value, bdim, 0)
+        return ops.expand(ops.unsqueeze(value, 0), size, *ops.shape_of(value))
+    sequence, searched = in_front(sequence, s_bdim), in_front(searched, v_bdim)
     if sorter is not None:
-        sorter = to_front([sorter, sequence], [o_bdim, 0], expand_unbatched=True)[0]
+        sorter = in_front(sorter, o_bdim)
     if _rank(sequence) == 2:  # 1-d sequences: values of any shape, flattened per example
         shape = ops.shape_of(searched)
         out = bind(searchsorted_p, sequence, ops.reshape(searched, size, -1), sorter, right=right,
@@ -1253,6 +1243,15 @@ jvp_rules[scale_grad_p] = scale_grad_jvp
 batching_rules[scale_grad_p] = _same_shape_batch(scale_grad_p)
 
 
+def _refuse_sparse(sparse, op):
+    if sparse:
+        raise UnsupportedOperationError(
+            f"{op}: sparse=True asks for a sparse gradient, which minifunctorch transforms do not "
+            "make (torch.func returns a sparse_coo tensor). Fix: pass sparse=False; the gradient "
+            "is then a dense tensor with the same values."
+        )
+
+
 @aten_api.register(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """NOTE [embedding's two derivatives]
@@ -1262,6 +1261,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     gradient is divided by how often the indices name it. ``scale_grad`` is the identity with
     that backward and an untouched tangent, so both derivatives match torch.func's."""
     op = "embedding(weight, indices)"
+    _refuse_sparse(sparse, op)
     if _rank(weight) != 2:
         raise TransformUsageError(f"{op}: weight must be 2-d, got shape {ops.shape_of(weight)}.")
     if indices.dtype.is_floating_point:
@@ -1314,6 +1314,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     first maximum); here exact ties between rows share it, which differs only when two
     different rows hold equal values."""
     op = "F.embedding_bag(input, weight, ...)"
+    _refuse_sparse(sparse, op)
     if max_norm is not None or scale_grad_by_freq:
         raise UnsupportedOperationError(
             f"{op}: max_norm and scale_grad_by_freq are not supported inside minifunctorch "

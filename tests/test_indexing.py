@@ -32,6 +32,10 @@ def sorted_normal(g, *shape):
     return torch.sort(normal(g, *shape), dim=-1).values
 
 
+def _with_argsort(sequence, values):
+    return sequence, values, torch.argsort(sequence)
+
+
 def with_zeros(g, *shape):
     """Normal values with exact zeros in a fixed pattern (prod's special cases)."""
     x = normal(g, *shape)
@@ -249,6 +253,8 @@ CASES = [
     case("searchsorted_right_sorter",
          lambda s, v: v * torch.searchsorted(s, v, side="right", sorter=I([2, 0, 1, 3])),
          lambda g: (normal(g, 4), normal(g, 3)), diff=(1,)),
+    case("searchsorted_batched_sorter", lambda s, v, o: v * torch.searchsorted(s, v, sorter=o),
+         lambda g: _with_argsort(normal(g, 4), normal(g, 3)), diff=(1,)),
     case("searchsorted_nd", lambda s, v: v * torch.searchsorted(s, v, right=True),
          lambda g: (sorted_normal(g, 2, 4), normal(g, 2, 3)), diff=(1,)),
     case("bucketize", lambda x, b: x * torch.bucketize(x, b), lambda g: (normal(g, 2, 3),
@@ -641,9 +647,11 @@ def test_prod_double_backward_with_two_zeros_is_refused():
     (lambda x: x[torch.tensor([True, False])], "does not match"),
     (lambda x: x[0, 1, I([0])], "too many indices"),
     (lambda x: F.embedding(I([0]), x, max_norm=1.0), "max_norm"),
+    (lambda x: F.embedding(I([0]), x, sparse=True), "sparse=False"),
     (lambda x: x.index_put((I([0]),), torch.ones(2, 3)), "cannot be broadcast"),
     (lambda x: torch.histc(x, 3, 1.0, -1.0), "max must be larger"),
-], ids=["as_strided", "float_index", "mask_shape", "too_many", "max_norm", "values_shape", "histc"])
+], ids=["as_strided", "float_index", "mask_shape", "too_many", "max_norm", "sparse", "values_shape",
+        "histc"])
 def test_usage_errors(call, match):
     with pytest.raises(mf.TransformError, match=match):
         mf.grad(lambda x: call(x).sum())(torch.randn(3, 3))
