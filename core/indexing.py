@@ -43,7 +43,7 @@ from .values import Value, bind, top_dispatcher
 aten = torch.ops.aten
 
 
-# --- helpers ---------------------------------------------------------------------------------------
+# --- helpers -------------------------------------------------------------------------------------
 def _is_tensor(x):
     return isinstance(x, (torch.Tensor, Value))
 
@@ -111,7 +111,7 @@ def _entries(indices, dims):
     return entries
 
 
-# --- the primitives of advanced indexing -----------------------------------------------------------
+# --- the primitives of advanced indexing ---------------------------------------------------------
 # index: x[..] with integer index tensors at `dims` (a sorted tuple), full slices elsewhere.
 index_p = P.primitive(
     "index", lambda x, *indices, dims: aten.index.Tensor(x, _entries(indices, dims)))
@@ -261,7 +261,7 @@ def index_put_batch(values, bdims, *, dims, accumulate):
 batching_rules[index_put_p] = index_put_batch
 
 
-# --- from torch's index lists to the primitives -----------------------------------------------------
+# --- from torch's index lists to the primitives --------------------------------------------------
 def _mask_indices(mask, what):
     """The integer indices of a boolean mask's True elements, one tensor per mask dim."""
     _refuse_batched(what, mask)
@@ -365,7 +365,7 @@ aten_api.register(aten._index_put_impl.default)(
                                                                          accumulate))
 
 
-# --- the front door: x[index] and x[index] = value -------------------------------------------------
+# --- the front door: x[index] and x[index] = value -----------------------------------------------
 def _is_basic(item):
     return item is Ellipsis or item is None or (
         isinstance(item, (int, slice)) and not isinstance(item, bool))
@@ -508,7 +508,7 @@ def setitem(x, index, value):
     return written if region is x else ops.setitem(x, basic, written)
 
 
-# --- gather, under vmap ----------------------------------------------------------------------------
+# --- gather, under vmap --------------------------------------------------------------------------
 def _along_dim_batch(prim, values, bdims, dim, out_rank, target_rank=None, **params):
     """NOTE [gather and scatter under vmap]
     gather, scatter and scatter_reduce pair each element of ``index`` with one of ``x`` (and
@@ -548,7 +548,7 @@ batching_rules[P.gather_p] = gather_batch
 batching_rules[P.scatter_add_p] = scatter_add_batch
 
 
-# --- scatter and scatter_reduce --------------------------------------------------------------------
+# --- scatter and scatter_reduce ------------------------------------------------------------------
 def _scatter_impl(x, index, src, *, dim):
     return torch.scatter(x, dim, index, src)
 
@@ -839,7 +839,7 @@ def take_along_dim(x, indices, dim=None):
     return ops.gather(x, dim, indices)
 
 
-# --- index_select, take, put and the index_* family ------------------------------------------------
+# --- index_select, take, put and the index_* family ----------------------------------------------
 def _index_vector(index, op):
     if _rank(index) > 1:
         raise TransformUsageError(
@@ -1052,7 +1052,7 @@ def masked_select(x, mask):
     return advanced_index(x, [mask])
 
 
-# --- as_strided: a read of chosen elements ---------------------------------------------------------
+# --- as_strided: a read of chosen elements -------------------------------------------------------
 def _strided_positions(x, size, stride, storage_offset, op):
     """NOTE [as_strided on a tensor without storage]
     A FuncTensor's elements are laid out contiguously, so ``as_strided(x, size, stride,
@@ -1089,7 +1089,7 @@ def as_strided_scatter(x, src, size, stride, storage_offset=None):
     return put(x, positions, src)
 
 
-# --- index producers -------------------------------------------------------------------------------
+# --- index producers -----------------------------------------------------------------------------
 def _searchsorted_impl(sorted_sequence, values, sorter, *, right, out_int32):
     return torch.searchsorted(sorted_sequence, values, right=right, out_int32=out_int32,
                               sorter=sorter)
@@ -1179,7 +1179,8 @@ def histc_batch(values, bdims, *, bins, min, max):
         else:
             left, right = ops.amin(x, 1, keepdim=True), ops.amax(x, 1, keepdim=True)
             same = ops.eq(left, right)
-            left, right = ops.where(same, ops.sub(left, 1), left), ops.where(same, ops.add(right, 1), right)
+            left = ops.where(same, ops.sub(left, 1), left)
+            right = ops.where(same, ops.add(right, 1), right)
             if isinstance(left, torch.Tensor) and not bool(torch.isfinite(left).all() &
                                                            torch.isfinite(right).all()):
                 raise TransformUsageError("histc(x, ...): the range of an example is not finite "
@@ -1198,9 +1199,9 @@ batching_rules[histc_p] = histc_batch
 @torch_api.register(*torch_api.torch_functions("histc"))
 @aten_api.register(aten.histc.default)
 def histc(x, bins=100, min=0, max=0):
-    if min > max:
-        raise TransformUsageError(f"histc(x, bins, min={min}, max={max}): max must be larger "
-                                  "than min.")
+    if min > max or not (math.isfinite(min) and math.isfinite(max)):
+        raise TransformUsageError(f"histc(x, bins, min={min}, max={max}): expected a finite "
+                                  "range, with max larger than min.")
     return bind(histc_p, x, bins=int(bins), min=min, max=max)
 
 
