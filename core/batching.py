@@ -499,13 +499,29 @@ def diag_embed_batch(values, bdims, *, offset, dim1, dim2):
 batching_rules[P.diag_embed_p] = diag_embed_batch
 
 
+def _lift_0d(values, bdims):
+    """gather and scatter_add read a 0-d operand as a 1-d one of size 1 (``gather(x_1d, 0,
+    index_0d)`` is allowed), which a batch dim in front would break: every operand gets the
+    batch dim in front, and the 0-d ones that size-1 dim explicitly after it."""
+    ranks = [len(ops.shape_of(v)) - (b is not None) for v, b in zip(values, bdims)]
+    moved = to_front(values, bdims, expand_unbatched=True)
+    return [v if r else ops.unsqueeze(v, 1) for v, r in zip(moved, ranks)], ranks
+
+
 def gather_batch(values, bdims, *, dim):
-    x, index = to_front(values, bdims, expand_unbatched=True)
-    return bind(P.gather_p, x, index, dim=dim + 1), 0
+    (x, index), (x_rank, index_rank) = _lift_0d(values, bdims)
+    if x_rank and index_rank:
+        return bind(P.gather_p, x, index, dim=dim + 1), 0
+    out = bind(P.gather_p, x, index, dim=1)
+    return (out if index_rank else ops.squeeze(out, 1)), 0
 batching_rules[P.gather_p] = gather_batch
 
 
 def scatter_add_batch(values, bdims, *, dim, shape):
-    x, index = to_front(values, bdims, expand_unbatched=True)
-    return bind(P.scatter_add_p, x, index, dim=dim + 1, shape=(ops.shape_of(x)[0],) + shape), 0
+    (x, index), ranks = _lift_0d(values, bdims)
+    size = ops.shape_of(x)[0]
+    if all(ranks) and shape:
+        return bind(P.scatter_add_p, x, index, dim=dim + 1, shape=(size,) + shape), 0
+    out = bind(P.scatter_add_p, x, index, dim=1, shape=(size,) + (shape or (1,)))
+    return (out if shape else ops.squeeze(out, 1)), 0
 batching_rules[P.scatter_add_p] = scatter_add_batch

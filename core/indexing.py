@@ -517,7 +517,7 @@ def _along_dim_batch(prim, values, bdims, dim, out_rank, target_rank=None, **par
     by one: one call serves every example. torch reads a 0-d tensor as a 1-d one of size 1
     in these ops (``gather(x_1d, 0, index_0d)`` is allowed), which a batch dim in front would
     break: such operands get that size-1 dim explicitly, and the result loses it again.
-    (The course rule did not do this, and crashed on 0-d examples.)"""
+    (gather_batch and scatter_add_batch in batching.py do the same for the course's two.)"""
     ranks = [len(_logical_shape(v, b)) if _is_tensor(v) else None for v, b in zip(values, bdims)]
     moved = to_front(values, bdims, expand_unbatched=True)
     lift = any(r == 0 for r in ranks) or target_rank == 0
@@ -528,24 +528,6 @@ def _along_dim_batch(prim, values, bdims, dim, out_rank, target_rank=None, **par
     if lift and out_rank == 0:
         out = ops.squeeze(out, 1)
     return out, 0
-
-
-def gather_batch(values, bdims, *, dim):
-    return _along_dim_batch(P.gather_p, values, bdims, dim,
-                            len(_logical_shape(values[1], bdims[1])))
-
-
-def scatter_add_batch(values, bdims, *, dim, shape):
-    """(The course rule's scatter_add, whose output of ``shape`` is a hidden operand.)"""
-    size = batch_size(values, bdims)
-    return _along_dim_batch(P.scatter_add_p, values, bdims, dim, len(shape),
-                            target_rank=len(shape), shape=(size,) + (shape or (1,)))
-
-
-# NOTE: these replace the course rules of batching.py, which crash on 0-d examples; the fix
-# belongs in batching.py (see the report of the indexing family).
-batching_rules[P.gather_p] = gather_batch
-batching_rules[P.scatter_add_p] = scatter_add_batch
 
 
 # --- scatter and scatter_reduce ------------------------------------------------------------------

@@ -339,9 +339,9 @@ def _normalize_index(index, shape):
             not isinstance(item, (int, slice, type(None))) and item is not Ellipsis
         ):
             raise TransformUsageError(
-                f"x[{item!r}]: only integer, slice, None and ... indexing is supported inside "
-                f"transforms, got {type(item).__name__}. Fix: use torch.gather or "
-                "torch.where for indexing with tensors."
+                f"getitem(x, {item!r}): this op takes basic indices (integers, slices, None, "
+                f"...), got {type(item).__name__}. Fix: index the tensor itself (x[index] "
+                "handles tensor and mask indices too), or use torch.index_select."
             )
     consumed = _builtin_sum(1 for item in index if item is not None and item is not Ellipsis)
     if consumed > len(shape):
