@@ -163,22 +163,24 @@ def _random(shape, dtype, seed):
 
 # --- the transforms, written once for both namespaces (ns: torch.func or minifunctorch) -----
 def _differentiable_fn(s, wrt):
+    """NOTE [Ops with nothing to differentiate]
+    An op whose outputs are all integers or booleans (argmax, comparisons, searchsorted) has
+    no derivative, but it must still run inside vjp and jvp on values of the transform and
+    give torch.func's results: its outputs go to ``aux``, and a zero (the sum of the first
+    argument times 0) stands in for the differentiable output that vjp and jvp require."""
     def f(*diff):
         out = s.call(dict(zip(wrt, diff)))
         floats, others = _split_outputs(s.sample.output_process_fn_grad(out))
+        if not floats:
+            floats = (diff[0].sum() * 0,)
         return floats, others
     return f
 
 
 def _probe(s):
-    """Why the sample cannot be differentiated (no floating argument or output), or None."""
+    """Why the sample cannot be run under vjp and jvp (no floating argument), or None."""
     if not s.floats:
         return "no floating tensor argument"
-    torch.manual_seed(seed_of(s.key, s.index, "call"))
-    with torch.no_grad():
-        floats, _ = _differentiable_fn(s, s.floats)(*s.fresh(s.floats))
-    if not floats:
-        return "no floating output"
     return None
 
 
@@ -197,6 +199,96 @@ def run_jvp(ns, s, wrt):
     torch.manual_seed(seed_of(s.key, s.index, "call"))
     out, out_dot, aux = ns.jvp(_differentiable_fn(s, wrt), primals, tangents, has_aux=True)
     return {"outputs": out, "tangents": out_dot, "aux": aux}
+
+
+def _contract(jacobian, vector, dims):
+    """``jacobian`` contracted with ``vector`` over the last (J @ v) or first (v @ J) dims."""
+    return torch.tensordot(jacobian, vector, dims=dims)
+
+
+def reference_jvp_by_jacrev(s, wrt):
+    """NOTE [A second oracle for one mode]
+    torch has no forward-mode formula for some ops (and no reverse one for a few), so
+    torch.func refuses jvp (vjp) where it can still do the other. The Jacobian from the mode
+    it can do gives the same answer: J @ t from torch.func.jacrev for a jvp, ct @ J from
+    torch.func.jacfwd for a vjp. Same seeds as run_jvp and run_vjp."""
+    primals = tuple(s.fresh(wrt))
+    tangents = tuple(_random(p.shape, p.dtype, seed_of(s.key, s.index, "tangent", k))
+                     for k, p in enumerate(primals))
+    f = _differentiable_fn(s, wrt)
+    torch.manual_seed(seed_of(s.key, s.index, "call"))
+    out, aux = f(*primals)
+    torch.manual_seed(seed_of(s.key, s.index, "call"))
+    jacobian = tf.jacrev(lambda *p: f(*p)[0], argnums=tuple(range(len(primals))))(*primals)
+    out_dot = tuple(sum(_contract(j_ki, t, t.dim()) for j_ki, t in zip(j_k, tangents))
+                    for j_k in jacobian)
+    return {"outputs": out, "tangents": out_dot, "aux": aux}
+
+
+def reference_vjp_by_jacfwd(s, wrt):
+    primals = tuple(s.fresh(wrt))
+    f = _differentiable_fn(s, wrt)
+    torch.manual_seed(seed_of(s.key, s.index, "call"))
+    out, aux = f(*primals)
+    cts = tuple(_random(o.shape, o.dtype, seed_of(s.key, s.index, "ct", k))
+                for k, o in enumerate(out))
+    torch.manual_seed(seed_of(s.key, s.index, "call"))
+    jacobian = tf.jacfwd(lambda *p: f(*p)[0], argnums=tuple(range(len(primals))))(*primals)
+    grads = tuple(sum(_contract(ct, jacobian[k][i], ct.dim()) for k, ct in enumerate(cts))
+                  for i in range(len(primals)))
+    return {"outputs": out, "aux": aux, "grads": grads}
+
+
+FD_EPS = 1e-6
+FD_MAX_ELEMENTS = 512
+
+
+def finite_differences(s, transform, wrt):
+    """Central differences in float64, in the format of run_jvp / run_vjp (tangents or
+    grads only): the last word when torch.func's two modes disagree with ours and with each
+    other (NOTE [A second oracle for one mode])."""
+    primals = [p.double() for p in s.fresh(wrt)]
+    f = _differentiable_fn(s, wrt)
+
+    def floats_at(ps):
+        torch.manual_seed(seed_of(s.key, s.index, "call"))
+        with torch.no_grad():
+            return [o.double() for o in f(*[p.to(torch.float64) for p in ps])[0]]
+
+    def directional(direction):
+        plus = floats_at([p + FD_EPS * d for p, d in zip(primals, direction)])
+        minus = floats_at([p - FD_EPS * d for p, d in zip(primals, direction)])
+        return [(a - b) / (2 * FD_EPS) for a, b in zip(plus, minus)]
+
+    if transform == "jvp":
+        tangents = [_random(p.shape, torch.float32, seed_of(s.key, s.index, "tangent", k)).double()
+                    for k, p in enumerate(primals)]
+        return {"tangents": directional(tangents)}
+    if sum(p.numel() for p in primals) > FD_MAX_ELEMENTS:
+        return None
+    out = floats_at(primals)
+    cts = [_random(o.shape, torch.float32, seed_of(s.key, s.index, "ct", k)).double()
+           for k, o in enumerate(out)]
+    grads = []
+    for i, p in enumerate(primals):
+        g = torch.zeros_like(p).reshape(-1)
+        for e in range(p.numel()):
+            unit = [torch.zeros_like(q) for q in primals]
+            unit[i].view(-1)[e] = 1.0
+            g[e] = sum((ct * d).sum() for ct, d in zip(cts, directional(unit)))
+        grads.append(g.reshape(p.shape))
+    return {"grads": grads}
+
+
+def agrees_with_finite_differences(ours, reference):
+    """Whether our tangents or grads match the finite differences (float64 vs float32)."""
+    key = "tangents" if "tangents" in reference else "grads"
+    try:
+        for a, b in zip(ours[key], reference[key]):
+            torch.testing.assert_close(a.double(), b, rtol=1e-3, atol=1e-3, equal_nan=True)
+    except AssertionError:
+        return False
+    return True
 
 
 def scale(k, j):
@@ -396,6 +488,7 @@ def _theirs(run, args):
 
 def check(s, transform, variant=None):
     """One sample under one transform (vmap: one in_dims variant), as an Outcome."""
+    second_oracle = False
     if transform == "vmap":
         in_dims = VMAP_VARIANTS[variant](len(s.tensors)) if s.tensors else None
         outcome = Outcome("skip", s.index, variant, described=s.describe())
@@ -421,6 +514,16 @@ def check(s, transform, variant=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs, their_error = _theirs(run, args)
+        if their_error is not None and transform != "vmap":
+            other = reference_jvp_by_jacrev if transform == "jvp" else reference_vjp_by_jacfwd
+            try:
+                theirs, their_error = other(s, args[1]), None
+                outcome.variant = ("torch.func has no jvp here: J @ t from its jacrev"
+                                   if transform == "jvp" else
+                                   "torch.func has no vjp here: ct @ J from its jacfwd")
+                second_oracle = True
+            except Exception:  # noqa: BLE001 - no second oracle either: torch.func refuses
+                pass
         if (their_error is not None and transform != "vmap" and s.input_floats
                 and len(s.input_floats) < len(s.floats)):
             # NOTE [Arguments torch cannot differentiate]: a loss's target or a running
@@ -452,6 +555,15 @@ def check(s, transform, variant=None):
             outcome.kind, outcome.detail = "wrong", diff
             if transform == "vmap":
                 _second_opinion(outcome, s, args[1], ours, theirs, values)
+            elif second_oracle:
+                try:
+                    reference = finite_differences(s, transform, args[1])
+                except Exception:  # noqa: BLE001 - no third opinion
+                    reference = None
+                if reference is not None and agrees_with_finite_differences(ours, reference):
+                    outcome.kind = "ok"
+                    outcome.detail = ("torch.func's other mode is off, ours agrees with finite "
+                                      f"differences in float64: {diff}")
     return outcome
 
 
