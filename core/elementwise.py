@@ -669,32 +669,24 @@ aten_api.register(aten.tanh_backward.default)(lambda ct, y: bind(tanh_backward_p
 aten_api.register(aten.sigmoid_backward.default)(lambda ct, y: bind(sigmoid_backward_p, ct, y))
 
 
-def tanh_vjp(x):
-    out = ops.tanh(x)
-    return out, lambda ct: (bind(tanh_backward_p, ct, out),)
+def fused_backward_rules(prim, backward_prim, **params):
+    """The vjp and jvp rules of a primitive whose derivative torch computes with a fused
+    kernel of the incoming cotangent (or tangent) and the output: ``backward_prim(ct, out)``."""
+    def vjp(x):
+        out = bind(prim, x)
+        return out, lambda ct: (bind(backward_prim, ct, out, **params),)
+
+    def jvp(primals, tangents):
+        (x,), (x_dot,) = primals, tangents
+        out = bind(prim, x)
+        return out, bind(backward_prim, x_dot, out, **params)
+
+    vjp_rules[prim] = vjp
+    jvp_rules[prim] = jvp
 
 
-def tanh_jvp(primals, tangents):
-    (x,), (x_dot,) = primals, tangents
-    out = ops.tanh(x)
-    return out, bind(tanh_backward_p, x_dot, out)
-
-
-def sigmoid_vjp(x):
-    out = ops.sigmoid(x)
-    return out, lambda ct: (bind(sigmoid_backward_p, ct, out),)
-
-
-def sigmoid_jvp(primals, tangents):
-    (x,), (x_dot,) = primals, tangents
-    out = ops.sigmoid(x)
-    return out, bind(sigmoid_backward_p, x_dot, out)
-
-
-vjp_rules[P.tanh_p] = tanh_vjp
-jvp_rules[P.tanh_p] = tanh_jvp
-vjp_rules[P.sigmoid_p] = sigmoid_vjp
-jvp_rules[P.sigmoid_p] = sigmoid_jvp
+fused_backward_rules(P.tanh_p, tanh_backward_p)
+fused_backward_rules(P.sigmoid_p, sigmoid_backward_p)
 
 
 # relu's backward is threshold_backward(ct, out, 0): ct where out > 0, else 0. torch's fused
@@ -708,16 +700,4 @@ aten_api.register(aten.threshold_backward.default)(
     lambda ct, y, threshold: bind(threshold_backward_p, ct, y, threshold=threshold))
 
 
-def relu_vjp(x):
-    out = ops.relu(x)
-    return out, lambda ct: (bind(threshold_backward_p, ct, out, threshold=0),)
-
-
-def relu_jvp(primals, tangents):
-    (x,), (x_dot,) = primals, tangents
-    out = ops.relu(x)
-    return out, bind(threshold_backward_p, x_dot, out, threshold=0)
-
-
-vjp_rules[P.relu_p] = relu_vjp
-jvp_rules[P.relu_p] = relu_jvp
+fused_backward_rules(P.relu_p, threshold_backward_p, threshold=0)
