@@ -92,6 +92,39 @@ def _channel_view(v, rank, dim=1):
     return ops.reshape(v, *shape)
 
 
+# NOTE [Derivatives torch only has in forward mode]
+# In two places torch's reverse and forward modes disagree, and torch.func is the oracle of
+# both: an embedding with padding_idx reads the padding row like any other, but sends it no
+# gradient (embedding_backward skips it) while its jvp carries the row's tangent; and
+# native_group_norm's saved mean and rstd have no gradient but do have tangents. An identity
+# primitive, given a mask, keeps both conventions: its vjp zeroes the cotangent under the
+# mask, its jvp passes the tangent through.
+backward_mask_p = P.primitive("backward_mask", lambda x, mask: x)
+
+
+def backward_mask_vjp(x, mask):
+    return bind(backward_mask_p, x, mask), lambda ct: (ops.where(mask, 0.0, ct), None)
+vjp_rules[backward_mask_p] = backward_mask_vjp
+
+
+def backward_mask_jvp(primals, tangents):
+    (x, mask), (x_dot, _) = primals, tangents
+    return bind(backward_mask_p, x, mask), x_dot
+jvp_rules[backward_mask_p] = backward_mask_jvp
+
+
+def backward_mask_batch(values, bdims):
+    x, mask = to_front(values, bdims, expand_unbatched=True)
+    return bind(backward_mask_p, x, mask), 0
+batching_rules[backward_mask_p] = backward_mask_batch
+
+
+def _no_backward(x):
+    """``x``, with no gradient and its tangent (the mask of NOTE above, everywhere)."""
+    return bind(backward_mask_p, x, torch.ones((), dtype=torch.bool,
+                                               device=x.device).expand(shape_of(x)))
+
+
 # --- convolution -----------------------------------------------------------------------------------
 # The parameters of every convolution primitive, as aten.convolution takes them (tuples of
 # one int per spatial dim, transposed a bool, groups an int).
@@ -1399,9 +1432,10 @@ torch_api.register(torch.batch_norm)(
 
 def _saved_stats(x, training, eps):
     """native_batch_norm's second and third outputs: the batch statistics in training mode,
-    empty tensors in eval mode (on CPU)."""
+    empty tensors in eval mode (on CPU). torch declares them not differentiable (their
+    derivatives are zero), and so do we."""
     if training:
-        return _bn_statistics(x, eps)
+        return tuple(ops.detach(stat) for stat in _bn_statistics(x, eps))
     empty = torch.empty(0, dtype=x.dtype, device=x.device)
     return empty, empty
 
@@ -1442,7 +1476,7 @@ def _native_batch_norm_functional(x, weight, bias, running_mean, running_var, tr
         return out, mean, invstd, running_mean, running_var
     out = _batch_norm("_native_batch_norm_legit_functional", x, weight, bias, None, None, True,
                       momentum, eps)
-    mean, invstd = _bn_statistics(x, float(eps))
+    mean, invstd = (ops.detach(stat) for stat in _bn_statistics(x, float(eps)))
     n = math.prod(shape_of(x)) // shape_of(x)[1]
     variance = ops.mul(ops.sub(ops.pow(invstd, -2), eps), n / (n - 1))
     new_mean = ops.add(ops.mul(running_mean, 1 - momentum), ops.mul(mean, momentum))
@@ -1509,9 +1543,17 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 torch_api.register(torch.layer_norm)(
     lambda x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True:
     layer_norm(x, normalized_shape, weight, bias, eps))
+
+
+def _without_derivative(outputs):
+    """An op's first output, and its other outputs (saved statistics) detached: torch
+    declares those not differentiable."""
+    return (outputs[0], *(ops.detach(o) for o in outputs[1:]))
+
+
 aten_api.register(aten.native_layer_norm.default)(
     lambda x, normalized_shape, weight, bias, eps:
-    _layer_norm(x, normalized_shape, weight, bias, eps))
+    _without_derivative(_layer_norm(x, normalized_shape, weight, bias, eps)))
 
 
 def _group_norm(x, num_groups, weight, bias, eps):
@@ -1543,7 +1585,9 @@ torch_api.register(torch.group_norm)(
     lambda x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True:
     group_norm(x, num_groups, weight, bias, eps))
 aten_api.register(aten.native_group_norm.default)(
-    lambda x, weight, bias, n, c, hxw, group, eps: _group_norm(x, int(group), weight, bias, eps))
+    lambda x, weight, bias, n, c, hxw, group, eps:
+    (lambda out, mean, rstd: (out, _no_backward(mean), _no_backward(rstd)))(
+        *_group_norm(x, int(group), weight, bias, eps)))
 
 
 @torch_api.register(F.rms_norm, torch.rms_norm)
@@ -2359,33 +2403,6 @@ def bilinear(x1, x2, weight, bias=None):
     return ops.reshape(out, *lead, outputs)
 
 
-# NOTE [padding_idx]
-# An embedding with padding_idx reads the padding row like any other, but torch sends it no
-# gradient (embedding_backward skips it), while its forward-mode derivative carries the
-# row's tangent (the jvp is the embedding of the tangent). An identity primitive on the
-# rows read, given a mask of those at padding_idx, keeps both conventions: its vjp zeroes
-# the cotangent under the mask, its jvp passes the tangent through.
-embedding_padding_p = P.primitive("embedding_padding", lambda rows, is_padding: rows)
-
-
-def embedding_padding_vjp(rows, is_padding):
-    return (bind(embedding_padding_p, rows, is_padding),
-            lambda ct: (ops.where(is_padding, 0.0, ct), None))
-vjp_rules[embedding_padding_p] = embedding_padding_vjp
-
-
-def embedding_padding_jvp(primals, tangents):
-    (rows, is_padding), (rows_dot, _) = primals, tangents
-    return bind(embedding_padding_p, rows, is_padding), rows_dot
-jvp_rules[embedding_padding_p] = embedding_padding_jvp
-
-
-def embedding_padding_batch(values, bdims):
-    rows, is_padding = to_front(values, bdims, expand_unbatched=True)
-    return bind(embedding_padding_p, rows, is_padding), 0
-batching_rules[embedding_padding_p] = embedding_padding_batch
-
-
 def _embedding(weight, indices, padding_idx, max_norm, scale_grad_by_freq):
     if max_norm is not None or scale_grad_by_freq:
         what = "max_norm (which renormalizes the weight in place)" if max_norm is not None \
@@ -2400,8 +2417,10 @@ def _embedding(weight, indices, padding_idx, max_norm, scale_grad_by_freq):
     picked = ops.gather(weight, 0, ops.expand(ops.unsqueeze(flat, 1), shape_of(flat)[0],
                                               features))
     if padding_idx is not None:
+        # the rows read at padding_idx get no gradient (NOTE [Derivatives torch only has
+        # in forward mode])
         is_padding = ops.eq(ops.unsqueeze(flat, 1), padding_idx % rows)
-        picked = bind(embedding_padding_p, picked, ops.expand(is_padding, *shape_of(picked)))
+        picked = bind(backward_mask_p, picked, ops.expand(is_padding, *shape_of(picked)))
     return ops.reshape(picked, *shape_of(indices), features)
 
 

@@ -1,0 +1,772 @@
+"""The nn family (core/nn.py): convolution, pooling, normalization, padding, losses and the
+other layers of torch.nn.functional, under every transform, against torch.func.
+
+Each OpCase is one user-level call on small float64 inputs. A few ops have no forward-mode
+derivative in torch (grid_sample, the margin losses): torch.func cannot be the oracle of
+their jvp, so their forward-mode transforms are checked against our own vjp instead
+(``<J t, u> == <t, J^T u>``). Then: no per-example fallback under vmap, the kernels kept
+fused are bit-exact with torch.func in float32, per-sample gradients of a convolution are
+one grouped convolution, batch norm's running statistics, the regression tests of the issue
+tracker, refusals, and small nn.Module models through functional_call.
+"""
+import warnings
+
+import pytest
+import torch
+import torch.func as tf
+import torch.nn as nn
+import torch.nn.functional as F
+
+import minifunctorch.core as mf
+from minifunctorch.core import nn as mf_nn
+from minifunctorch.core.errors import (
+    InPlaceError,
+    MissingRuleError,
+    RandomnessError,
+    TransformError,
+    TransformUsageError,
+)
+from op_table import DTYPE, OpCase, distinct, indices, normal, positive
+from oracle import (
+    TRANSFORMS,
+    _random_like,
+    assert_same,
+    check_finite_differences,
+    check_under_transform,
+    transform_params,
+)
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:Using padding='same'"),
+    pytest.mark.filterwarnings("ignore:There is a performance drop"),
+    pytest.mark.filterwarnings("ignore:reduction. 'mean' divides"),
+]
+
+
+def case(name, fn, make, diff=(0,), hessian=False):
+    return OpCase(name, fn, make, tuple(diff), hessian)
+
+
+def unit(g, *shape):
+    """Values in (0.05, 0.95): probabilities for the binary cross-entropy."""
+    return torch.rand(shape, generator=g, dtype=DTYPE) * 0.9 + 0.05
+
+
+def signs(g, *shape):
+    return torch.randint(0, 2, shape, generator=g).to(DTYPE) * 2 - 1
+
+
+def grid(g, *shape):
+    """Sampling positions slightly beyond [-1, 1], so that every padding mode matters."""
+    return torch.rand(shape, generator=g, dtype=DTYPE) * 2.4 - 1.2
+
+
+def ignored(g, classes, *shape):
+    """Class indices with about a third of them ignore_index (-100)."""
+    target = torch.randint(0, classes, shape, generator=g)
+    return torch.where(torch.rand(shape, generator=g) < 0.33, -100, target)
+
+
+x4 = lambda g: normal(g, 2, 4, 5, 5)  # noqa: E731  an NCHW batch
+
+CASES = [
+    # --- convolution: the front door (F.conv*, F.conv_transpose*) and the back door
+    case("conv2d", lambda x, w, b: F.conv2d(x, w, b, padding=1),
+         lambda g: (x4(g), normal(g, 3, 4, 3, 3), normal(g, 3)), diff=(0, 1, 2), hessian=True),
+    case("conv2d_stride_dilation_groups", lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1),
+                                                                    dilation=(1, 2), groups=2),
+         lambda g: (x4(g), normal(g, 6, 2, 2, 2), normal(g, 6)), diff=(0, 1, 2)),
+    case("conv2d_same", lambda x, w: F.conv2d(x, w, padding="same", dilation=(1, 2)),
+         lambda g: (x4(g), normal(g, 3, 4, 2, 3)), diff=(0, 1)),
+    case("conv2d_valid_unbatched", lambda x, w: F.conv2d(x, w, padding="valid"),
+         lambda g: (normal(g, 4, 5, 5), normal(g, 2, 4, 3, 2)), diff=(0, 1)),
+    case("conv1d", lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=2),
+         lambda g: (normal(g, 2, 3, 7), normal(g, 4, 3, 3), normal(g, 4)), diff=(0, 1, 2),
+         hessian=True),
+    case("conv1d_same_even_kernel", lambda x, w: F.conv1d(x, w, padding="same"),
+         lambda g: (normal(g, 2, 3, 6), normal(g, 2, 3, 4)), diff=(0, 1)),
+    case("conv3d_groups", lambda x, w: F.conv3d(x, w, groups=2, padding=1, stride=2),
+         lambda g: (normal(g, 2, 4, 3, 4, 3), normal(g, 4, 2, 2, 2, 2)), diff=(0, 1)),
+    case("conv_transpose2d", lambda x, w, b: F.conv_transpose2d(
+        x, w, b, stride=2, padding=1, output_padding=1, groups=2),
+         lambda g: (normal(g, 2, 4, 3, 3), normal(g, 4, 3, 3, 3), normal(g, 6)), diff=(0, 1, 2),
+         hessian=True),
+    case("conv_transpose1d_dilation", lambda x, w: F.conv_transpose1d(x, w, stride=2,
+                                                                       dilation=2),
+         lambda g: (normal(g, 2, 3, 4), normal(g, 3, 2, 3)), diff=(0, 1)),
+    case("conv_transpose3d", lambda x, w: F.conv_transpose3d(x, w, stride=(1, 2, 1)),
+         lambda g: (normal(g, 1, 2, 2, 3, 2), normal(g, 2, 3, 2, 2, 2)), diff=(0, 1)),
+    case("nn_conv2d_reflect", lambda x, w, b: torch.func.functional_call(
+        CONV_REFLECT, {"weight": w, "bias": b}, (x,)),
+         lambda g: (x4(g), normal(g, 3, 4, 3, 3), normal(g, 3)), diff=(0, 1, 2)),
+    case("aten_convolution", lambda x, w: torch.ops.aten.convolution(
+        x, w, None, [1, 2], [0, 1], [1, 1], False, [0, 0], 1),
+         lambda g: (x4(g), normal(g, 3, 4, 2, 2)), diff=(0, 1)),
+    # --- pooling
+    case("max_pool2d", lambda x: F.max_pool2d(x, 3, 2, padding=1), lambda g: (distinct(g, 2, 3, 5, 5),),
+         hessian=True),
+    case("max_pool2d_indices", lambda x: F.max_pool2d(x, 2, return_indices=True)[0] *
+         F.max_pool2d(x, 2, return_indices=True)[1], lambda g: (distinct(g, 2, 3, 4, 4),)),
+    case("max_pool2d_dilation_ceil", lambda x: F.max_pool2d(x, 2, 2, dilation=2, ceil_mode=True),
+         lambda g: (distinct(g, 2, 2, 6, 5),)),
+    case("max_pool1d", lambda x: F.max_pool1d(x, 3, 2, 1), lambda g: (distinct(g, 2, 3, 8),)),
+    case("max_pool3d_unbatched", lambda x: F.max_pool3d(x, 2), lambda g: (distinct(g, 2, 4, 4, 4),)),
+    case("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (3, 2)),
+         lambda g: (distinct(g, 2, 2, 5, 5),)),
+    case("adaptive_max_pool1d", lambda x: F.adaptive_max_pool1d(x, 3),
+         lambda g: (distinct(g, 2, 3, 7),)),
+    case("aten_max_pool2d_with_indices", lambda x: torch.ops.aten.max_pool2d_with_indices(
+        x, [2, 2], [1, 1])[0], lambda g: (distinct(g, 2, 3, 4, 4),)),
+    case("avg_pool2d", lambda x: F.avg_pool2d(x, 3, 2, padding=1), lambda g: (x4(g),),
+         hessian=True),
+    case("avg_pool2d_ceil_no_pad_count", lambda x: F.avg_pool2d(
+        x, 2, 2, padding=1, ceil_mode=True, count_include_pad=False), lambda g: (x4(g),)),
+    case("avg_pool2d_divisor", lambda x: F.avg_pool2d(x, 2, divisor_override=3),
+         lambda g: (x4(g),)),
+    case("avg_pool1d", lambda x: F.avg_pool1d(x, 3, 2, 1), lambda g: (normal(g, 2, 3, 8),)),
+    case("avg_pool3d", lambda x: F.avg_pool3d(x, 2, ceil_mode=True), lambda g: (normal(g, 2, 2, 3, 4, 3),)),
+    case("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), lambda g: (x4(g),)),
+    case("adaptive_avg_pool2d_1x1", lambda x: F.adaptive_avg_pool2d(x, 1), lambda g: (x4(g),)),
+    case("adaptive_avg_pool1d", lambda x: F.adaptive_avg_pool1d(x, 4), lambda g: (normal(g, 2, 3, 7),)),
+    case("adaptive_avg_pool3d", lambda x: F.adaptive_avg_pool3d(x, (2, None, 1)),
+         lambda g: (normal(g, 1, 2, 3, 4, 3),)),
+    case("lp_pool2d", lambda x: F.lp_pool2d(x, 2, 2), lambda g: (positive(g, 2, 3, 4, 4),)),
+    case("lp_pool1d", lambda x: F.lp_pool1d(x, 3, 2), lambda g: (positive(g, 2, 3, 6),)),
+    # --- normalization
+    case("batch_norm_train", lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+         lambda g: (normal(g, 3, 4, 3, 3), normal(g, 4), normal(g, 4)), diff=(0, 1, 2),
+         hessian=True),
+    case("batch_norm_train_2d_no_affine", lambda x: F.batch_norm(x, None, None, training=True),
+         lambda g: (normal(g, 5, 3),), hessian=True),
+    case("batch_norm_eval", lambda x, w, b, m, v: F.batch_norm(x, m, v, w, b, eps=1e-3),
+         lambda g: (normal(g, 3, 4, 3), normal(g, 4), normal(g, 4), normal(g, 4),
+                    positive(g, 4)), diff=(0, 1, 2), hessian=True),
+    case("aten_native_batch_norm", lambda x, w: torch.native_batch_norm(
+        x, w, None, None, None, True, 0.1, 1e-5)[0] + torch.native_batch_norm(
+        x, w, None, None, None, True, 0.1, 1e-5)[2].sum(),
+         lambda g: (normal(g, 4, 3, 2), normal(g, 3)), diff=(0, 1)),
+    case("instance_norm", lambda x, w, b: F.instance_norm(x, weight=w, bias=b),
+         lambda g: (normal(g, 2, 3, 4, 4), normal(g, 3), normal(g, 3)), diff=(0, 1, 2)),
+    case("layer_norm", lambda x, w, b: F.layer_norm(x, (5,), w, b),
+         lambda g: (normal(g, 3, 4, 5), normal(g, 5), normal(g, 5)), diff=(0, 1, 2),
+         hessian=True),
+    case("layer_norm_two_dims", lambda x: F.layer_norm(x, (4, 5), eps=1e-3),
+         lambda g: (normal(g, 3, 4, 5),)),
+    case("aten_native_layer_norm", lambda x: torch.ops.aten.native_layer_norm(
+        x, [5], None, None, 1e-5)[2].sum() * x, lambda g: (normal(g, 3, 5),)),
+    case("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b),
+         lambda g: (normal(g, 2, 4, 3, 3), normal(g, 4), normal(g, 4)), diff=(0, 1, 2),
+         hessian=True),
+    case("aten_native_group_norm", lambda x: torch.ops.aten.native_group_norm(
+        x, None, None, 2, 4, 3, 2, 1e-5)[1].sum() * x, lambda g: (normal(g, 2, 4, 3),)),
+    case("rms_norm", lambda x, w: F.rms_norm(x, (5,), w), lambda g: (normal(g, 3, 5), normal(g, 5)),
+         diff=(0, 1)),
+    case("normalize", lambda x: F.normalize(x, dim=-1), lambda g: (normal(g, 3, 4),)),
+    case("normalize_p1", lambda x: F.normalize(x, p=1.0, dim=0), lambda g: (normal(g, 3, 4),)),
+    case("local_response_norm", lambda x: F.local_response_norm(x, 3),
+         lambda g: (normal(g, 2, 5, 3, 3),)),
+    # --- padding
+    case("pad_constant", lambda x: F.pad(x, (1, 2, 0, 1), value=0.5), lambda g: (x4(g),),
+         hessian=True),
+    case("pad_negative_crops", lambda x: F.pad(x, (1, -2, -1, 2)), lambda g: (x4(g),)),
+    case("aten_constant_pad_nd", lambda x: torch.constant_pad_nd(x, [2, 1]),
+         lambda g: (normal(g, 3, 4),)),
+    case("pad_reflect", lambda x: F.pad(x, (2, 1, 1, 3), mode="reflect"), lambda g: (x4(g),)),
+    case("pad_reflect1d", lambda x: F.pad(x, (2, 3), mode="reflect"),
+         lambda g: (normal(g, 2, 3, 5),)),
+    case("pad_replicate3d", lambda x: F.pad(x, (1, 0, 2, 1, 0, 2), mode="replicate"),
+         lambda g: (normal(g, 1, 2, 3, 3, 2),)),
+    case("pad_circular", lambda x: F.pad(x, (2, 1, 1, 2), mode="circular"), lambda g: (x4(g),)),
+    # --- losses
+    case("nll_loss", F.nll_loss, lambda g: (normal(g, 5, 4), indices(g, 4, 5)), hessian=True),
+    case("nll_loss_weight_ignore", lambda x, t, w: F.nll_loss(x, t, w),
+         lambda g: (normal(g, 6, 4), ignored(g, 4, 6), positive(g, 4))),
+    case("nll_loss_nd_sum", lambda x, t: F.nll_loss(x, t, reduction="sum", ignore_index=2),
+         lambda g: (normal(g, 2, 4, 3, 2), indices(g, 4, 2, 3, 2))),
+    case("nll_loss_none_1d", lambda x, t: F.nll_loss(x, t, reduction="none"),
+         lambda g: (normal(g, 4), indices(g, 4))),
+    case("cross_entropy", F.cross_entropy, lambda g: (normal(g, 5, 4), indices(g, 4, 5)),
+         hessian=True),
+    case("cross_entropy_weight_ignore_smoothing", lambda x, t, w: F.cross_entropy(
+        x, t, w, label_smoothing=0.2), lambda g: (normal(g, 6, 4), ignored(g, 4, 6),
+                                                  positive(g, 4)), hessian=True),
+    case("cross_entropy_smoothing_none_nd", lambda x, t: F.cross_entropy(
+        x, t, reduction="none", label_smoothing=0.1, ignore_index=1),
+         lambda g: (normal(g, 2, 4, 3), indices(g, 4, 2, 3))),
+    case("cross_entropy_smoothing_sum_weight", lambda x, t, w: F.cross_entropy(
+        x, t, w, reduction="sum", label_smoothing=0.3), lambda g: (normal(g, 5, 3),
+                                                                   ignored(g, 3, 5),
+                                                                   positive(g, 3))),
+    case("cross_entropy_probabilities", lambda x, p, w: F.cross_entropy(
+        x, p, w, label_smoothing=0.1), lambda g: (normal(g, 5, 4),
+                                                  torch.softmax(normal(g, 5, 4), 1),
+                                                  positive(g, 4)), diff=(0, 1)),
+    case("binary_cross_entropy", lambda x, t, w: F.binary_cross_entropy(x, t, w),
+         lambda g: (unit(g, 3, 4), unit(g, 3, 4), positive(g, 4)), diff=(0, 1), hessian=True),
+    case("binary_cross_entropy_with_logits", lambda x, t, w, p: F.binary_cross_entropy_with_logits(
+        x, t, w, pos_weight=p), lambda g: (normal(g, 3, 4), unit(g, 3, 4), positive(g, 4),
+                                           positive(g, 4)), diff=(0, 1), hessian=True),
+    case("binary_cross_entropy_with_logits_sum", lambda x, t: F.binary_cross_entropy_with_logits(
+        x, t, reduction="sum"), lambda g: (normal(g, 3, 4), unit(g, 3, 4)), diff=(0, 1)),
+    case("mse_loss_weight", lambda x, t, w: F.mse_loss(x, t, weight=w),
+         lambda g: (normal(g, 3, 4), normal(g, 3, 4), positive(g, 3, 4)), diff=(0, 1)),
+    case("l1_loss", lambda x, t: F.l1_loss(x, t, reduction="sum"),
+         lambda g: (normal(g, 3, 4), normal(g, 3, 4)), diff=(0, 1)),
+    case("smooth_l1_loss", lambda x, t: F.smooth_l1_loss(x, t, beta=0.7),
+         lambda g: (normal(g, 3, 4), normal(g, 3, 4)), diff=(0, 1), hessian=True),
+    case("smooth_l1_loss_beta0", lambda x, t: F.smooth_l1_loss(x, t, beta=0.0, reduction="none"),
+         lambda g: (normal(g, 3, 4), normal(g, 3, 4)), diff=(0, 1)),
+    case("huber_loss_weight", lambda x, t, w: F.huber_loss(x, t, delta=0.8, weight=w),
+         lambda g: (normal(g, 3, 4), normal(g, 3, 4), positive(g, 3, 4)), diff=(0, 1),
+         hessian=True),
+    case("kl_div_batchmean", lambda x, t: F.kl_div(x, t, reduction="batchmean"),
+         lambda g: (normal(g, 3, 4), unit(g, 3, 4)), diff=(0, 1), hessian=True),
+    case("kl_div_log_target", lambda x, t: F.kl_div(x, t, reduction="sum", log_target=True),
+         lambda g: (normal(g, 3, 4), normal(g, 3, 4)), diff=(0, 1)),
+    case("kl_div_mean", lambda x, t: F.kl_div(x, t), lambda g: (normal(g, 3, 4), unit(g, 3, 4)),
+         diff=(0, 1)),
+    case("poisson_nll_loss", lambda x, t: F.poisson_nll_loss(x, t),
+         lambda g: (normal(g, 3, 4), positive(g, 3, 4)), diff=(0, 1)),
+    case("poisson_nll_loss_full", lambda x, t: F.poisson_nll_loss(x, t, log_input=False, full=True),
+         lambda g: (positive(g, 3, 4), positive(g, 3, 4) * 2), diff=(0, 1)),
+    case("gaussian_nll_loss", lambda x, t: F.gaussian_nll_loss(x, t, GAUSSIAN_VAR, full=True),
+         lambda g: (normal(g, 3, 4), normal(g, 3, 4)), diff=(0, 1)),
+    case("margin_ranking_loss", lambda a, b, t: F.margin_ranking_loss(a, b, t, margin=0.1),
+         lambda g: (normal(g, 5), normal(g, 5), signs(g, 5)), diff=(0, 1)),
+    case("hinge_embedding_loss", lambda x, t: F.hinge_embedding_loss(x, t, margin=0.5),
+         lambda g: (normal(g, 3, 4), signs(g, 3, 4))),
+    case("cosine_embedding_loss", lambda a, b, t: F.cosine_embedding_loss(a, b, t, margin=0.1),
+         lambda g: (normal(g, 4, 5), normal(g, 4, 5), signs(g, 4)), diff=(0, 1)),
+    case("triplet_margin_loss", lambda a, p, n: F.triplet_margin_loss(a, p, n, swap=True),
+         lambda g: (normal(g, 4, 5), normal(g, 4, 5), normal(g, 4, 5)), diff=(0, 1, 2)),
+    case("multilabel_soft_margin_loss", lambda x, t, w: F.multilabel_soft_margin_loss(x, t, w),
+         lambda g: (normal(g, 3, 4), unit(g, 3, 4).round(), positive(g, 4))),
+    case("cosine_similarity", lambda a, b: F.cosine_similarity(a, b, dim=-1),
+         lambda g: (normal(g, 3, 5), normal(g, 5)), diff=(0, 1), hessian=True),
+    case("pairwise_distance", lambda a, b: F.pairwise_distance(a, b),
+         lambda g: (normal(g, 3, 5), normal(g, 3, 5)), diff=(0, 1)),
+    case("pairwise_distance_p3_keepdim", lambda a, b: F.pairwise_distance(a, b, p=3.0,
+                                                                           keepdim=True),
+         lambda g: (normal(g, 3, 5), normal(g, 5)), diff=(0, 1)),
+    # --- other layers
+    case("bilinear", F.bilinear, lambda g: (normal(g, 3, 4), normal(g, 3, 5), normal(g, 2, 4, 5),
+                                            normal(g, 2)), diff=(0, 1, 2, 3), hessian=True),
+    case("embedding", lambda i, w: F.embedding(i, w), lambda g: (indices(g, 5, 2, 3), normal(g, 5, 3)),
+         diff=(1,)),
+    case("embedding_padding_idx", lambda i, w: F.embedding(i, w, padding_idx=2),
+         lambda g: (indices(g, 5, 2, 3), normal(g, 5, 3)), diff=(1,)),
+    case("nn_embedding_aten", lambda i, w: torch.embedding(w, i, 1),
+         lambda g: (indices(g, 5, 4), normal(g, 5, 3)), diff=(1,)),
+    case("interpolate_nearest", lambda x: F.interpolate(x, scale_factor=(1.5, 2.0)),
+         lambda g: (x4(g),)),
+    case("interpolate_nearest_exact_down", lambda x: F.interpolate(x, size=(3, 2),
+                                                                   mode="nearest-exact"),
+         lambda g: (x4(g),)),
+    case("interpolate_linear", lambda x: F.interpolate(x, scale_factor=1.7, mode="linear"),
+         lambda g: (normal(g, 2, 3, 5),)),
+    case("interpolate_bilinear_align_corners", lambda x: F.interpolate(
+        x, size=(7, 4), mode="bilinear", align_corners=True), lambda g: (x4(g),), hessian=True),
+    case("interpolate_bicubic", lambda x: F.interpolate(x, scale_factor=1.5, mode="bicubic"),
+         lambda g: (x4(g),)),
+    case("interpolate_bilinear_antialias", lambda x: F.interpolate(
+        x, size=(3, 2), mode="bilinear", antialias=True), lambda g: (x4(g),)),
+    case("interpolate_trilinear", lambda x: F.interpolate(x, scale_factor=2, mode="trilinear"),
+         lambda g: (normal(g, 1, 2, 2, 3, 2),)),
+    case("interpolate_area", lambda x: F.interpolate(x, size=(2, 3), mode="area"),
+         lambda g: (x4(g),)),
+    case("upsample_nearest3d", lambda x: F.interpolate(x, size=(3, 4, 3)),
+         lambda g: (normal(g, 1, 2, 2, 3, 2),)),
+    case("pixel_shuffle", lambda x: F.pixel_shuffle(x, 2), lambda g: (normal(g, 2, 8, 2, 3),)),
+    case("pixel_unshuffle", lambda x: F.pixel_unshuffle(x, 2), lambda g: (normal(g, 2, 2, 4, 6),)),
+    case("unfold", lambda x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)),
+         lambda g: (x4(g),)),
+    case("fold", lambda x: F.fold(x, (5, 6), (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)),
+         lambda g: (normal(g, 2, 12, 15),)),
+    case("unfold_unbatched", lambda x: F.unfold(x, 2), lambda g: (normal(g, 3, 4, 4),)),
+    case("dropout_eval", lambda x: F.dropout(x, 0.3, training=False) + nn.Dropout(0.5).eval()(x),
+         lambda g: (normal(g, 3, 4),)),
+    case("glu", lambda x: F.glu(x, 1), lambda g: (normal(g, 3, 4, 2),), hessian=True),
+    case("prelu", F.prelu, lambda g: (normal(g, 3, 4, 2), normal(g, 4)), diff=(0, 1)),
+    case("prelu_shared", F.prelu, lambda g: (normal(g, 3, 4), normal(g, 1)), diff=(0, 1)),
+    case("softmin", lambda x: F.softmin(x, 1), lambda g: (normal(g, 3, 4),), hessian=True),
+    case("softmax_dtype", lambda x: F.softmax(x.float(), 0, dtype=torch.float64),
+         lambda g: (normal(g, 3, 4),)),
+    case("log_softmax_dtype", lambda x: F.log_softmax(x, -1, dtype=torch.float64),
+         lambda g: (normal(g, 3, 4),)),
+]
+
+# torch has no forward-mode derivative for these: their jvp is checked against our own vjp
+NO_FORWARD_AD_IN_TORCH = [
+    case("grid_sample_bilinear_zeros", lambda x, g_: F.grid_sample(x, g_, align_corners=False),
+         lambda g: (normal(g, 2, 2, 4, 3), grid(g, 2, 3, 2, 2)), diff=(0, 1)),
+    case("grid_sample_bilinear_border", lambda x, g_: F.grid_sample(
+        x, g_, padding_mode="border", align_corners=True),
+         lambda g: (normal(g, 2, 2, 4, 3), grid(g, 2, 3, 2, 2)), diff=(0, 1)),
+    case("grid_sample_bilinear_reflection", lambda x, g_: F.grid_sample(
+        x, g_, padding_mode="reflection", align_corners=False),
+         lambda g: (normal(g, 2, 2, 4, 3), grid(g, 2, 3, 2, 2)), diff=(0, 1)),
+    case("grid_sample_nearest", lambda x, g_: F.grid_sample(x, g_, mode="nearest",
+                                                            align_corners=False),
+         lambda g: (normal(g, 2, 2, 4, 3), grid(g, 2, 3, 2, 2))),
+    case("grid_sample_bicubic_reflection", lambda x, g_: F.grid_sample(
+        x, g_, mode="bicubic", padding_mode="reflection", align_corners=True),
+         lambda g: (normal(g, 2, 2, 4, 3), grid(g, 2, 3, 2, 2)), diff=(0, 1)),
+    case("grid_sample_bicubic_zeros", lambda x, g_: F.grid_sample(
+        x, g_, mode="bicubic", align_corners=False),
+         lambda g: (normal(g, 2, 2, 4, 3), grid(g, 2, 3, 2, 2)), diff=(0, 1)),
+    case("grid_sample_3d", lambda x, g_: F.grid_sample(x, g_, align_corners=False),
+         lambda g: (normal(g, 1, 2, 3, 3, 2), grid(g, 1, 2, 2, 2, 3)), diff=(0, 1)),
+    case("multi_margin_loss", lambda x, t, w: F.multi_margin_loss(x, t, p=2, margin=0.7,
+                                                                  weight=w),
+         lambda g: (normal(g, 4, 5), indices(g, 5, 4), positive(g, 5))),
+    case("multilabel_margin_loss", lambda x, t: F.multilabel_margin_loss(x, t),
+         lambda g: (normal(g, 4, 5), MULTILABEL_TARGET)),
+    case("soft_margin_loss", lambda x, t: F.soft_margin_loss(x, t),
+         lambda g: (normal(g, 3, 4), signs(g, 3, 4))),
+]
+FORWARD_MODE = {"jvp", "jacfwd", "jacfwd_jacrev", "jvp_grad", "hessian"}
+
+CONV_REFLECT = nn.Conv2d(4, 3, 3, padding=1, padding_mode="reflect").double()
+GAUSSIAN_VAR = torch.rand(3, 4, generator=torch.Generator().manual_seed(0), dtype=DTYPE) + 0.5
+MULTILABEL_TARGET = torch.tensor([[1, 2, -1, 0, 0], [3, -1, 0, 0, 0], [0, 1, 2, 3, 4],
+                                  [4, 0, -1, 1, 1]])
+ALL_CASES = CASES + NO_FORWARD_AD_IN_TORCH
+assert len({c.name for c in ALL_CASES}) == len(ALL_CASES), "two cases share a name"
+
+
+def _params():
+    yield from transform_params(CASES)
+    for param in transform_params(NO_FORWARD_AD_IN_TORCH):
+        if param.values[1] not in FORWARD_MODE:
+            yield param
+
+
+@pytest.mark.parametrize("case, transform", list(_params()))
+def test_under_transform(case, transform):
+    check_under_transform(case, transform)
+
+
+# torch's derivatives of these are conventions, not the derivatives finite differences see:
+# saved statistics declared not differentiable, and an embedding's padding row
+DECLARED_NOT_DIFFERENTIABLE = {"aten_native_batch_norm", "aten_native_layer_norm",
+                               "aten_native_group_norm", "embedding_padding_idx",
+                               "nn_embedding_aten"}
+FD_CASES = [c for c in ALL_CASES if c.name not in DECLARED_NOT_DIFFERENTIABLE]
+
+
+@pytest.mark.parametrize("case", FD_CASES, ids=[c.name for c in FD_CASES])
+def test_finite_differences(case):
+    check_finite_differences(case)
+
+
+def _inner(a, b):
+    return sum((x * y).sum() for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("case", NO_FORWARD_AD_IN_TORCH,
+                         ids=[c.name for c in NO_FORWARD_AD_IN_TORCH])
+def test_jvp_agrees_with_vjp_where_torch_has_no_forward_mode(case):
+    """<J t, u> = <t, J^T u>: our jvp against our (torch.func-checked) vjp."""
+    args = case.sample()
+
+    def of_diff(*diff_args):
+        full = list(args)
+        for i, v in zip(case.diff, diff_args):
+            full[i] = v
+        return case.fn(*full)
+    primals = tuple(args[i] for i in case.diff)
+    tangents = tuple(_random_like(p.shape, 30 + i) for i, p in enumerate(primals))
+    out, out_dot = mf.jvp(of_diff, primals, tangents)
+    u = _random_like(out.shape, 40)
+    _, vjp_fn = mf.vjp(of_diff, *primals)
+    torch.testing.assert_close(_inner([out_dot], [u]), _inner(tangents, vjp_fn(u)))
+    # and forward over reverse agrees with reverse over reverse (the hessian of a scalar)
+    scalar = lambda *a: (of_diff(*a) * u).sum()  # noqa: E731
+    first = case.diff[0]
+    if first == 0 and case.name != "grid_sample_nearest":
+        h_fwd = mf.jacfwd(mf.grad(scalar))(*primals[:1], *primals[1:])
+        h_rev = mf.jacrev(mf.grad(scalar))(*primals[:1], *primals[1:])
+        torch.testing.assert_close(h_fwd, h_rev)
+
+
+# --- no per-example fallback -----------------------------------------------------------------------
+@pytest.mark.parametrize("case", ALL_CASES, ids=[c.name for c in ALL_CASES])
+def test_vmap_uses_no_fallback(case):
+    with mf.capture_fallbacks() as used:
+        TRANSFORMS["vmap_0"](mf, case)
+        TRANSFORMS["vmap_grad"](mf, case)
+        TRANSFORMS["vmap_rest"](mf, case)
+    assert not used, f"{case.name} used the per-example fallback for {dict(used)}"
+
+
+# --- the kernels kept fused: bit-exact with torch.func in float32 --------------------------------
+def _f32(g, *shape):
+    return torch.randn(shape, generator=g)
+
+
+FUSED = {
+    "conv2d": (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=2),
+               lambda g: (_f32(g, 4, 6, 9, 9), _f32(g, 8, 3, 3, 3), _f32(g, 8))),
+    "conv_transpose2d": (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, output_padding=1),
+                         lambda g: (_f32(g, 2, 4, 5, 5), _f32(g, 4, 3, 3, 3), _f32(g, 3))),
+    "conv1d": (lambda x, w, b: F.conv1d(x, w, b, padding=1),
+               lambda g: (_f32(g, 3, 4, 11), _f32(g, 5, 4, 3), _f32(g, 5))),
+    "avg_pool2d": (lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True),
+                   lambda g: (_f32(g, 2, 3, 9, 8),)),
+    "adaptive_avg_pool2d": (lambda x: F.adaptive_avg_pool2d(x, (3, 4)),
+                            lambda g: (_f32(g, 2, 3, 9, 8),)),
+    "max_pool2d": (lambda x: F.max_pool2d(x, 3, 2, 1), lambda g: (_f32(g, 2, 3, 9, 8),)),
+    "batch_norm_train": (lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+                         lambda g: (_f32(g, 8, 3, 5, 5), _f32(g, 3), _f32(g, 3))),
+    "batch_norm_eval": (lambda x, w, b: F.batch_norm(x, RUNNING_MEAN, RUNNING_VAR, w, b),
+                        lambda g: (_f32(g, 8, 3, 5, 5), _f32(g, 3), _f32(g, 3))),
+}
+RUNNING_MEAN = torch.randn(3, generator=torch.Generator().manual_seed(1))
+RUNNING_VAR = torch.rand(3, generator=torch.Generator().manual_seed(2)) + 0.5
+
+
+@pytest.mark.parametrize("name", list(FUSED))
+def test_fused_kernels_are_bit_exact_in_float32(name):
+    fn, make = FUSED[name]
+    args = make(torch.Generator().manual_seed(0))
+    ours_out, ours_vjp = mf.vjp(fn, *args)
+    theirs_out, theirs_vjp = tf.vjp(fn, *args)
+    ct = torch.randn(ours_out.shape, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(ours_out, theirs_out)
+    for ours, theirs in zip(ours_vjp(ct), theirs_vjp(ct)):
+        assert torch.equal(ours, theirs), (ours - theirs).abs().max()
+
+
+# --- shape rules: every primitive of the family evaluates on meta tensors ----------------------
+_CONV = dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2), transposed=False,
+             output_padding=(0, 0), groups=2)
+_POOL = dict(kernel_size=(2, 2), stride=(2, 1), padding=(1, 0), ceil_mode=True)
+_T = lambda *shape: torch.randn(shape, dtype=DTYPE)  # noqa: E731
+_SAMPLES = {
+    "convolution": ((_T(2, 4, 6, 5), _T(6, 2, 3, 2), _T(6)), _CONV),
+    "convolution_backward_input": ((_T(2, 6, 3, 3), _T(6, 2, 3, 2)),
+                                   dict(_CONV, input_shape=(2, 4, 6, 5))),
+    "convolution_backward_weight": ((_T(2, 6, 3, 3), _T(2, 4, 6, 5)),
+                                    dict(_CONV, weight_shape=(6, 2, 3, 2))),
+    "convolution_backward_bias": ((_T(2, 6, 3, 3),),
+                                  dict(_CONV, input_shape=(2, 4, 6, 5),
+                                       weight_shape=(6, 2, 3, 2))),
+    "constant_pad_nd": ((_T(2, 3),), dict(pad=(1, -1), value=0.5)),
+    "max_pool_indices": ((_T(2, 3, 5, 4),), dict(_POOL, dilation=(1, 1))),
+    "adaptive_max_pool_indices": ((_T(2, 3, 5, 4),), dict(output_size=(2, 3))),
+    "avg_pool": ((_T(2, 3, 5, 4),), dict(_POOL, count_include_pad=False,
+                                         divisor_override=None)),
+    "avg_pool_backward": ((_T(2, 3, 3, 3),), dict(_POOL, count_include_pad=False,
+                                                  divisor_override=None,
+                                                  input_shape=(2, 3, 5, 4))),
+    "adaptive_avg_pool": ((_T(2, 3, 5, 4),), dict(output_size=(2, 3))),
+    "adaptive_avg_pool_backward": ((_T(2, 3, 2, 3),), dict(output_size=(2, 3),
+                                                           input_shape=(2, 3, 5, 4))),
+    "batch_norm_train": ((_T(4, 3, 2), _T(3), None), dict(eps=1e-5)),
+    "batch_norm_eval": ((_T(4, 3, 2), _T(3), _T(3), _T(3), _T(3).abs()), dict(eps=1e-5)),
+    "batch_norm_stats": ((_T(4, 3, 2),), dict(eps=1e-5)),
+    "batch_norm_backward_input": ((_T(4, 3, 2), _T(4, 3, 2), _T(3), _T(3), _T(3).abs()),
+                                  dict(training=True, eps=1e-5)),
+    "batch_norm_backward_params": ((_T(4, 3, 2), _T(4, 3, 2), _T(3), _T(3).abs()),
+                                   dict(training=False, eps=1e-5)),
+    "backward_mask": ((_T(4, 3), torch.zeros(4, 3, dtype=torch.bool)), {}),
+}
+
+
+def test_every_primitive_of_the_family_is_sampled():
+    names = {name for name, prim in mf.PRIMITIVES.items()
+             if getattr(mf_nn, f"{name}_p", None) is prim or any(
+                 value is prim for value in vars(mf_nn).values())}
+    assert names == set(_SAMPLES), names ^ set(_SAMPLES)
+
+
+@pytest.mark.parametrize("name", sorted(_SAMPLES))
+def test_shape_rule(name):
+    prim = mf.PRIMITIVES[name]
+    args, params = _SAMPLES[name]
+    out = prim.impl(*args, **params)
+    assert tuple(prim.shape_rule(*args, **params)) == (out.shape, out.dtype)
+
+
+# --- per-sample gradients: one grouped convolution -----------------------------------------------
+def test_per_sample_weight_gradient_is_one_grouped_convolution(monkeypatch):
+    """NOTE [Batching a convolution: the groups trick] in core/nn.py."""
+    calls = []
+    impl = mf_nn.conv_backward_weight_p.impl
+
+    def counting(ct, x, **params):
+        calls.append((tuple(ct.shape), tuple(x.shape), params["groups"]))
+        return impl(ct, x, **params)
+    monkeypatch.setattr(mf_nn.conv_backward_weight_p, "impl", counting)
+    g = torch.Generator().manual_seed(0)
+    xs, w = normal(g, 5, 1, 4, 6, 6), normal(g, 6, 2, 3, 3)
+
+    def loss(w, x):
+        return F.conv2d(x, w, groups=2).square().sum()
+    ours = mf.vmap(mf.grad(loss), in_dims=(None, 0))(w, xs)
+    assert_same(ours, tf.vmap(tf.grad(loss), in_dims=(None, 0))(w, xs))
+    assert calls == [((1, 5 * 6, 4, 4), (1, 5 * 4, 6, 6), 5 * 2)], calls
+
+
+# --- regression tests: the issue tracker ---------------------------------------------------------
+@pytest.mark.parametrize("loss", [F.nll_loss, F.cross_entropy])
+def test_ignore_index_is_honoured(loss):
+    """nll_loss and cross_entropy used to ignore ignore_index: the ignored targets were
+    gathered (and -100 was out of range) and counted in the mean."""
+    g = torch.Generator().manual_seed(0)
+    x = normal(g, 6, 4)
+    target = torch.tensor([0, -100, 3, 1, -100, 2])
+
+    def f(x):
+        return loss(x, target)
+    ours = mf.grad(f)(x)
+    assert_same(ours, tf.grad(f)(x))
+    assert torch.all(ours[target == -100] == 0)
+    other = torch.tensor([0, 3, 3, 1, 2, 3])
+    assert_same(mf.vmap(lambda x: loss(x, other, ignore_index=3))(torch.stack([x, -x])),
+                tf.vmap(lambda x: loss(x, other, ignore_index=3))(torch.stack([x, -x])))
+    kept = target != -100
+    torch.testing.assert_close(mf.grad_and_value(f)(x)[1], loss(x[kept], target[kept]))
+
+
+def test_multilabel_margin_loss_agrees_with_torchs_kernel():
+    """torch._decomp's decomposition of multilabel_margin_loss_forward counts the targets
+    after the first -1; the op here agrees with torch's kernel."""
+    x = normal(torch.Generator().manual_seed(0), 4, 5)
+    for reduction in ("mean", "sum", "none"):
+        f = lambda x: F.multilabel_margin_loss(x, MULTILABEL_TARGET, reduction=reduction)  # noqa
+        assert_same(mf.vjp(f, x)[0], f(x))
+    per_row = mf.vmap(lambda x, t: F.multilabel_margin_loss(x, t, reduction="none"))(
+        x, MULTILABEL_TARGET)
+    assert_same(per_row, F.multilabel_margin_loss(x, MULTILABEL_TARGET, reduction="none"))
+
+
+# --- batch norm: running statistics --------------------------------------------------------------
+def _bn_inputs():
+    g = torch.Generator().manual_seed(0)
+    return normal(g, 6, 3, 4, 4), normal(g, 3), normal(g, 3)
+
+
+def test_running_statistics_are_updated_under_grad_like_torch_func():
+    x, w, b = _bn_inputs()
+    stats = {ns: (torch.zeros(3, dtype=DTYPE), torch.ones(3, dtype=DTYPE)) for ns in ("mf", "tf")}
+
+    def loss(ns):
+        mean, var = stats[ns]
+        return lambda w, x: F.batch_norm(x, mean, var, w, b, training=True, momentum=0.3).pow(
+            2).sum()
+    assert_same(mf.grad(loss("mf"))(w, x), tf.grad(loss("tf"))(w, x))
+    assert_same(mf.jvp(loss("mf"), (w, x), (w, x))[1], tf.jvp(loss("tf"), (w, x), (w, x))[1])
+    assert torch.equal(stats["mf"][0], stats["tf"][0])
+    assert torch.equal(stats["mf"][1], stats["tf"][1])
+    assert not torch.equal(stats["mf"][0], torch.zeros(3, dtype=DTYPE))
+
+
+def test_vmap_of_training_batch_norm_with_running_stats_is_refused():
+    x, w, b = _bn_inputs()
+    mean, var = torch.zeros(3, dtype=DTYPE), torch.ones(3, dtype=DTYPE)
+
+    def f(x):
+        return F.batch_norm(x, mean, var, w, b, training=True)
+    with pytest.raises(RuntimeError, match="Batch norm got a batched tensor"):
+        tf.vmap(f)(x[None].expand(2, *x.shape))
+    with pytest.raises(InPlaceError, match=r"^vmap\(f\)\(<inputs>\): batch_norm in training "
+                                           r"mode.*replace_all_batch_norm_modules_"):
+        mf.vmap(f)(x[None].expand(2, *x.shape))
+    assert torch.equal(mean, torch.zeros(3, dtype=DTYPE)), "a refused call wrote the buffers"
+    # eval mode, and a batch of models sharing one input, are fine
+    ensemble = mf.vmap(lambda w: F.batch_norm(x, mean, var, w, b, training=True),
+                       randomness="error")(torch.stack([w, 2 * w]))
+    assert_same(ensemble[1], F.batch_norm(x, None, None, 2 * w, b, training=True))
+
+
+def test_batch_norm_is_not_differentiable_in_its_running_statistics():
+    x, w, b = _bn_inputs()
+    mean, var = torch.zeros(3, dtype=DTYPE), torch.ones(3, dtype=DTYPE)
+    f = lambda m: F.batch_norm(x, m, var, w, b).sum()  # noqa: E731
+    with pytest.raises(RuntimeError, match="not differentiable with respect to argument"):
+        tf.grad(f)(mean)
+    with pytest.raises(MissingRuleError, match="not differentiable with respect to running_mean"):
+        mf.grad(f)(mean)
+    # forward mode ignores their tangents, as torch.func does
+    assert_same(mf.jvp(f, (mean,), (torch.ones(3, dtype=DTYPE),)),
+                tf.jvp(f, (mean,), (torch.ones(3, dtype=DTYPE),)))
+
+
+# --- dropout -------------------------------------------------------------------------------------
+def test_dropout_in_training_mode_is_random_not_wrong():
+    g = torch.Generator().manual_seed(0)
+    x = normal(g, 4, 5)
+    f = lambda x: F.dropout(x, 0.4).sin().sum()  # noqa: E731
+    torch.manual_seed(7)
+    ours = mf.grad(f)(x)
+    torch.manual_seed(7)
+    assert_same(ours, tf.grad(f)(x))
+    with pytest.raises(RandomnessError):
+        mf.vmap(lambda x: F.dropout(x, 0.4))(torch.stack([x, x]))
+    with pytest.raises(RandomnessError):
+        mf.vmap(lambda x: nn.Dropout(0.4).train()(x))(torch.stack([x, x]))
+    assert_same(mf.vmap(lambda x: nn.Dropout(0.4).eval()(x))(torch.stack([x, x])),
+                torch.stack([x, x]))
+
+
+# --- refusals ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("call, error, message", [
+    (lambda x: F.conv2d(x, torch.ones(2, 3, 3, 3, dtype=DTYPE), padding="same", stride=2),
+     TransformUsageError, r"^conv2d\(\.\.\., padding='same', stride=\(2, 2\)\): .*stride 1"),
+    (lambda x: F.pad(x[0], (4, 4), mode="reflect"), TransformUsageError,
+     r"^pad\(x, \[4, 4\], mode='reflect'\): a reflect pad must be smaller"),
+    (lambda x: F.pad(x, (1, 1), mode="replicate"), TransformUsageError,
+     r"^pad\(x, \[1, 1\], mode='replicate'\): torch pads the last"),
+    (lambda x: F.batch_norm(x, None, None), TransformUsageError,
+     r"^batch_norm\(input, running_mean, running_var, training=False\): eval mode"),
+    (lambda x: F.embedding(torch.tensor([0]), x[0, 0], max_norm=1.0), MissingRuleError,
+     r"^embedding\(\.\.\., max_norm"),
+    (lambda x: F.nll_loss(x[0, 0], torch.tensor([0, 1])), TransformUsageError,
+     r"^nll_loss\(input, target\): expected class indices of shape \(4,\)"),
+    (lambda x: torch.ops.aten._native_batch_norm_legit(
+        x, None, None, torch.zeros(3, dtype=DTYPE), torch.ones(3, dtype=DTYPE), True, 0.1, 1e-5),
+     TransformError, r"has no out-of-place form"),
+])
+def test_refusals_are_clear(call, error, message):
+    x = torch.randn(2, 3, 4, 4, dtype=DTYPE)
+    with pytest.raises(error, match=message):
+        mf.grad(lambda x: call(x)[0].sum())(x)
+
+
+# --- small nn.Module models through functional_call ---------------------------------------------
+class TinyCNN(nn.Module):
+    def __init__(self, batch_norm=True, track_running_stats=True):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4, track_running_stats=track_running_stats) if batch_norm \
+            else nn.Identity()
+        self.conv2 = nn.Conv2d(4, 6, 3, groups=2)
+        self.fc = nn.Linear(6 * 2 * 2, 3)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.conv1(x)), inplace=True), 2)
+        x = nn.functional.relu(self.conv2(x))
+        x = F.adaptive_avg_pool2d(x, 2).flatten(1)
+        return F.log_softmax(self.fc(x), dim=1)
+
+
+def _model(**kwargs):
+    torch.manual_seed(0)
+    return TinyCNN(**kwargs).double()
+
+
+def _data(n=4):
+    g = torch.Generator().manual_seed(1)
+    return normal(g, n, 1, 8, 8), indices(g, 3, n)
+
+
+def _loss(ft, model):
+    def loss(params, x, target):
+        return F.nll_loss(ft.functional_call(model, params, (x,)), target)
+    return loss
+
+
+def _per_example_loss(ft, model):
+    def loss(params, x, target):
+        out = ft.functional_call(model, params, (x.unsqueeze(0),))
+        return F.nll_loss(out, target.unsqueeze(0))
+    return loss
+
+
+def test_tiny_cnn_grad_eval():
+    model = _model().eval()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, target = _data()
+    assert_same(mf.grad(_loss(mf, model))(params, x, target),
+                tf.grad(_loss(tf, model))(params, x, target))
+
+
+def test_tiny_cnn_grad_train_updates_running_statistics():
+    """Training mode under grad: the gradient is torch.func's, and the running statistics
+    are updated with the plain batch statistics, as an eager forward pass updates them.
+    (torch.func itself refuses this when the batch norm's input depends on the
+    differentiated parameters: it would write a value of the transform into a captured
+    buffer. Here the buffer gets the concrete statistics.)"""
+    model, eager = _model().train(), _model().train()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, target = _data()
+    ours = mf.grad(_loss(mf, model))(params, x, target)
+    with pytest.raises(RuntimeError, match="mutate a captured Tensor"):
+        tf.grad(_loss(tf, _model().train()))(params, x, target)
+    untracked = _model().train()
+    tf.replace_all_batch_norm_modules_(untracked)
+    assert_same(ours, tf.grad(_loss(tf, untracked))(params, x, target))
+    eager(x)
+    for (name, ours_buffer), (_, eager_buffer) in zip(model.named_buffers(),
+                                                      eager.named_buffers()):
+        assert torch.equal(ours_buffer, eager_buffer), name
+
+
+@pytest.mark.parametrize("mode", ["eval", "train_without_running_stats", "no_batch_norm"])
+def test_tiny_cnn_per_sample_gradients(mode):
+    model = _model(batch_norm=mode != "no_batch_norm",
+                   track_running_stats=mode != "train_without_running_stats")
+    model.eval() if mode == "eval" else model.train()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, target = _data()
+    with mf.capture_fallbacks() as used:
+        ours = mf.vmap(mf.grad(_per_example_loss(mf, model)), in_dims=(None, 0, 0))(
+            params, x, target)
+    theirs = tf.vmap(tf.grad(_per_example_loss(tf, model)), in_dims=(None, 0, 0))(
+        params, x, target)
+    assert_same(ours, theirs)
+    assert not used, dict(used)
+
+
+def test_tiny_cnn_per_sample_gradients_with_running_stats_need_a_patched_model():
+    model = _model().train()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, target = _data()
+    per_sample = mf.vmap(mf.grad(_per_example_loss(mf, model)), in_dims=(None, 0, 0))
+    with pytest.raises(InPlaceError, match="replace_all_batch_norm_modules_"):
+        per_sample(params, x, target)
+    tf.replace_all_batch_norm_modules_(model)
+    theirs = tf.vmap(tf.grad(_per_example_loss(tf, model)), in_dims=(None, 0, 0))(
+        params, x, target)
+    assert_same(per_sample(params, x, target), theirs)
+
+
+def test_tiny_cnn_jacrev_and_ensemble():
+    model = _model().eval()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, _ = _data(2)
+
+    def logits(ft):
+        return lambda params, x: ft.functional_call(model, params, (x,))
+    assert_same(mf.jacrev(logits(mf))(params, x), tf.jacrev(logits(tf))(params, x))
+    assert_same(mf.jacrev(logits(mf), argnums=1)(params, x),
+                tf.jacrev(logits(tf), argnums=1)(params, x))
+    # an ensemble: a batch of parameters, one shared input
+    stacked = {k: torch.stack([v, v * 0.5, -v]) for k, v in params.items()}
+    with mf.capture_fallbacks() as used:
+        ours = mf.vmap(logits(mf), in_dims=(0, None))(stacked, x)
+    assert_same(ours, tf.vmap(logits(tf), in_dims=(0, None))(stacked, x))
+    assert not used, dict(used)
+
+
+def test_resnet_block_second_order():
+    """A residual block with batch norm in training mode: hessian-vector products."""
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1), nn.BatchNorm2d(2, affine=True,
+                                                                        track_running_stats=False),
+                          nn.ReLU(), nn.Conv2d(2, 2, 1), nn.GroupNorm(1, 2), nn.Tanh()).double()
+    params = {k: v.detach() for k, v in block.named_parameters()}
+    x = torch.randn(3, 2, 4, 4, dtype=DTYPE)
+
+    def loss(ft):
+        return lambda params: (ft.functional_call(block, params, (x,)) + x).pow(2).mean()
+    tangent = {k: torch.randn_like(v) for k, v in params.items()}
+    ours = mf.jvp(mf.grad(loss(mf)), (params,), (tangent,))[1]
+    theirs = tf.jvp(tf.grad(loss(tf)), (params,), (tangent,))[1]
+    assert_same(ours, theirs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same(mf.grad(lambda p: sum(g.sum() for g in mf.grad(loss(mf))(p).values()))(params),
+                    tf.grad(lambda p: sum(g.sum() for g in tf.grad(loss(tf))(p).values()))(params))
