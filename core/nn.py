@@ -303,6 +303,10 @@ jvp_rules[conv_backward_bias_p] = linear_jvp(conv_backward_bias_p)
 # the B per-example weight gradients, with no loop and no (B, C_out, C_in, ...) intermediate
 # per pixel. functorch's convolution batching rules (BatchRulesConvolution.cpp) do the same;
 # Opacus's per-sample gradients use the unfold + einsum equivalent.
+# The backward primitives batch the same way, each with its own shared operand: grad_input
+# (ct, w) with only w batched puts the examples in the input channels; grad_weight (ct, x)
+# with one side batched puts them in that side's channels, and its result has B times the
+# channels on that side of the weight.
 # When a batch joins a channel axis of a grouped convolution, it must stay inside each group:
 # channels are laid out (group, example, channel in group), so that the g groups stay g
 # contiguous blocks.
@@ -2434,3 +2438,45 @@ aten_api.register(aten.embedding.default)(
     lambda weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False:
     _embedding(weight, indices, None if padding_idx == -1 else padding_idx, None,
                scale_grad_by_freq))
+
+
+def _multi_margin(x, target, p, margin, weight, reduction):
+    """For each sample: the sum over the classes i other than its target y of
+    w[y] * max(0, margin - x[y] + x[i])^p, divided by C."""
+    _refuse_complex("multi_margin_loss", x)
+    if p not in (1, 2):
+        raise TransformUsageError(f"multi_margin_loss(..., p={p}): expected p = 1 or 2, as "
+                                  "torch does.")
+    vector = len(shape_of(x)) == 1
+    if vector:
+        x, target = ops.unsqueeze(x, 0), ops.reshape(target, 1)
+    if len(shape_of(x)) != 2 or shape_of(target) != shape_of(x)[:1]:
+        raise TransformUsageError(
+            f"multi_margin_loss(input, target): expected a (C,) or (N, C) input and one class "
+            f"index per sample, got shapes {shape_of(x)} and {shape_of(target)}."
+        )
+    classes = shape_of(x)[1]
+    column = ops.unsqueeze(target, 1)
+    margins = elementwise.clamp_min(
+        ops.add(ops.sub(margin, ops.gather(x, 1, column)), x), 0)
+    if p == 2:
+        margins = ops.square(margins)
+    if weight is not None:
+        margins = ops.mul(margins, ops.unsqueeze(ops.gather(weight, 0, target), 1))
+    others = ops.ne(column, torch.arange(classes, device=x.device))
+    loss = ops.div(ops.sum(ops.where(others, margins, 0.0), 1), classes)
+    if vector and reduction == "none":
+        loss = ops.squeeze(loss, 0)
+    return _reduce(loss, reduction, "multi_margin_loss")
+
+
+@torch_api.register(F.multi_margin_loss)
+def multi_margin_loss(x, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None,
+                      reduction="mean"):
+    return _multi_margin(x, target, p, margin, weight, _reduction(size_average, reduce,
+                                                                  reduction))
+
+
+aten_api.register(aten.multi_margin_loss.default)(
+    lambda x, target, p=1, margin=1.0, weight=None, reduction=1: _multi_margin(
+        x, target, p, margin, weight, ("none", "mean", "sum")[reduction]))
