@@ -1451,6 +1451,25 @@ def _native_batch_norm(x, weight, bias, running_mean, running_var, training, mom
     return (out, *_saved_stats(x, training or running_mean is None, float(eps)))
 
 
+# The in-place forms (their schemas mark the running statistics as written): the front door
+# and native_batch_norm are how torch reaches batch norm in eager mode; these two come from
+# torch's own decompositions and export. tensor.py functionalizes an in-place aten op before
+# it looks at ATEN_OPS, so these entries are reached only once it consults ATEN_OPS first for
+# the in-place ops registered there (see the report of the nn family).
+@aten_api.register(aten._native_batch_norm_legit.default)
+def _native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum,
+                             eps):
+    return _native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum,
+                              eps)
+
+
+@aten_api.register(aten._batch_norm_with_update.default)
+def _batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, invstd = _native_batch_norm(x, weight, bias, running_mean, running_var, True,
+                                           momentum, eps)
+    return out, mean, invstd, torch.empty(0, dtype=torch.uint8, device=x.device)
+
+
 @aten_api.register(aten._native_batch_norm_legit.no_stats)
 def _native_batch_norm_no_stats(x, weight, bias, training, momentum, eps):
     return _native_batch_norm(x, weight, bias, None, None, True, momentum, eps)
