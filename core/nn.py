@@ -20,6 +20,7 @@ Each op opens both doors: the torch functions users call (``F.conv2d``, ``F.max_
 """
 import functools
 import math
+import weakref
 
 import torch
 import torch._decomp
@@ -92,6 +93,32 @@ def _channel_view(v, rank, dim=1):
     return ops.reshape(v, *shape)
 
 
+class _KeptOutput:
+    """NOTE [Kernels with two outputs]
+    Some of torch's kernels compute two results in one pass: native_batch_norm its output
+    and the batch statistics, convolution_backward grad_weight and grad_bias. A primitive has
+    one output, so these are two primitives, and computed one after the other they would
+    run the kernel twice. Instead, the first primitive's kernel keeps its other output, and
+    the second primitive takes it when asked about the same tensor, unchanged since (its
+    version counter), with the same parameters, at once: the rules ask right after the first
+    one. One entry, holding a weak reference, at the bottom level only (plain tensors);
+    anything else computes again, so the cache changes the speed, never a value."""
+
+    def __init__(self):
+        self.entry = None
+
+    def keep(self, tensor, key, value):
+        if tensor.device.type != "meta":
+            self.entry = (weakref.ref(tensor), tensor._version, key, value)
+
+    def take(self, tensor, key):
+        entry, self.entry = self.entry, None
+        if entry is not None and entry[0]() is tensor and entry[1] == tensor._version and \
+                entry[2] == key:
+            return entry[3]
+        return None
+
+
 # NOTE [Derivatives torch only has in forward mode]
 # In two places torch's reverse and forward modes disagree, and torch.func is the oracle of
 # both: an embedding with padding_idx reads the padding row like any other, but sends it no
@@ -149,15 +176,29 @@ def _conv_backward_input(ct, weight, *, input_shape, **params):
     return _convolution_backward(ct, unread, weight, None, (True, False, False), params)[0]
 
 
-def _conv_backward_weight(ct, x, *, weight_shape, **params):
+_kept_grad_bias = _KeptOutput()
+
+
+def _conv_backward_weight(ct, x, *, weight_shape, with_bias, **params):
+    """grad_weight; with_bias: grad_bias is asked for next, computed by the same kernel call
+    and kept for it (NOTE [Kernels with two outputs])."""
     unread = ct.new_empty(weight_shape)
-    return _convolution_backward(ct, x, unread, None, (False, True, False), params)[1]
+    if not with_bias:
+        return _convolution_backward(ct, x, unread, None, (False, True, False), params)[1]
+    _, grad_weight, grad_bias = _convolution_backward(ct, x, unread, [ct.shape[1]],
+                                                      (False, True, True), params)
+    _kept_grad_bias.keep(ct, (tuple(x.shape), tuple(weight_shape), tuple(params.items())),
+                         grad_bias)
+    return grad_weight
 
 
 def _conv_backward_bias(ct, *, input_shape, weight_shape, **params):
-    out_channels = ct.shape[1]
+    kept = _kept_grad_bias.take(ct, (tuple(input_shape), tuple(weight_shape),
+                                     tuple(params.items())))
+    if kept is not None:
+        return kept
     return _convolution_backward(ct, ct.new_empty(input_shape), ct.new_empty(weight_shape),
-                                 [out_channels], (False, False, True), params)[2]
+                                 [ct.shape[1]], (False, False, True), params)[2]
 
 
 convolution_p = P.primitive("convolution", _convolution)
@@ -174,8 +215,9 @@ def _conv_backward_input_of(ct, weight, input_shape, params):
     return bind(conv_backward_input_p, ct, weight, input_shape=tuple(input_shape), **params)
 
 
-def _conv_backward_weight_of(ct, x, weight_shape, params):
-    return bind(conv_backward_weight_p, ct, x, weight_shape=tuple(weight_shape), **params)
+def _conv_backward_weight_of(ct, x, weight_shape, params, with_bias=False):
+    return bind(conv_backward_weight_p, ct, x, weight_shape=tuple(weight_shape),
+                with_bias=with_bias, **params)
 
 
 def _bias_broadcast(bias, out_shape):
@@ -201,11 +243,12 @@ def convolution_vjp(x, weight, bias, **params):
 
     def backward(ct):
         x_bar = w_bar = b_bar = None
+        want_b = bias is not None and wants_cotangent(2, bias)
         if wants_cotangent(0, x):
             x_bar = _conv_backward_input_of(ct, weight, x_shape, params)
         if wants_cotangent(1, weight):
-            w_bar = _conv_backward_weight_of(ct, x, w_shape, params)
-        if bias is not None and wants_cotangent(2, bias):
+            w_bar = _conv_backward_weight_of(ct, x, w_shape, params, with_bias=want_b)
+        if want_b:
             b_bar = bind(conv_backward_bias_p, ct, input_shape=x_shape, weight_shape=w_shape,
                          **params)
         return x_bar, w_bar, b_bar
@@ -253,8 +296,8 @@ def conv_backward_input_jvp(primals, tangents, *, input_shape, **params):
 jvp_rules[conv_backward_input_p] = conv_backward_input_jvp
 
 
-def conv_backward_weight_vjp(ct, x, *, weight_shape, **params):
-    out = _conv_backward_weight_of(ct, x, weight_shape, params)
+def conv_backward_weight_vjp(ct, x, *, weight_shape, with_bias, **params):
+    out = _conv_backward_weight_of(ct, x, weight_shape, params, with_bias)
     x_shape = shape_of(x)
 
     def backward(h):
@@ -265,9 +308,9 @@ def conv_backward_weight_vjp(ct, x, *, weight_shape, **params):
 vjp_rules[conv_backward_weight_p] = conv_backward_weight_vjp
 
 
-def conv_backward_weight_jvp(primals, tangents, *, weight_shape, **params):
+def conv_backward_weight_jvp(primals, tangents, *, weight_shape, with_bias, **params):
     (ct, x), (ct_dot, x_dot) = primals, tangents
-    out = _conv_backward_weight_of(ct, x, weight_shape, params)
+    out = _conv_backward_weight_of(ct, x, weight_shape, params, with_bias)
     out_dot = None
     if ct_dot is not None:
         out_dot = _conv_backward_weight_of(ct_dot, x, weight_shape, params)
@@ -439,7 +482,8 @@ def conv_backward_input_batch(values, bdims, *, input_shape, **params):
 batching_rules[conv_backward_input_p] = conv_backward_input_batch
 
 
-def conv_backward_weight_batch(values, bdims, *, weight_shape, **params):
+def conv_backward_weight_batch(values, bdims, *, weight_shape, with_bias, **params):
+    # (with_bias is dropped: under vmap grad_bias is a sum, not a kernel output to keep)
     (ct, x), (ct_bdim, x_bdim) = values, bdims
     b = batch_size(values, bdims)
     groups, transposed = params["groups"], params["transposed"]
@@ -499,7 +543,8 @@ def convolution_backward(ct, x, weight, bias_sizes, stride, padding, dilation, t
                           transposed, output_padding, groups)
     x_shape, w_shape = shape_of(x), shape_of(weight)
     return (_conv_backward_input_of(ct, weight, x_shape, params) if output_mask[0] else None,
-            _conv_backward_weight_of(ct, x, w_shape, params) if output_mask[1] else None,
+            _conv_backward_weight_of(ct, x, w_shape, params, bool(output_mask[2]))
+            if output_mask[1] else None,
             bind(conv_backward_bias_p, ct, input_shape=x_shape, weight_shape=w_shape, **params)
             if output_mask[2] else None)
 
@@ -1044,8 +1089,15 @@ aten_api.register(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_pool
 #   PyTorch, in the same ops as everything else.
 # The running statistics are not part of any of this: they are buffers that training mode
 # updates in place with the batch statistics, outside of autograd (NOTE [Running statistics]).
+_kept_statistics = _KeptOutput()
+
+
 def _bn_train(x, weight, bias, *, eps):
-    return aten.native_batch_norm(x, weight, bias, None, None, True, 0.0, eps)[0]
+    """The output; the statistics the kernel also computes are kept for batch_norm_stats
+    (NOTE [Kernels with two outputs])."""
+    out, mean, invstd = aten.native_batch_norm(x, weight, bias, None, None, True, 0.0, eps)
+    _kept_statistics.keep(x, eps, (mean, invstd))
+    return out
 
 
 def _bn_eval(x, weight, bias, running_mean, running_var, *, eps):
@@ -1053,6 +1105,9 @@ def _bn_eval(x, weight, bias, running_mean, running_var, *, eps):
 
 
 def _bn_stats(x, *, eps):
+    kept = _kept_statistics.take(x, eps)
+    if kept is not None:
+        return torch.stack(kept)
     _, mean, invstd = aten.native_batch_norm(x, None, None, None, None, True, 0.0, eps)
     return torch.stack([mean, invstd])
 
@@ -1105,9 +1160,9 @@ def _refuse_running_stat_derivative(op):
 
 def batch_norm_train_vjp(x, weight, bias, *, eps):
     out = bind(batch_norm_train_p, x, weight, bias, eps=eps)
+    mean, invstd = _bn_statistics(x, eps)  # at once (NOTE [Kernels with two outputs])
 
     def backward(ct):
-        mean, invstd = _bn_statistics(x, eps)
         x_bar = w_bar = b_bar = None
         if wants_cotangent(0, x):
             x_bar = bind(batch_norm_backward_input_p, ct, x, weight, mean, invstd,

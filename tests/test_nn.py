@@ -480,7 +480,7 @@ _SAMPLES = {
     "convolution_backward_input": ((_T(2, 6, 3, 3), _T(6, 2, 3, 2)),
                                    dict(_CONV, input_shape=(2, 4, 6, 5))),
     "convolution_backward_weight": ((_T(2, 6, 3, 3), _T(2, 4, 6, 5)),
-                                    dict(_CONV, weight_shape=(6, 2, 3, 2))),
+                                    dict(_CONV, weight_shape=(6, 2, 3, 2), with_bias=True)),
     "convolution_backward_bias": ((_T(2, 6, 3, 3),),
                                   dict(_CONV, input_shape=(2, 4, 6, 5),
                                        weight_shape=(6, 2, 3, 2))),
