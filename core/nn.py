@@ -2030,6 +2030,8 @@ def _multilabel_margin(x, target, reduction):
     positions after the first -1, so it disagrees with torch's kernel: this op is written
     here rather than borrowed.)"""
     _refuse_complex("multilabel_margin_loss", x)
+    if len(shape_of(x)) == 0 and len(shape_of(target)) == 0:  # one sample of one class
+        x, target = ops.reshape(x, 1), ops.reshape(target, 1)
     if shape_of(x) != shape_of(target) or len(shape_of(x)) not in (1, 2):
         raise TransformUsageError(
             f"multilabel_margin_loss(input, target): expected a (C,) or (N, C) input and a "
@@ -2129,8 +2131,9 @@ def _interpolate(kernel, x, output_size, align_corners, scales):
                                         int(size), None if scale is None else float(scale),
                                         x.dtype, x.device)
         if align_corners is None:  # nearest: a gather along the dim
-            if torch.equal(columns, torch.arange(len(columns), device=columns.device)):
-                continue
+            if len(columns) == shape_of(x)[dim] and torch.equal(
+                    columns, torch.arange(len(columns), device=columns.device)):
+                continue  # the identity
             index_shape = [1] * len(shape_of(x))
             index_shape[dim] = len(columns)
             target = list(shape_of(x))
@@ -2521,13 +2524,13 @@ def _multi_margin(x, target, p, margin, weight, reduction):
     if p not in (1, 2):
         raise TransformUsageError(f"multi_margin_loss(..., p={p}): expected p = 1 or 2, as "
                                   "torch does.")
-    vector = len(shape_of(x)) == 1
-    if vector:
-        x, target = ops.unsqueeze(x, 0), ops.reshape(target, 1)
+    target_shape = shape_of(target)
+    if len(shape_of(x)) <= 1:  # one sample ((C,), or () for one class)
+        x, target = ops.reshape(x, 1, -1), ops.reshape(target, -1)
     if len(shape_of(x)) != 2 or shape_of(target) != shape_of(x)[:1]:
         raise TransformUsageError(
             f"multi_margin_loss(input, target): expected a (C,) or (N, C) input and one class "
-            f"index per sample, got shapes {shape_of(x)} and {shape_of(target)}."
+            f"index per sample, got shapes {shape_of(x)} and {target_shape}."
         )
     classes = shape_of(x)[1]
     column = ops.unsqueeze(target, 1)
@@ -2539,8 +2542,8 @@ def _multi_margin(x, target, p, margin, weight, reduction):
         margins = ops.mul(margins, ops.unsqueeze(ops.gather(weight, 0, target), 1))
     others = ops.ne(column, torch.arange(classes, device=x.device))
     loss = ops.div(ops.sum(ops.where(others, margins, 0.0), 1), classes)
-    if vector and reduction == "none":
-        loss = ops.squeeze(loss, 0)
+    if reduction == "none":
+        return ops.reshape(loss, *target_shape)  # torch: the shape of the target
     return _reduce(loss, reduction, "multi_margin_loss")
 
 
@@ -2554,3 +2557,47 @@ def multi_margin_loss(x, target, p=1, margin=1.0, weight=None, size_average=None
 aten_api.register(aten.multi_margin_loss.default)(
     lambda x, target, p=1, margin=1.0, weight=None, reduction=1: _multi_margin(
         x, target, p, margin, weight, ("none", "mean", "sum")[reduction]))
+
+
+@torch_api.register(F.pdist, torch.pdist)
+@aten_api.register(aten._pdist_forward.default)
+def pdist(x, p=2.0):
+    """The p-norm distances between the rows of an (N, M) input, pairs i < j in row order."""
+    _refuse_complex("pdist", x)
+    if len(shape_of(x)) != 2:
+        raise TransformUsageError(f"pdist(input): expected a 2-D input, got shape {shape_of(x)}.")
+    n, m = shape_of(x)
+    first, second = torch.triu_indices(n, n, 1, device=x.device)
+    rows = [ops.gather(x, 0, index[:, None].expand(len(index), m)) for index in (first, second)]
+    return _vector_norm(ops.sub(*rows), p, 1)
+
+
+def _max_unpool(op, spatial, x, indices, kernel_size, stride, padding, output_size):
+    """The inverse of max pooling: zeros, with each value written at its index (a flat
+    position within its (n, c) plane). A scatter-add, so its vjp is a gather."""
+    _refuse_complex(op, x)
+    kernel_size = _ntuple(kernel_size, spatial, "kernel_size", op)
+    stride = kernel_size if stride is None else _ntuple(stride, spatial, "stride", op)
+    padding = _ntuple(padding, spatial, "padding", op)
+    in_sizes = shape_of(x)[-spatial:]
+    if output_size is None:
+        output_size = [(i - 1) * s - 2 * p + k for i, s, p, k in
+                       zip(in_sizes, stride, padding, kernel_size)]
+    output_size = tuple(int(o) for o in tuple(output_size)[-spatial:])
+    lead = shape_of(x)[:len(shape_of(x)) - spatial]
+    flat = bind(P.scatter_add_p, ops.reshape(x, *lead, -1), ops.reshape(indices, *lead, -1),
+                dim=len(lead), shape=(*lead, math.prod(output_size)))
+    return ops.reshape(flat, *lead, *output_size)
+
+
+for _n in (1, 2, 3):
+    torch_api.register(getattr(F, f"max_unpool{_n}d"))(
+        (lambda n: lambda x, indices, kernel_size, stride=None, padding=0, output_size=None:
+         _max_unpool(f"max_unpool{n}d", n, x, indices, kernel_size, stride, padding,
+                     output_size))(_n))
+aten_api.register(aten.max_unpool2d.default)(
+    lambda x, indices, output_size: _max_unpool("max_unpool2d", 2, x, indices, 1, 1, 0,
+                                                output_size))
+aten_api.register(aten.max_unpool3d.default)(
+    lambda x, indices, output_size, stride, padding: _max_unpool(
+        "max_unpool3d", 3, x, indices, 1, 1, 0, output_size))

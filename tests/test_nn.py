@@ -261,6 +261,10 @@ CASES = [
          lambda g: (indices(g, 5, 4), normal(g, 5, 3)), diff=(1,)),
     case("interpolate_nearest", lambda x: F.interpolate(x, scale_factor=(1.5, 2.0)),
          lambda g: (x4(g),)),
+    case("interpolate_nearest_down", lambda x: F.interpolate(x, size=(4, 3)),
+         lambda g: (x4(g),)),
+    case("interpolate_nearest_down_scale", lambda x: F.interpolate(x, scale_factor=0.6),
+         lambda g: (normal(g, 2, 3, 4),)),
     case("interpolate_nearest_exact_down", lambda x: F.interpolate(x, size=(3, 2),
                                                                    mode="nearest-exact"),
          lambda g: (x4(g),)),
@@ -278,6 +282,11 @@ CASES = [
          lambda g: (x4(g),)),
     case("upsample_nearest3d", lambda x: F.interpolate(x, size=(3, 4, 3)),
          lambda g: (normal(g, 1, 2, 2, 3, 2),)),
+    case("max_unpool2d", lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2),
+         lambda g: (distinct(g, 2, 3, 4, 4),)),
+    case("max_unpool1d_output_size", lambda x: F.max_unpool1d(
+        *F.max_pool1d(x, 2, 2, return_indices=True), 2, output_size=(7,)),
+         lambda g: (distinct(g, 2, 3, 7),)),
     case("pixel_shuffle", lambda x: F.pixel_shuffle(x, 2), lambda g: (normal(g, 2, 8, 2, 3),)),
     case("pixel_unshuffle", lambda x: F.pixel_unshuffle(x, 2), lambda g: (normal(g, 2, 2, 4, 6),)),
     case("unfold", lambda x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)),
@@ -323,6 +332,10 @@ NO_FORWARD_AD_IN_TORCH = [
          lambda g: (normal(g, 4, 5), indices(g, 5, 4), positive(g, 5))),
     case("multilabel_margin_loss", lambda x, t: F.multilabel_margin_loss(x, t),
          lambda g: (normal(g, 4, 5), MULTILABEL_TARGET)),
+    case("multi_margin_loss_one_sample", lambda x, t: F.multi_margin_loss(
+        x, t, reduction="none"), lambda g: (normal(g, 4), indices(g, 4, 1))),
+    case("pdist", F.pdist, lambda g: (normal(g, 4, 3),), hessian=True),
+    case("pdist_p1", lambda x: F.pdist(x, 1.0), lambda g: (normal(g, 4, 3),)),
     case("soft_margin_loss", lambda x, t: F.soft_margin_loss(x, t),
          lambda g: (normal(g, 3, 4), signs(g, 3, 4))),
 ]
@@ -393,6 +406,10 @@ ORACLES = {
     ("huber_loss_weight", "jvp_grad"): (_OurReverseMode, "huber_loss_backward has no jvp"),
     ("multi_margin_loss", "grad_grad"): (_OurForwardMode, "torch has no double backward"),
     ("multilabel_margin_loss", "grad_grad"): (_OurForwardMode, "torch has no double backward"),
+    ("pdist", "grad_grad"): (_OurForwardMode, "torch has no double backward"),
+    ("multi_margin_loss_one_sample", "grad_grad"): (_OurForwardMode,
+                                                    "torch has no double backward"),
+    ("pdist_p1", "grad_grad"): (_OurForwardMode, "torch has no double backward"),
     **{(c.name, t): (_OurReverseMode, "torch has no forward-mode derivative")
        for c in NO_FORWARD_AD_IN_TORCH for t in _FORWARD_MODE},
 }
