@@ -39,7 +39,7 @@ aten = torch.ops.aten
 shape_of = ops.shape_of
 
 
-# --- helpers ---------------------------------------------------------------------------------------
+# --- helpers -------------------------------------------------------------------------------------
 def _is_tensor(x):
     return isinstance(x, (torch.Tensor, Value))
 
@@ -120,12 +120,11 @@ class _KeptOutput:
 
 
 # NOTE [Derivatives torch only has in forward mode]
-# In two places torch's reverse and forward modes disagree, and torch.func is the oracle of
-# both: an embedding with padding_idx reads the padding row like any other, but sends it no
-# gradient (embedding_backward skips it) while its jvp carries the row's tangent; and
-# native_group_norm's saved mean and rstd have no gradient but do have tangents. An identity
-# primitive, given a mask, keeps both conventions: its vjp zeroes the cotangent under the
-# mask, its jvp passes the tangent through.
+# Here and there torch's reverse and forward modes disagree, and torch.func is the oracle of
+# both: native_group_norm's saved mean and rstd have no gradient but do have tangents (as
+# an embedding's padding row, in the indexing family). An identity primitive, given a mask,
+# keeps both conventions: its vjp zeroes the cotangent under the mask, its jvp passes the
+# tangent through.
 backward_mask_p = P.primitive("backward_mask", lambda x, mask: x)
 
 
@@ -152,7 +151,7 @@ def _no_backward(x):
                                                device=x.device).expand(shape_of(x)))
 
 
-# --- convolution -----------------------------------------------------------------------------------
+# --- convolution ---------------------------------------------------------------------------------
 # The parameters of every convolution primitive, as aten.convolution takes them (tuples of
 # one int per spatial dim, transposed a bool, groups an int).
 def _convolution(x, weight, bias, *, stride, padding, dilation, transposed, output_padding,
@@ -515,7 +514,7 @@ def conv_backward_bias_batch(values, bdims, **params):
 batching_rules[conv_backward_bias_p] = conv_backward_bias_batch
 
 
-# --- convolution: the doors ------------------------------------------------------------------------
+# --- convolution: the doors ----------------------------------------------------------------------
 def _conv_params(op, spatial, stride, padding, dilation, transposed, output_padding, groups):
     return dict(stride=_ntuple(stride, spatial, "stride", op),
                 padding=_ntuple(padding, spatial, "padding", op),
@@ -622,7 +621,7 @@ for _spatial in (1, 2, 3):
                        getattr(torch, f"conv_transpose{_spatial}d"))(_conv_front(_spatial, True))
 
 
-# --- padding ---------------------------------------------------------------------------------------
+# --- padding -------------------------------------------------------------------------------------
 # ``pad`` is in F.pad's order: (left, right) of the last dim, then of the dim before, ...
 constant_pad_nd_p = P.primitive(
     "constant_pad_nd", lambda x, *, pad, value: torch.constant_pad_nd(x, pad, value))
@@ -767,7 +766,7 @@ for _n in (1, 2, 3):
 aten_api.register(aten._pad_circular.default)(_mode_pad("circular"))
 
 
-# --- pooling: max pooling ----------------------------------------------------------------------------
+# --- pooling: max pooling ------------------------------------------------------------------------
 # NOTE [Max pooling is indices, then a gather]
 # max_pool returns values and the indices of the chosen elements (flat positions within each
 # (n, c) plane). The indices are a primitive of their own, torch's kernel, and not
@@ -899,7 +898,38 @@ aten_api.register(aten.max_pool1d_with_indices.default)(_max_pool_front(1)[1])
 aten_api.register(aten.adaptive_max_pool1d.default)(_max_pool_front(1)[3])
 
 
-# --- pooling: average pooling ------------------------------------------------------------------------
+def _max_unpool(op, spatial, x, indices, kernel_size, stride, padding, output_size):
+    """The inverse of max pooling: zeros, with each value written at its index (a flat
+    position within its (n, c) plane). A scatter-add, so its vjp is a gather."""
+    _refuse_complex(op, x)
+    kernel_size = _ntuple(kernel_size, spatial, "kernel_size", op)
+    stride = kernel_size if stride is None else _ntuple(stride, spatial, "stride", op)
+    padding = _ntuple(padding, spatial, "padding", op)
+    in_sizes = shape_of(x)[-spatial:]
+    if output_size is None:
+        output_size = [(i - 1) * s - 2 * p + k for i, s, p, k in
+                       zip(in_sizes, stride, padding, kernel_size)]
+    output_size = tuple(int(o) for o in tuple(output_size)[-spatial:])
+    lead = shape_of(x)[:len(shape_of(x)) - spatial]
+    flat = bind(P.scatter_add_p, ops.reshape(x, *lead, -1), ops.reshape(indices, *lead, -1),
+                dim=len(lead), shape=(*lead, math.prod(output_size)))
+    return ops.reshape(flat, *lead, *output_size)
+
+
+for _n in (1, 2, 3):
+    torch_api.register(getattr(F, f"max_unpool{_n}d"))(
+        (lambda n: lambda x, indices, kernel_size, stride=None, padding=0, output_size=None:
+         _max_unpool(f"max_unpool{n}d", n, x, indices, kernel_size, stride, padding,
+                     output_size))(_n))
+aten_api.register(aten.max_unpool2d.default)(
+    lambda x, indices, output_size: _max_unpool("max_unpool2d", 2, x, indices, 1, 1, 0,
+                                                output_size))
+aten_api.register(aten.max_unpool3d.default)(
+    lambda x, indices, output_size, stride, padding: _max_unpool(
+        "max_unpool3d", 3, x, indices, 1, 1, 0, output_size))
+
+
+# --- pooling: average pooling --------------------------------------------------------------------
 # NOTE [A linear kernel and its transpose]
 # avg_pool and adaptive_avg_pool are linear maps, and torch has a kernel for each and for its
 # transpose (its backward). Both kernels are primitives, each the other's vjp: the vjp of
@@ -1073,7 +1103,7 @@ aten_api.register(aten._adaptive_avg_pool2d_backward.default)(_adaptive_avg_pool
 aten_api.register(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_pool_backward_door(3))
 
 
-# --- normalization: batch norm -----------------------------------------------------------------------
+# --- normalization: batch norm -------------------------------------------------------------------
 # NOTE [Batch norm: the fused kernels as primitives]
 # torch.func runs native_batch_norm forward and native_batch_norm_backward, so these kernels
 # are primitives here too, one per output (a primitive returns one tensor):
@@ -1406,7 +1436,7 @@ for _prim in _BN_KINDS:
     batching_rules[_prim] = _bn_batch(_prim)
 
 
-# --- batch norm: the doors ---------------------------------------------------------------------------
+# --- batch norm: the doors -----------------------------------------------------------------------
 def _batched_level(value):
     """The vmap level that batches ``value`` (or a value under it), if any."""
     from .batching import BatchedValue
@@ -1578,7 +1608,7 @@ def _native_batch_norm_backward(ct, x, weight, running_mean, running_var, save_m
     return grad_input, grad_weight, grad_bias
 
 
-# --- normalization: layer norm, group norm, and the rest ---------------------------------------------
+# --- normalization: layer norm, group norm, and the rest -----------------------------------------
 # NOTE [Layer and group norm at the front door]
 # torch runs layer_norm and group_norm as fused kernels; their decompositions go through
 # var_mean and friends. Written here with mean, sub, mul and rsqrt they are a handful of ops
@@ -1643,7 +1673,7 @@ def _group_norm(x, num_groups, weight, bias, eps):
             f"channels divide into the groups, got shape {shape}. Fix: pick num_groups that "
             "divides C."
         )
-    n, c = shape[0], shape[1]
+    n = shape[0]
     grouped = ops.reshape(x, n, num_groups, math.prod(shape[1:]) // num_groups)
     out, mean, rstd = _normalize_over(grouped, (2,), eps)
     out = ops.reshape(out, *shape)
@@ -1731,7 +1761,20 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     return _vector_norm(difference, p, rank - 1, keepdim)
 
 
-# --- losses ------------------------------------------------------------------------------------------
+@torch_api.register(F.pdist, torch.pdist)
+@aten_api.register(aten._pdist_forward.default)
+def pdist(x, p=2.0):
+    """The p-norm distances between the rows of an (N, M) input, pairs i < j in row order."""
+    _refuse_complex("pdist", x)
+    if len(shape_of(x)) != 2:
+        raise TransformUsageError(f"pdist(input): expected a 2-D input, got shape {shape_of(x)}.")
+    n, m = shape_of(x)
+    first, second = torch.triu_indices(n, n, 1, device=x.device)
+    rows = [ops.gather(x, 0, index[:, None].expand(len(index), m)) for index in (first, second)]
+    return _vector_norm(ops.sub(*rows), p, 1)
+
+
+# --- losses --------------------------------------------------------------------------------------
 # NOTE [Losses at the front door]
 # torch's losses are fused kernels (nll_loss_forward, binary_cross_entropy, huber_loss, ...)
 # or Python composites. The common ones are written here from their definitions, with
@@ -2071,7 +2114,49 @@ aten_api.register(aten.multilabel_margin_loss_forward.default)(
                                                     ("none", "mean", "sum")[reduction]))
 
 
-# --- interpolation -----------------------------------------------------------------------------------
+def _multi_margin(x, target, p, margin, weight, reduction):
+    """For each sample: the sum over the classes i other than its target y of
+    w[y] * max(0, margin - x[y] + x[i])^p, divided by C."""
+    _refuse_complex("multi_margin_loss", x)
+    if p not in (1, 2):
+        raise TransformUsageError(f"multi_margin_loss(..., p={p}): expected p = 1 or 2, as "
+                                  "torch does.")
+    target_shape = shape_of(target)
+    if len(shape_of(x)) <= 1:  # one sample ((C,), or () for one class)
+        x, target = ops.reshape(x, 1, -1), ops.reshape(target, -1)
+    if len(shape_of(x)) != 2 or shape_of(target) != shape_of(x)[:1]:
+        raise TransformUsageError(
+            f"multi_margin_loss(input, target): expected a (C,) or (N, C) input and one class "
+            f"index per sample, got shapes {shape_of(x)} and {target_shape}."
+        )
+    classes = shape_of(x)[1]
+    column = ops.unsqueeze(target, 1)
+    margins = elementwise.clamp_min(
+        ops.add(ops.sub(margin, ops.gather(x, 1, column)), x), 0)
+    if p == 2:
+        margins = ops.square(margins)
+    if weight is not None:
+        margins = ops.mul(margins, ops.unsqueeze(ops.gather(weight, 0, target), 1))
+    others = ops.ne(column, torch.arange(classes, device=x.device))
+    loss = ops.div(ops.sum(ops.where(others, margins, 0.0), 1), classes)
+    if reduction == "none":
+        return ops.reshape(loss, *target_shape)  # torch: the shape of the target
+    return _reduce(loss, reduction, "multi_margin_loss")
+
+
+@torch_api.register(F.multi_margin_loss)
+def multi_margin_loss(x, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None,
+                      reduction="mean"):
+    return _multi_margin(x, target, p, margin, weight, _reduction(size_average, reduce,
+                                                                  reduction))
+
+
+aten_api.register(aten.multi_margin_loss.default)(
+    lambda x, target, p=1, margin=1.0, weight=None, reduction=1: _multi_margin(
+        x, target, p, margin, weight, ("none", "mean", "sum")[reduction]))
+
+
+# --- interpolation -------------------------------------------------------------------------------
 # NOTE [Interpolation is one linear map per dim]
 # Every mode of F.interpolate but 'area' is separable: the output is the input mapped along
 # each spatial dim in turn by a fixed matrix M (out x in), whose rows hold the 1, 2 or 4
@@ -2080,9 +2165,10 @@ aten_api.register(aten.multilabel_margin_loss_forward.default)(
 # matrix is read off the op's own kernel: upsampling an identity matrix laid along that dim
 # (the other spatial dims of size 1, where the kernel is the identity) gives M's columns.
 # (The same kernel, not a 1-d one: torch's kernels differ in details, such as the 2-d nearest
-# kernel's exact halving when the output is twice the input.) Linear and cubic modes then apply M with a matmul along the dim, so every derivative and
-# batching rule is matmul's; nearest modes, whose rows pick one input each, gather instead
-# (exact, and an inf stays in its own cell). 'area' is adaptive average pooling.
+# kernel's exact halving when the output is twice the input.) Linear and cubic modes then
+# apply M with a matmul along the dim, so every derivative and batching rule is matmul's;
+# nearest modes, whose rows pick one input each, gather instead (exact, and an inf stays in
+# its own cell). 'area' is adaptive average pooling.
 # (A matmul mixes every input of a row: an inf or nan input spreads along its dim, where
 # torch's kernel would keep it in its own taps.)
 @functools.lru_cache(maxsize=256)
@@ -2179,7 +2265,7 @@ for _name, _spatial, _align in (
     aten_api.register(_packet.vec)(_vec)
 
 
-# --- grid_sample -------------------------------------------------------------------------------------
+# --- grid_sample ---------------------------------------------------------------------------------
 # NOTE [grid_sample is gathers]
 # Each output of grid_sample reads a few input pixels (2^d corners for bilinear, one for
 # nearest, 16 for bicubic) at positions computed from the grid, and weighs them by
@@ -2326,7 +2412,7 @@ aten_api.register(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default,
         x, grid, _GRID_MODES[mode], _GRID_PADDINGS[padding_mode], bool(align_corners)))
 
 
-# --- unfold and fold (im2col and col2im) -------------------------------------------------------------
+# --- unfold and fold (im2col and col2im) ---------------------------------------------------------
 def _im2col_index(padded_size, kernel_size, dilation, stride, device):
     """The flat position in the padded image of each (kernel offset, block) pair, and the
     number of blocks along each dim."""
@@ -2409,7 +2495,7 @@ aten_api.register(aten.col2im.default)(
         x, output_size, kernel_size, dilation, padding, stride))
 
 
-# --- small layers: pixel shuffle, glu, prelu, bilinear, embedding ----------------------------------
+# --- small layers: pixel shuffle, glu, prelu, bilinear -------------------------------------------
 @torch_api.register(F.pixel_shuffle, torch.pixel_shuffle)
 @aten_api.register(aten.pixel_shuffle.default)
 def pixel_shuffle(x, upscale_factor):
@@ -2482,122 +2568,3 @@ def bilinear(x1, x2, weight, bias=None):
     if bias is not None:
         out = ops.add(out, bias)
     return ops.reshape(out, *lead, outputs)
-
-
-def _embedding(weight, indices, padding_idx, max_norm, scale_grad_by_freq):
-    if max_norm is not None or scale_grad_by_freq:
-        what = "max_norm (which renormalizes the weight in place)" if max_norm is not None \
-            else "scale_grad_by_freq"
-        raise MissingRuleError(
-            f"embedding(..., {what}): not supported inside minifunctorch transforms. Fix: drop "
-            "it (renormalize the weight outside the transform if needed)."
-        )
-    _refuse_complex("embedding", weight)
-    rows, features = shape_of(weight)
-    flat = ops.reshape(indices, -1)
-    picked = ops.gather(weight, 0, ops.expand(ops.unsqueeze(flat, 1), shape_of(flat)[0],
-                                              features))
-    if padding_idx is not None:
-        # the rows read at padding_idx get no gradient (NOTE [Derivatives torch only has
-        # in forward mode])
-        is_padding = ops.eq(ops.unsqueeze(flat, 1), padding_idx % rows)
-        picked = bind(backward_mask_p, picked, ops.expand(is_padding, *shape_of(picked)))
-    return ops.reshape(picked, *shape_of(indices), features)
-
-
-@torch_api.register(F.embedding)
-def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0,
-              scale_grad_by_freq=False, sparse=False):
-    return _embedding(weight, indices, padding_idx, max_norm, scale_grad_by_freq)
-
-
-aten_api.register(aten.embedding.default)(
-    lambda weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False:
-    _embedding(weight, indices, None if padding_idx == -1 else padding_idx, None,
-               scale_grad_by_freq))
-
-
-def _multi_margin(x, target, p, margin, weight, reduction):
-    """For each sample: the sum over the classes i other than its target y of
-    w[y] * max(0, margin - x[y] + x[i])^p, divided by C."""
-    _refuse_complex("multi_margin_loss", x)
-    if p not in (1, 2):
-        raise TransformUsageError(f"multi_margin_loss(..., p={p}): expected p = 1 or 2, as "
-                                  "torch does.")
-    target_shape = shape_of(target)
-    if len(shape_of(x)) <= 1:  # one sample ((C,), or () for one class)
-        x, target = ops.reshape(x, 1, -1), ops.reshape(target, -1)
-    if len(shape_of(x)) != 2 or shape_of(target) != shape_of(x)[:1]:
-        raise TransformUsageError(
-            f"multi_margin_loss(input, target): expected a (C,) or (N, C) input and one class "
-            f"index per sample, got shapes {shape_of(x)} and {target_shape}."
-        )
-    classes = shape_of(x)[1]
-    column = ops.unsqueeze(target, 1)
-    margins = elementwise.clamp_min(
-        ops.add(ops.sub(margin, ops.gather(x, 1, column)), x), 0)
-    if p == 2:
-        margins = ops.square(margins)
-    if weight is not None:
-        margins = ops.mul(margins, ops.unsqueeze(ops.gather(weight, 0, target), 1))
-    others = ops.ne(column, torch.arange(classes, device=x.device))
-    loss = ops.div(ops.sum(ops.where(others, margins, 0.0), 1), classes)
-    if reduction == "none":
-        return ops.reshape(loss, *target_shape)  # torch: the shape of the target
-    return _reduce(loss, reduction, "multi_margin_loss")
-
-
-@torch_api.register(F.multi_margin_loss)
-def multi_margin_loss(x, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None,
-                      reduction="mean"):
-    return _multi_margin(x, target, p, margin, weight, _reduction(size_average, reduce,
-                                                                  reduction))
-
-
-aten_api.register(aten.multi_margin_loss.default)(
-    lambda x, target, p=1, margin=1.0, weight=None, reduction=1: _multi_margin(
-        x, target, p, margin, weight, ("none", "mean", "sum")[reduction]))
-
-
-@torch_api.register(F.pdist, torch.pdist)
-@aten_api.register(aten._pdist_forward.default)
-def pdist(x, p=2.0):
-    """The p-norm distances between the rows of an (N, M) input, pairs i < j in row order."""
-    _refuse_complex("pdist", x)
-    if len(shape_of(x)) != 2:
-        raise TransformUsageError(f"pdist(input): expected a 2-D input, got shape {shape_of(x)}.")
-    n, m = shape_of(x)
-    first, second = torch.triu_indices(n, n, 1, device=x.device)
-    rows = [ops.gather(x, 0, index[:, None].expand(len(index), m)) for index in (first, second)]
-    return _vector_norm(ops.sub(*rows), p, 1)
-
-
-def _max_unpool(op, spatial, x, indices, kernel_size, stride, padding, output_size):
-    """The inverse of max pooling: zeros, with each value written at its index (a flat
-    position within its (n, c) plane). A scatter-add, so its vjp is a gather."""
-    _refuse_complex(op, x)
-    kernel_size = _ntuple(kernel_size, spatial, "kernel_size", op)
-    stride = kernel_size if stride is None else _ntuple(stride, spatial, "stride", op)
-    padding = _ntuple(padding, spatial, "padding", op)
-    in_sizes = shape_of(x)[-spatial:]
-    if output_size is None:
-        output_size = [(i - 1) * s - 2 * p + k for i, s, p, k in
-                       zip(in_sizes, stride, padding, kernel_size)]
-    output_size = tuple(int(o) for o in tuple(output_size)[-spatial:])
-    lead = shape_of(x)[:len(shape_of(x)) - spatial]
-    flat = bind(P.scatter_add_p, ops.reshape(x, *lead, -1), ops.reshape(indices, *lead, -1),
-                dim=len(lead), shape=(*lead, math.prod(output_size)))
-    return ops.reshape(flat, *lead, *output_size)
-
-
-for _n in (1, 2, 3):
-    torch_api.register(getattr(F, f"max_unpool{_n}d"))(
-        (lambda n: lambda x, indices, kernel_size, stride=None, padding=0, output_size=None:
-         _max_unpool(f"max_unpool{n}d", n, x, indices, kernel_size, stride, padding,
-                     output_size))(_n))
-aten_api.register(aten.max_unpool2d.default)(
-    lambda x, indices, output_size: _max_unpool("max_unpool2d", 2, x, indices, 1, 1, 0,
-                                                output_size))
-aten_api.register(aten.max_unpool3d.default)(
-    lambda x, indices, output_size, stride, padding: _max_unpool(
-        "max_unpool3d", 3, x, indices, 1, 1, 0, output_size))

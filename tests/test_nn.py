@@ -105,14 +105,16 @@ CASES = [
         x, w, None, [1, 2], [0, 1], [1, 1], False, [0, 0], 1),
          lambda g: (x4(g), normal(g, 3, 4, 2, 2)), diff=(0, 1)),
     # --- pooling
-    case("max_pool2d", lambda x: F.max_pool2d(x, 3, 2, padding=1), lambda g: (distinct(g, 2, 3, 5, 5),),
+    case("max_pool2d", lambda x: F.max_pool2d(x, 3, 2, padding=1),
+         lambda g: (distinct(g, 2, 3, 5, 5),),
          hessian=True),
     case("max_pool2d_indices", lambda x: F.max_pool2d(x, 2, return_indices=True)[0] *
          F.max_pool2d(x, 2, return_indices=True)[1], lambda g: (distinct(g, 2, 3, 4, 4),)),
     case("max_pool2d_dilation_ceil", lambda x: F.max_pool2d(x, 2, 2, dilation=2, ceil_mode=True),
          lambda g: (distinct(g, 2, 2, 6, 5),)),
     case("max_pool1d", lambda x: F.max_pool1d(x, 3, 2, 1), lambda g: (distinct(g, 2, 3, 8),)),
-    case("max_pool3d_unbatched", lambda x: F.max_pool3d(x, 2), lambda g: (distinct(g, 2, 4, 4, 4),)),
+    case("max_pool3d_unbatched", lambda x: F.max_pool3d(x, 2),
+         lambda g: (distinct(g, 2, 4, 4, 4),)),
     case("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (3, 2)),
          lambda g: (distinct(g, 2, 2, 5, 5),)),
     case("adaptive_max_pool1d", lambda x: F.adaptive_max_pool1d(x, 3),
@@ -126,10 +128,12 @@ CASES = [
     case("avg_pool2d_divisor", lambda x: F.avg_pool2d(x, 2, divisor_override=3),
          lambda g: (x4(g),)),
     case("avg_pool1d", lambda x: F.avg_pool1d(x, 3, 2, 1), lambda g: (normal(g, 2, 3, 8),)),
-    case("avg_pool3d", lambda x: F.avg_pool3d(x, 2, ceil_mode=True), lambda g: (normal(g, 2, 2, 3, 4, 3),)),
+    case("avg_pool3d", lambda x: F.avg_pool3d(x, 2, ceil_mode=True),
+         lambda g: (normal(g, 2, 2, 3, 4, 3),)),
     case("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), lambda g: (x4(g),)),
     case("adaptive_avg_pool2d_1x1", lambda x: F.adaptive_avg_pool2d(x, 1), lambda g: (x4(g),)),
-    case("adaptive_avg_pool1d", lambda x: F.adaptive_avg_pool1d(x, 4), lambda g: (normal(g, 2, 3, 7),)),
+    case("adaptive_avg_pool1d", lambda x: F.adaptive_avg_pool1d(x, 4),
+         lambda g: (normal(g, 2, 3, 7),)),
     case("adaptive_avg_pool3d", lambda x: F.adaptive_avg_pool3d(x, (2, None, 1)),
          lambda g: (normal(g, 1, 2, 3, 4, 3),)),
     case("lp_pool2d", lambda x: F.lp_pool2d(x, 2, 2), lambda g: (positive(g, 2, 3, 4, 4),)),
@@ -253,7 +257,8 @@ CASES = [
     # --- other layers
     case("bilinear", F.bilinear, lambda g: (normal(g, 3, 4), normal(g, 3, 5), normal(g, 2, 4, 5),
                                             normal(g, 2)), diff=(0, 1, 2, 3), hessian=True),
-    case("embedding", lambda i, w: F.embedding(i, w), lambda g: (indices(g, 5, 2, 3), normal(g, 5, 3)),
+    case("embedding", lambda i, w: F.embedding(i, w),
+         lambda g: (indices(g, 5, 2, 3), normal(g, 5, 3)),
          diff=(1,)),
     case("embedding_padding_idx", lambda i, w: F.embedding(i, w, padding_idx=2),
          lambda g: (indices(g, 5, 2, 3), normal(g, 5, 3)), diff=(1,)),
@@ -439,7 +444,7 @@ def test_finite_differences(case):
     check_finite_differences(case)
 
 
-# --- no per-example fallback -----------------------------------------------------------------------
+# --- no per-example fallback ----------------------------------------------------------------
 @pytest.mark.parametrize("case", ALL_CASES, ids=[c.name for c in ALL_CASES])
 def test_vmap_uses_no_fallback(case):
     with mf.capture_fallbacks() as used:
