@@ -675,8 +675,6 @@ def test_dropout_in_training_mode_is_random_not_wrong():
      r"^pad\(x, \[1, 1\], mode='replicate'\): torch pads the last"),
     (lambda x: F.batch_norm(x, None, None), TransformUsageError,
      r"^batch_norm\(input, running_mean, running_var, training=False\): eval mode"),
-    (lambda x: F.embedding(torch.tensor([0]), x[0, 0], max_norm=1.0), MissingRuleError,
-     r"^embedding\(\.\.\., max_norm"),
     (lambda x: F.nll_loss(x[0, 0], torch.tensor([0, 1])), TransformUsageError,
      r"^nll_loss\(input, target\): expected class indices of shape \(4,\)"),
 ])
