@@ -26,7 +26,7 @@ import torch
 import torch._decomp
 import torch.nn.functional as F
 
-from . import aten_api, elementwise, ops, torch_api
+from . import aten_api, elementwise, indexing, ops, torch_api
 from . import primitives as P
 from .autograd import vjp_rules, wants_cotangent
 from .batching import batch_size, batching_rules, move_bdim, to_front
@@ -117,38 +117,6 @@ class _KeptOutput:
                 entry[2] == key:
             return entry[3]
         return None
-
-
-# NOTE [Derivatives torch only has in forward mode]
-# Here and there torch's reverse and forward modes disagree, and torch.func is the oracle of
-# both: native_group_norm's saved mean and rstd have no gradient but do have tangents (as
-# an embedding's padding row, in the indexing family). An identity primitive, given a mask,
-# keeps both conventions: its vjp zeroes the cotangent under the mask, its jvp passes the
-# tangent through.
-backward_mask_p = P.primitive("backward_mask", lambda x, mask: x)
-
-
-def backward_mask_vjp(x, mask):
-    return bind(backward_mask_p, x, mask), lambda ct: (ops.where(mask, 0.0, ct), None)
-vjp_rules[backward_mask_p] = backward_mask_vjp
-
-
-def backward_mask_jvp(primals, tangents):
-    (x, mask), (x_dot, _) = primals, tangents
-    return bind(backward_mask_p, x, mask), x_dot
-jvp_rules[backward_mask_p] = backward_mask_jvp
-
-
-def backward_mask_batch(values, bdims):
-    x, mask = to_front(values, bdims, expand_unbatched=True)
-    return bind(backward_mask_p, x, mask), 0
-batching_rules[backward_mask_p] = backward_mask_batch
-
-
-def _no_backward(x):
-    """``x``, with no gradient and its tangent (the mask of NOTE above, everywhere)."""
-    return bind(backward_mask_p, x, torch.ones((), dtype=torch.bool,
-                                               device=x.device).expand(shape_of(x)))
 
 
 # --- convolution ---------------------------------------------------------------------------------
@@ -900,7 +868,8 @@ aten_api.register(aten.adaptive_max_pool1d.default)(_max_pool_front(1)[3])
 
 def _max_unpool(op, spatial, x, indices, kernel_size, stride, padding, output_size):
     """The inverse of max pooling: zeros, with each value written at its index (a flat
-    position within its (n, c) plane). A scatter-add, so its vjp is a gather."""
+    position within its (n, c) plane): a scatter, whose vjp is a gather (the indexing
+    family's; an index named twice keeps its last value, as torch's kernel does)."""
     _refuse_complex(op, x)
     kernel_size = _ntuple(kernel_size, spatial, "kernel_size", op)
     stride = kernel_size if stride is None else _ntuple(stride, spatial, "stride", op)
@@ -911,8 +880,8 @@ def _max_unpool(op, spatial, x, indices, kernel_size, stride, padding, output_si
                        zip(in_sizes, stride, padding, kernel_size)]
     output_size = tuple(int(o) for o in tuple(output_size)[-spatial:])
     lead = shape_of(x)[:len(shape_of(x)) - spatial]
-    flat = bind(P.scatter_add_p, ops.reshape(x, *lead, -1), ops.reshape(indices, *lead, -1),
-                dim=len(lead), shape=(*lead, math.prod(output_size)))
+    zeros = torch.zeros((*lead, math.prod(output_size)), dtype=x.dtype, device=x.device)
+    flat = indexing.scatter(zeros, -1, ops.reshape(indices, *lead, -1), ops.reshape(x, *lead, -1))
     return ops.reshape(flat, *lead, *output_size)
 
 
@@ -1453,29 +1422,68 @@ def _update_running_stats(op, x, running_mean, running_var, momentum, eps):
     running = (1 - momentum) * running + momentum * batch statistic (the variance unbiased).
     They are buffers, not values of a transform: torch.func updates them with the plain
     batch statistics, outside of autograd, and so do we, with torch's own kernel on the
-    concrete input. Under vmap a batched input has one set of statistics per example, which
-    one buffer cannot hold: torch.func raises, and so do we, naming the fixes it names."""
-    for name, stat in (("running_mean", running_mean), ("running_var", running_var)):
-        if isinstance(stat, Value):
-            raise InPlaceError(
-                f"{op}(..., training=True): {name} is a value of a transform here (an input "
-                "of grad, jvp or vmap), and training mode would update it in place, which is "
-                "not supported. Fix: pass the running statistics as plain buffers (not as "
-                "transform inputs), use track_running_stats=False, or call in eval mode."
-            )
+    concrete input. Under vmap a batched input has one set of statistics per example:
+    buffers batched along with it hold one running statistic per example, and each is
+    updated with its own example's (the kernel runs once, examples folded into channels);
+    one unbatched buffer cannot hold them, and torch.func raises, as we do, naming the fixes
+    it names."""
+    stats = [s for s in (running_mean, running_var) if s is not None]
     level = _batched_level(x)
-    if level is not None:
+    if not any(isinstance(s, Value) for s in stats):
+        if level is not None:
+            raise InPlaceError(
+                f"{level.call}: batch_norm in training mode got a batched input, but it "
+                "updates running_mean and running_var in place, and one unbatched buffer "
+                "cannot hold a statistic per example (torch.func refuses this too). Fix: "
+                "build the module with track_running_stats=False, or patch a model with "
+                "torch.func.replace_all_batch_norm_modules_(model), batch the buffers along "
+                "with the input, or run it in eval mode."
+            )
+        with torch.no_grad():
+            aten.native_batch_norm(_concrete(x), None, None, running_mean, running_var, True,
+                                   momentum, eps)
+        return
+    _update_batched_running_stats(op, x, level, running_mean, running_var, momentum, eps)
+
+
+def _concrete(value):
+    return value.concrete() if isinstance(value, Value) else value
+
+
+def _update_batched_running_stats(op, x, x_level, running_mean, running_var, momentum, eps):
+    """Running statistics batched by a vmap (its inputs): each example's buffer, updated in
+    place in the tensor the vmap was given, with that example's batch statistics."""
+    from .batching import BatchedValue
+    stats = [s for s in (running_mean, running_var) if s is not None]
+    level = stats[0].dispatcher if isinstance(stats[0], BatchedValue) else None
+    if level is None or x_level not in (None, level) or not all(
+            isinstance(s, BatchedValue) and s.dispatcher is level and
+            type(s.payload) is torch.Tensor for s in stats):
         raise InPlaceError(
-            f"{level.call}: batch_norm in training mode got a batched input, but it updates "
-            "running_mean and running_var in place, and one unbatched buffer cannot hold a "
-            "statistic per example (torch.func refuses this too). Fix: build the module with "
-            "track_running_stats=False, or patch a model with "
-            "torch.func.replace_all_batch_norm_modules_(model), or run it in eval mode."
+            f"{op}(..., training=True): the running statistics are values of a transform "
+            "here (inputs of grad or jvp, or batched by another vmap than the input), and "
+            "training mode would update them in place, which is not supported. Fix: pass "
+            "them as plain buffers, or batch them along with the input in the same vmap, or "
+            "use track_running_stats=False, or call in eval mode."
         )
-    concrete = x.concrete() if isinstance(x, Value) else x
+    b = level.length
+    if x_level is None:
+        examples = _concrete(x).unsqueeze(0).expand(b, *shape_of(x))
+    else:
+        value = x
+        while not (isinstance(value, BatchedValue) and value.dispatcher is level):
+            value = value.payload
+        examples = _concrete(value.payload).movedim(value.bdim, 0)
+    n, c, *spatial = examples.shape[1:]
+    folded = examples.movedim(0, 1).reshape(n, b * c, *spatial)  # NOTE [Batching batch norm]
+    buffers = [None if s is None else s.payload.movedim(s.bdim, 0)
+               for s in (running_mean, running_var)]
+    flat = [None if buffer is None else buffer.reshape(b * c).clone() for buffer in buffers]
     with torch.no_grad():
-        aten.native_batch_norm(concrete, None, None, running_mean, running_var, True,
-                               momentum, eps)
+        aten.native_batch_norm(folded, None, None, *flat, True, momentum, eps)
+        for buffer, updated in zip(buffers, flat):
+            if buffer is not None:
+                buffer.copy_(updated.reshape(b, c))
 
 
 def _batch_norm(op, x, weight, bias, running_mean, running_var, training, momentum, eps):
@@ -1692,10 +1700,10 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
 torch_api.register(torch.group_norm)(
     lambda x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True:
     group_norm(x, num_groups, weight, bias, eps))
+# (native_group_norm's mean and rstd are differentiable, as in torch when the output's
+# cotangent is given too; torch drops their cotangents when the output has none.)
 aten_api.register(aten.native_group_norm.default)(
-    lambda x, weight, bias, n, c, hxw, group, eps:
-    (lambda out, mean, rstd: (out, _no_backward(mean), _no_backward(rstd)))(
-        *_group_norm(x, int(group), weight, bias, eps)))
+    lambda x, weight, bias, n, c, hxw, group, eps: _group_norm(x, int(group), weight, bias, eps))
 
 
 @torch_api.register(F.rms_norm, torch.rms_norm)

@@ -163,8 +163,10 @@ CASES = [
     case("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b),
          lambda g: (normal(g, 2, 4, 3, 3), normal(g, 4), normal(g, 4)), diff=(0, 1, 2),
          hessian=True),
-    case("aten_native_group_norm", lambda x: torch.ops.aten.native_group_norm(
-        x, None, None, 2, 4, 3, 2, 1e-5)[1].sum() * x, lambda g: (normal(g, 2, 4, 3),)),
+    case("aten_native_group_norm", lambda x: (lambda out, mean, rstd: out * mean.sum() +
+                                              rstd.sum())(
+        *torch.ops.aten.native_group_norm(x, None, None, 2, 4, 3, 2, 1e-5)),
+         lambda g: (normal(g, 2, 4, 3),)),
     case("rms_norm", lambda x, w: F.rms_norm(x, (5,), w), lambda g: (normal(g, 3, 5), normal(g, 5)),
          diff=(0, 1)),
     case("normalize", lambda x: F.normalize(x, dim=-1), lambda g: (normal(g, 3, 4),)),
@@ -433,7 +435,7 @@ def test_under_transform(case, transform):
 # torch's derivatives of these are conventions, not the derivatives finite differences see:
 # saved statistics declared not differentiable, and an embedding's padding row
 DECLARED_NOT_DIFFERENTIABLE = {"aten_native_batch_norm", "aten_native_layer_norm",
-                               "aten_native_group_norm", "embedding_padding_idx",
+                               "embedding_padding_idx",
                                "nn_embedding_aten",
                                "softmax_dtype"}  # (this one: its float32 step is too coarse)
 FD_CASES = [c for c in ALL_CASES if c.name not in DECLARED_NOT_DIFFERENTIABLE]
@@ -524,7 +526,6 @@ _SAMPLES = {
                                   dict(training=True, eps=1e-5)),
     "batch_norm_backward_params": ((_T(4, 3, 2), _T(4, 3, 2), _T(3), _T(3).abs()),
                                    dict(training=False, eps=1e-5)),
-    "backward_mask": ((_T(4, 3), torch.zeros(4, 3, dtype=torch.bool)), {}),
 }
 
 
@@ -633,6 +634,32 @@ def test_vmap_of_training_batch_norm_with_running_stats_is_refused():
     ensemble = mf.vmap(lambda w: F.batch_norm(x, mean, var, w, b, training=True),
                        randomness="error")(torch.stack([w, 2 * w]))
     assert_same(ensemble[1], F.batch_norm(x, None, None, 2 * w, b, training=True))
+
+
+def test_vmap_of_training_batch_norm_with_batched_running_stats_updates_each_example():
+    """Buffers batched with the input: each example's running statistics, updated in place
+    in the tensors given to vmap, as torch.func does."""
+    x, w, b = _bn_inputs()
+    xs = torch.stack([x, 2 * x + 1, -x])
+    buffers = {ns: (torch.rand(3, 3, dtype=DTYPE), torch.rand(3, 3, dtype=DTYPE) + 0.5)
+               for ns in ("mf", "tf")}
+    buffers["tf"] = tuple(t.clone() for t in buffers["mf"])
+
+    def f(ns):
+        return lambda x, mean, var: F.batch_norm(x, mean, var, w, b, training=True,
+                                                 momentum=0.2)
+    with mf.capture_fallbacks() as used:
+        ours = mf.vmap(f("mf"))(xs, *buffers["mf"])
+    assert_same(ours, tf.vmap(f("tf"))(xs, *buffers["tf"]))
+    assert not used, dict(used)
+    for a, b_ in zip(buffers["mf"], buffers["tf"]):
+        torch.testing.assert_close(a, b_, rtol=1e-12, atol=1e-12)
+    # the per-example gradient sees the same thing
+    grads = mf.vmap(mf.grad(lambda x, m, v: f("mf")(x, m, v).sin().sum()))(xs, *buffers["mf"])
+    assert_same(grads, tf.vmap(tf.grad(lambda x, m, v: f("tf")(x, m, v).sin().sum()))(
+        xs, *buffers["tf"]))
+    for a, b_ in zip(buffers["mf"], buffers["tf"]):
+        torch.testing.assert_close(a, b_, rtol=1e-12, atol=1e-12)
 
 
 def test_batch_norm_is_not_differentiable_in_its_running_statistics():
