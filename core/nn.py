@@ -29,11 +29,11 @@ import torch.nn.functional as F
 from . import aten_api, elementwise, indexing, ops, torch_api
 from . import primitives as P
 from .autograd import vjp_rules, wants_cotangent
-from .batching import batch_size, batching_rules, move_bdim, to_front
+from .batching import batch_size, batching_rules, move_bdim
 from .errors import InPlaceError, MissingRuleError, TransformUsageError
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import as_tensor, unwrap_tree
-from .values import Value, bind
+from .values import Value, bind, bottom_tensor
 
 aten = torch.ops.aten
 shape_of = ops.shape_of
@@ -1422,61 +1422,49 @@ def _update_running_stats(op, x, running_mean, running_var, momentum, eps):
     running = (1 - momentum) * running + momentum * batch statistic (the variance unbiased).
     They are buffers, not values of a transform: torch.func updates them with the plain
     batch statistics, outside of autograd, and so do we, with torch's own kernel on the
-    concrete input. Under vmap a batched input has one set of statistics per example:
-    buffers batched along with it hold one running statistic per example, and each is
-    updated with its own example's (the kernel runs once, examples folded into channels);
-    one unbatched buffer cannot hold them, and torch.func raises, as we do, naming the fixes
-    it names."""
-    stats = [s for s in (running_mean, running_var) if s is not None]
-    level = _batched_level(x)
-    if not any(isinstance(s, Value) for s in stats):
-        if level is not None:
-            raise InPlaceError(
-                f"{level.call}: batch_norm in training mode got a batched input, but it "
-                "updates running_mean and running_var in place, and one unbatched buffer "
-                "cannot hold a statistic per example (torch.func refuses this too). Fix: "
-                "build the module with track_running_stats=False, or patch a model with "
-                "torch.func.replace_all_batch_norm_modules_(model), batch the buffers along "
-                "with the input, or run it in eval mode."
-            )
-        with torch.no_grad():
-            aten.native_batch_norm(_concrete(x), None, None, running_mean, running_var, True,
-                                   momentum, eps)
-        return
-    _update_batched_running_stats(op, x, level, running_mean, running_var, momentum, eps)
-
-
-def _concrete(value):
-    return value.concrete() if isinstance(value, Value) else value
-
-
-def _update_batched_running_stats(op, x, x_level, running_mean, running_var, momentum, eps):
-    """Running statistics batched by a vmap (its inputs): each example's buffer, updated in
-    place in the tensor the vmap was given, with that example's batch statistics."""
+    concrete input, writing into the tensors that hold them (a buffer given to grad or jvp
+    is updated too; the output does not depend on it, so its derivative is zero). Under vmap
+    a batched input has one set of statistics per example: buffers batched along with it
+    hold one running statistic per example, and each is updated with its own example's (the
+    kernel runs once, the examples folded into channels). One unbatched buffer cannot hold
+    them: torch.func raises, as we do, naming the fixes it names."""
     from .batching import BatchedValue
     stats = [s for s in (running_mean, running_var) if s is not None]
-    level = stats[0].dispatcher if isinstance(stats[0], BatchedValue) else None
-    if level is None or x_level not in (None, level) or not all(
-            isinstance(s, BatchedValue) and s.dispatcher is level and
-            type(s.payload) is torch.Tensor for s in stats):
+    batched = {s.dispatcher for stat in stats for s in _chain(stat)
+               if isinstance(s, BatchedValue)}
+    stat_level = next(iter(batched)) if len(batched) == 1 else None
+    x_levels = {v.dispatcher for v in _chain(x) if isinstance(v, BatchedValue)}
+    if not batched and x_levels:
         raise InPlaceError(
-            f"{op}(..., training=True): the running statistics are values of a transform "
-            "here (inputs of grad or jvp, or batched by another vmap than the input), and "
-            "training mode would update them in place, which is not supported. Fix: pass "
-            "them as plain buffers, or batch them along with the input in the same vmap, or "
-            "use track_running_stats=False, or call in eval mode."
+            f"{next(iter(x_levels)).call}: batch_norm in training mode got a batched input, "
+            "but it updates running_mean and running_var in place, and one unbatched buffer "
+            "cannot hold a statistic per example (torch.func refuses this too). Fix: build "
+            "the module with track_running_stats=False, or patch a model with "
+            "torch.func.replace_all_batch_norm_modules_(model), batch the buffers along with "
+            "the input, or run it in eval mode."
         )
-    b = level.length
-    if x_level is None:
+    if len(batched) > 1 or (batched and not x_levels <= batched) or any(
+            sum(isinstance(s, BatchedValue) for s in _chain(stat)) != len(batched)
+            for stat in stats):
+        raise InPlaceError(
+            f"{op}(..., training=True): the running statistics and the input are batched by "
+            "different vmaps, and training mode would update the statistics in place, which "
+            "is not supported. Fix: batch them in the same vmap, use "
+            "track_running_stats=False, or call in eval mode."
+        )
+    if stat_level is None:  # one set of statistics
+        with torch.no_grad():
+            aten.native_batch_norm(_concrete(x), None, None, bottom_tensor(running_mean),
+                                   bottom_tensor(running_var), True, momentum, eps)
+        return
+    b = stat_level.length
+    if not x_levels:
         examples = _concrete(x).unsqueeze(0).expand(b, *shape_of(x))
     else:
-        value = x
-        while not (isinstance(value, BatchedValue) and value.dispatcher is level):
-            value = value.payload
-        examples = _concrete(value.payload).movedim(value.bdim, 0)
+        examples = _examples(x, stat_level)
     n, c, *spatial = examples.shape[1:]
     folded = examples.movedim(0, 1).reshape(n, b * c, *spatial)  # NOTE [Batching batch norm]
-    buffers = [None if s is None else s.payload.movedim(s.bdim, 0)
+    buffers = [None if s is None else _examples(s, stat_level, bottom=True)
                for s in (running_mean, running_var)]
     flat = [None if buffer is None else buffer.reshape(b * c).clone() for buffer in buffers]
     with torch.no_grad():
@@ -1484,6 +1472,26 @@ def _update_batched_running_stats(op, x, x_level, running_mean, running_var, mom
         for buffer, updated in zip(buffers, flat):
             if buffer is not None:
                 buffer.copy_(updated.reshape(b, c))
+
+
+def _chain(value):
+    """A value and the values under it, down to the plain tensor (not included)."""
+    while isinstance(value, Value):
+        yield value
+        value = value.payload
+
+
+def _concrete(value):
+    return value.concrete() if isinstance(value, Value) else value
+
+
+def _examples(value, level, bottom=False):
+    """The concrete tensor under ``value`` with ``level``'s batch dim in front (a view of the
+    plain tensor at the bottom with ``bottom``, to write into)."""
+    from .batching import BatchedValue
+    batched = next(v for v in _chain(value) if isinstance(v, BatchedValue))
+    tensor = bottom_tensor(value) if bottom else _concrete(batched.payload)
+    return tensor.movedim(batched.bdim, 0)
 
 
 def _batch_norm(op, x, weight, bias, running_mean, running_var, training, momentum, eps):

@@ -662,6 +662,22 @@ def test_vmap_of_training_batch_norm_with_batched_running_stats_updates_each_exa
         torch.testing.assert_close(a, b_, rtol=1e-12, atol=1e-12)
 
 
+def test_running_statistics_given_to_jvp_are_updated_and_do_not_change_the_output():
+    x, w, b = _bn_inputs()
+    stats = {ns: (torch.zeros(3, dtype=DTYPE), torch.ones(3, dtype=DTYPE)) for ns in ("a", "b")}
+
+    def f(ns):
+        return lambda x, mean: F.batch_norm(x, mean, stats[ns][1], w, b, training=True)
+    tangents = (torch.ones_like(x), torch.ones(3, dtype=DTYPE))
+    assert_same(mf.jvp(f("a"), (x, stats["a"][0]), tangents),
+                tf.jvp(f("b"), (x, stats["b"][0]), tangents))
+    assert torch.equal(stats["a"][0], stats["b"][0]) and torch.equal(stats["a"][1],
+                                                                      stats["b"][1])
+    # (torch.func refuses grad with respect to them; their derivative is zero)
+    g = mf.grad(lambda mean: f("a")(x, mean).sin().sum())(torch.zeros(3, dtype=DTYPE))
+    assert torch.equal(g, torch.zeros(3, dtype=DTYPE))
+
+
 def test_batch_norm_is_not_differentiable_in_its_running_statistics():
     x, w, b = _bn_inputs()
     mean, var = torch.zeros(3, dtype=DTYPE), torch.ones(3, dtype=DTYPE)
