@@ -516,7 +516,7 @@ def convolution_backward(ct, x, weight, bias_sizes, stride, padding, dilation, t
             if output_mask[2] else None)
 
 
-def _same_padding(op, x, weight, stride, dilation, spatial):
+def _same_padding(op, x, weight, stride, dilation):
     """padding='same': the total padding d*(k-1) split in two, the odd one out on the right
     (torch's _convolution_mode). Returns the (possibly right-padded) input and the symmetric
     padding."""
@@ -563,7 +563,7 @@ def _conv_front(spatial, transposed):
             if padding == "valid":
                 padding = 0
             else:
-                x, padding = _same_padding(name, x, weight, stride, dilation, spatial)
+                x, padding = _same_padding(name, x, weight, stride, dilation)
         params = _conv_params(name, spatial, stride, padding, dilation, transposed,
                               output_padding, groups)
         out = _conv(x, weight, bias, **params)
@@ -1038,27 +1038,23 @@ aten_api.register(aten._adaptive_avg_pool3d.default)(
     lambda x, output_size: _adaptive_avg_pool("_adaptive_avg_pool3d", 3, x, output_size))
 
 
-def _pool_backward_door(backward_p, spatial):
-    def door(ct, x, *args):
-        return bind(backward_p, ct, input_shape=shape_of(x), **_pool_backward_params(
-            backward_p, spatial, args))
-    return door
-
-
-def _pool_backward_params(backward_p, spatial, args):
-    if backward_p is avg_pool_backward_p:
-        kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override = args
-        return dict(kernel_size=_ntuple(kernel_size, spatial, "kernel_size", "avg_pool"),
-                    stride=_ntuple(stride or kernel_size, spatial, "stride", "avg_pool"),
-                    padding=_ntuple(padding, spatial, "padding", "avg_pool"),
+def _avg_pool_backward_door(spatial):
+    """aten.avg_pool{2,3}d_backward: the input is read for its shape only."""
+    def door(ct, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+             divisor_override):
+        op = f"avg_pool{spatial}d_backward"
+        return bind(avg_pool_backward_p, ct, input_shape=shape_of(x),
+                    kernel_size=_ntuple(kernel_size, spatial, "kernel_size", op),
+                    stride=_ntuple(stride or kernel_size, spatial, "stride", op),
+                    padding=_ntuple(padding, spatial, "padding", op),
                     ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad),
                     divisor_override=divisor_override)
-    return {}
+    return door
 
 
 for _n in (2, 3):
     aten_api.register(getattr(aten, f"avg_pool{_n}d_backward").default)(
-        _pool_backward_door(avg_pool_backward_p, _n))
+        _avg_pool_backward_door(_n))
 
 
 def _adaptive_avg_pool_backward_door(spatial):
