@@ -11,12 +11,20 @@ bit-exact with torch.func:
 - batch norm (training and eval), its statistics, and ``native_batch_norm_backward``.
 Max pooling is an op with two outputs: its indices are a non-differentiable primitive and
 its values a gather of the flattened spatial dims, so derivatives come from gather.
-Everything else (padding modes, layer and group norm, the losses, interpolation, ...) is
-written with ``ops`` at the front door: readable, and every transform handles it for free.
+Everything else is written with ``ops`` at the front door, readable, and every transform
+handles it for free: constant padding (a primitive: its transpose is a crop) and the
+reflect, replicate and circular modes (gathers); layer, group and RMS norm; the losses
+(nll_loss and cross_entropy with weights, ignore_index and label smoothing, and the rest,
+replacing ops.py's simpler entries); interpolation (one matrix per dim, read off torch's
+kernels); grid_sample, unfold and fold (gathers and scatters); pixel shuffle, glu, prelu,
+bilinear, pdist, max_unpool.
 
 Each op opens both doors: the torch functions users call (``F.conv2d``, ``F.max_pool2d``,
 ``F.cross_entropy``; front, torch_api.py) and the aten ops torch lowers to
-(``aten.convolution``, ``aten.max_pool2d_with_indices``; back, aten_api.py).
+(``aten.convolution``, ``aten.max_pool2d_with_indices``; back, aten_api.py). Left to others:
+embedding and embedding_bag (the indexing family), dropout in training mode (randomness);
+lp_pool, local_response_norm, instance_norm and most margin losses are torch composites of
+the ops here; ctc_loss, fractional_max_pool and rrelu are refused by the levels.
 """
 import functools
 import math
