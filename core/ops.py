@@ -506,8 +506,13 @@ def nll_loss(log_probs, target, weight=None, size_average=None, ignore_index=-10
     if weight is not None:
         raise TransformUsageError("nll_loss(..., weight=...): class weights are not supported.")
     class_dim = 1 if _rank(log_probs) > 1 else 0
-    picked = gather(log_probs, class_dim, unsqueeze(target, class_dim))
-    return _reduce(neg(squeeze(picked, class_dim)), reduction, "nll_loss")
+    kept = ne(target, ignore_index)  # ignored targets: no loss, no weight in the mean
+    picked = gather(log_probs, class_dim, unsqueeze(where(kept, target, 0), class_dim))
+    weights = convert(kept, log_probs.dtype)
+    losses = mul(neg(squeeze(picked, class_dim)), weights)
+    if reduction == "mean":
+        return div(sum(losses), sum(weights))
+    return _reduce(losses, reduction, "nll_loss")
 
 
 def cross_entropy(logits, target, weight=None, size_average=None, ignore_index=-100,
@@ -519,7 +524,8 @@ def cross_entropy(logits, target, weight=None, size_average=None, ignore_index=-
     log_probs = log_softmax(logits, class_dim)
     if target.dtype.is_floating_point:
         return _reduce(neg(sum(mul(target, log_probs), class_dim)), reduction, "cross_entropy")
-    return nll_loss(log_probs, target, weight=weight, reduction=reduction)
+    return nll_loss(log_probs, target, weight=weight, ignore_index=ignore_index,
+                    reduction=reduction)
 
 
 def mse_loss(x, target, size_average=None, reduce=None, reduction="mean", weight=None):

@@ -512,7 +512,9 @@ def call_aten(func, args, kwargs):
 
 
 def _call_aten(func, args, kwargs):
-    if func._schema.is_mutable:
+    if func._schema.is_mutable and func not in aten_api.ATEN_OPS:
+        # (an in-place op registered in the table does its own writes: batch norm's
+        # _native_batch_norm_legit and _batch_norm_with_update update running statistics)
         return _functionalize(func, args, kwargs)
     values = unwrap_all(args)
     kw = _unwrap_kwargs(kwargs)
