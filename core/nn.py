@@ -1,2 +1,989 @@
-"""Neural-network primitives: convolution, pooling, normalization, padding, losses. (Being
-written: see CONTRIBUTING.md, "A family of primitives".)"""
+"""Neural-network primitives: convolution, pooling, normalization, padding, losses.
+
+NOTE [Which nn ops are primitives]
+A few nn ops are kept as torch's own fused kernels, because torch.func runs exactly these
+kernels and their backward kernels, so a primitive made of each keeps a training loop
+bit-exact with torch.func:
+- convolution, and its backward split in three (grad_input, grad_weight, grad_bias), each
+  one output of ``aten.convolution_backward``;
+- avg_pool and adaptive_avg_pool, each with its backward kernel: two linear maps, each the
+  other's transpose;
+- batch norm (training and eval), its statistics, and ``native_batch_norm_backward``.
+Max pooling is an op with two outputs: its indices are a non-differentiable primitive and
+its values a gather of the flattened spatial dims, so derivatives come from gather.
+Everything else (padding modes, layer and group norm, the losses, interpolation, ...) is
+written with ``ops`` at the front door: readable, and every transform handles it for free.
+
+Each op opens both doors: the torch functions users call (``F.conv2d``, ``F.max_pool2d``,
+``F.cross_entropy``; front, torch_api.py) and the aten ops torch lowers to
+(``aten.convolution``, ``aten.max_pool2d_with_indices``; back, aten_api.py).
+"""
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import aten_api, elementwise, ops, torch_api
+from . import primitives as P
+from .autograd import vjp_rules, wants_cotangent
+from .batching import batch_size, batching_rules, move_bdim
+from .errors import InPlaceError, MissingRuleError, TransformUsageError
+from .forward import add_tangents, jvp_rules, linear_jvp
+from .values import Value, bind
+
+aten = torch.ops.aten
+shape_of = ops.shape_of
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+def _is_tensor(x):
+    return isinstance(x, (torch.Tensor, Value))
+
+
+def _ntuple(value, n, what, op):
+    """An int or a sequence as a tuple of ``n`` ints (a 1-sequence is repeated, as torch does)."""
+    if isinstance(value, (int, torch.SymInt)):
+        return (int(value),) * n
+    value = tuple(int(v) for v in value)
+    if len(value) == 1 and n > 1:
+        return value * n
+    if len(value) != n:
+        raise TransformUsageError(
+            f"{op}(..., {what}={value}): expected an int or {n} ints for {n} spatial dims, got "
+            f"{len(value)}. Fix: pass one value per spatial dim."
+        )
+    return value
+
+
+def _refuse_complex(op, *args):
+    for a in args:
+        if _is_tensor(a) and a.dtype.is_complex:
+            raise MissingRuleError(
+                f"{op}: complex tensors are not supported by the nn family yet. Fix: use real "
+                "tensors (split real and imaginary parts)."
+            )
+
+
+def _front(x, bdim):
+    """A batched payload with its batch dim in front."""
+    return move_bdim(x, bdim, 0)
+
+
+def _fold_leading(x, keep):
+    """``(B, *lead, *rest)`` -> ``(B * prod(lead), *rest)`` where ``rest`` is the last ``keep``
+    dims: the batch joins the leading (N) dim that pooling and convolution loop over."""
+    shape = shape_of(x)
+    return ops.reshape(x, math.prod(shape[:len(shape) - keep]), *shape[len(shape) - keep:])
+
+
+def _unfold_leading(x, lead):
+    """The inverse of ``_fold_leading``: ``(B * prod(lead), *rest)`` -> ``(*lead, *rest)``."""
+    return ops.reshape(x, *lead, *shape_of(x)[1:])
+
+
+def _channel_view(v, rank, dim=1):
+    """A per-channel vector of shape (C,) reshaped to broadcast along ``dim`` of a tensor of
+    rank ``rank`` (``(1, C, 1, 1)`` for an NCHW tensor)."""
+    shape = [1] * rank
+    shape[dim] = shape_of(v)[0]
+    return ops.reshape(v, *shape)
+
+
+# --- convolution -----------------------------------------------------------------------------------
+# The parameters of every convolution primitive, as aten.convolution takes them (tuples of
+# one int per spatial dim, transposed a bool, groups an int).
+def _convolution(x, weight, bias, *, stride, padding, dilation, transposed, output_padding,
+                 groups):
+    return aten.convolution(x, weight, bias, stride, padding, dilation, transposed,
+                            output_padding, groups)
+
+
+def _convolution_backward(ct, x, weight, bias_sizes, mask, params):
+    return aten.convolution_backward(ct, x, weight, bias_sizes, params["stride"],
+                                     params["padding"], params["dilation"],
+                                     params["transposed"], params["output_padding"],
+                                     params["groups"], mask)
+
+
+# The three outputs of aten.convolution_backward, one primitive each. The tensor that an
+# output does not read (the input for grad_input, the weight for grad_weight) is passed as
+# an uninitialized tensor of the right shape: the kernel never reads it.
+def _conv_backward_input(ct, weight, *, input_shape, **params):
+    unread = ct.new_empty(input_shape)
+    return _convolution_backward(ct, unread, weight, None, (True, False, False), params)[0]
+
+
+def _conv_backward_weight(ct, x, *, weight_shape, **params):
+    unread = ct.new_empty(weight_shape)
+    return _convolution_backward(ct, x, unread, None, (False, True, False), params)[1]
+
+
+def _conv_backward_bias(ct, *, input_shape, weight_shape, **params):
+    out_channels = ct.shape[1]
+    return _convolution_backward(ct, ct.new_empty(input_shape), ct.new_empty(weight_shape),
+                                 [out_channels], (False, False, True), params)[2]
+
+
+convolution_p = P.primitive("convolution", _convolution)
+conv_backward_input_p = P.primitive("convolution_backward_input", _conv_backward_input)
+conv_backward_weight_p = P.primitive("convolution_backward_weight", _conv_backward_weight)
+conv_backward_bias_p = P.primitive("convolution_backward_bias", _conv_backward_bias)
+
+
+def _conv(x, weight, bias=None, **params):
+    return bind(convolution_p, x, weight, bias, **params)
+
+
+def _conv_backward_input_of(ct, weight, input_shape, params):
+    return bind(conv_backward_input_p, ct, weight, input_shape=tuple(input_shape), **params)
+
+
+def _conv_backward_weight_of(ct, x, weight_shape, params):
+    return bind(conv_backward_weight_p, ct, x, weight_shape=tuple(weight_shape), **params)
+
+
+def _bias_broadcast(bias, out_shape):
+    """A per-channel bias (or its tangent) broadcast to a convolution's output shape."""
+    return ops.expand(_channel_view(bias, len(out_shape)), *out_shape)
+
+
+# NOTE [The derivatives of a convolution are convolutions]
+# A convolution is bilinear in (input, weight), plus the bias. Its vjp is
+# aten.convolution_backward: grad_input is the transposed convolution of the cotangent with
+# the weight, grad_weight a convolution of the input with the cotangent, grad_bias a sum.
+# For second order the three backward primitives need derivatives of their own, and they
+# follow from one identity: for any g, <grad_input(ct, w), g> = <ct, conv(g, w)> and
+# <grad_weight(ct, x), h> = <ct, conv(x, h)>. So
+#   vjp of grad_input(ct, w) with cotangent g:  ct_bar = conv(g, w),  w_bar = grad_weight(ct, g)
+#   vjp of grad_weight(ct, x) with cotangent h: ct_bar = conv(x, h),  x_bar = grad_input(ct, h)
+# and the jvps are bilinear. PyTorch's _convolution_double_backward (FunctionsManual.cpp)
+# computes the same three convolutions; JAX's conv_general_dilated transposes one into the
+# other the same way. The family closes: conv and its backward primitives are all anyone needs.
+def convolution_vjp(x, weight, bias, **params):
+    out = _conv(x, weight, bias, **params)
+    x_shape, w_shape = shape_of(x), shape_of(weight)
+
+    def backward(ct):
+        x_bar = w_bar = b_bar = None
+        if wants_cotangent(0, x):
+            x_bar = _conv_backward_input_of(ct, weight, x_shape, params)
+        if wants_cotangent(1, weight):
+            w_bar = _conv_backward_weight_of(ct, x, w_shape, params)
+        if bias is not None and wants_cotangent(2, bias):
+            b_bar = bind(conv_backward_bias_p, ct, input_shape=x_shape, weight_shape=w_shape,
+                         **params)
+        return x_bar, w_bar, b_bar
+    return out, backward
+vjp_rules[convolution_p] = convolution_vjp
+
+
+def convolution_jvp(primals, tangents, **params):
+    (x, weight, bias), (x_dot, w_dot, b_dot) = primals, tangents
+    out = _conv(x, weight, bias, **params)
+    out_dot = None
+    if x_dot is not None:
+        out_dot = _conv(x_dot, weight, None, **params)
+    if w_dot is not None:  # conv(x, w_dot, b_dot) = conv(x, w_dot) + b_dot, one kernel
+        out_dot = add_tangents(out_dot, _conv(x, w_dot, b_dot, **params))
+        b_dot = None
+    if b_dot is not None:
+        out_dot = add_tangents(out_dot, _bias_broadcast(b_dot, shape_of(out)))
+    return out, out_dot
+jvp_rules[convolution_p] = convolution_jvp
+
+
+def conv_backward_input_vjp(ct, weight, *, input_shape, **params):
+    out = _conv_backward_input_of(ct, weight, input_shape, params)
+    w_shape = shape_of(weight)
+
+    def backward(g):
+        ct_bar = _conv(g, weight, None, **params) if wants_cotangent(0, ct) else None
+        w_bar = _conv_backward_weight_of(ct, g, w_shape, params) \
+            if wants_cotangent(1, weight) else None
+        return ct_bar, w_bar
+    return out, backward
+vjp_rules[conv_backward_input_p] = conv_backward_input_vjp
+
+
+def conv_backward_input_jvp(primals, tangents, *, input_shape, **params):
+    (ct, weight), (ct_dot, w_dot) = primals, tangents
+    out = _conv_backward_input_of(ct, weight, input_shape, params)
+    out_dot = None
+    if ct_dot is not None:
+        out_dot = _conv_backward_input_of(ct_dot, weight, input_shape, params)
+    if w_dot is not None:
+        out_dot = add_tangents(out_dot, _conv_backward_input_of(ct, w_dot, input_shape, params))
+    return out, out_dot
+jvp_rules[conv_backward_input_p] = conv_backward_input_jvp
+
+
+def conv_backward_weight_vjp(ct, x, *, weight_shape, **params):
+    out = _conv_backward_weight_of(ct, x, weight_shape, params)
+    x_shape = shape_of(x)
+
+    def backward(h):
+        ct_bar = _conv(x, h, None, **params) if wants_cotangent(0, ct) else None
+        x_bar = _conv_backward_input_of(ct, h, x_shape, params) if wants_cotangent(1, x) else None
+        return ct_bar, x_bar
+    return out, backward
+vjp_rules[conv_backward_weight_p] = conv_backward_weight_vjp
+
+
+def conv_backward_weight_jvp(primals, tangents, *, weight_shape, **params):
+    (ct, x), (ct_dot, x_dot) = primals, tangents
+    out = _conv_backward_weight_of(ct, x, weight_shape, params)
+    out_dot = None
+    if ct_dot is not None:
+        out_dot = _conv_backward_weight_of(ct_dot, x, weight_shape, params)
+    if x_dot is not None:
+        out_dot = add_tangents(out_dot, _conv_backward_weight_of(ct, x_dot, weight_shape, params))
+    return out, out_dot
+jvp_rules[conv_backward_weight_p] = conv_backward_weight_jvp
+
+
+def conv_backward_bias_vjp(ct, **params):
+    out = bind(conv_backward_bias_p, ct, **params)
+    ct_shape = shape_of(ct)
+    return out, lambda g: (_bias_broadcast(g, ct_shape),)
+vjp_rules[conv_backward_bias_p] = conv_backward_bias_vjp
+jvp_rules[conv_backward_bias_p] = linear_jvp(conv_backward_bias_p)
+
+
+# NOTE [Batching a convolution: the groups trick]
+# A convolution already loops over two things a batch can join: the images (dim N) and the
+# groups. With B examples:
+# - only activations batched (the input, or the cotangent of grad_input), the weight shared:
+#   the examples are more images, (B, N, C, ...) -> (B*N, C, ...).
+# - the weight batched, the activation shared (an ensemble of models): the examples are more
+#   channels on the weight's side that the shared activation does not carry. For conv that
+#   is the output channels, (B, C_out, ...) -> (B*C_out, ...): one convolution computes every
+#   example's output channels side by side.
+# - both batched: the examples are more groups. Example b's input channels, weight and output
+#   channels become groups b*g .. b*g+g-1 of one convolution with B*g groups: a block-
+#   diagonal convolution, each example's block seeing only its own input and weight.
+# The last case is what makes per-sample gradients of a CNN fast: under vmap(grad), the
+# weight gradient grad_weight(ct, x) has both the cotangent and the input batched, and it
+# becomes ONE grouped convolution backward with B*g groups, whose result (B*C_out, ...) is
+# the B per-example weight gradients, with no loop and no (B, C_out, C_in, ...) intermediate
+# per pixel. functorch's convolution batching rules (BatchRulesConvolution.cpp) do the same;
+# Opacus's per-sample gradients use the unfold + einsum equivalent.
+# When a batch joins a channel axis of a grouped convolution, it must stay inside each group:
+# channels are laid out (group, example, channel in group), so that the g groups stay g
+# contiguous blocks.
+def _conv_weight_dim(axis, transposed):
+    """Which dim of the weight carries the channels of ``axis`` ('in' or 'out'): a convolution's
+    weight is (C_out, C_in/g, ...), a transposed one's (C_in, C_out/g, ...)."""
+    return 0 if (axis == "out") != transposed else 1
+
+
+def _fold_channels(x, groups):
+    """Activations (B, N, C, *sp) -> (N, B*C, *sp), channels laid out (group, example, c)."""
+    b, n, c, *spatial = shape_of(x)
+    x = ops.reshape(x, b, n, groups, c // groups, *spatial)
+    x = ops.permute(x, 1, 2, 0, 3, *range(4, 4 + len(spatial)))
+    return ops.reshape(x, n, b * c, *spatial)
+
+
+def _unfold_channels(x, b, groups):
+    """The inverse of ``_fold_channels``: (N, B*C, *sp) -> a payload and its batch dim."""
+    n, bc, *spatial = shape_of(x)
+    c = bc // b
+    if groups == 1:
+        return ops.reshape(x, n, b, c, *spatial), 1  # a view: no copy
+    x = ops.reshape(x, n, groups, b, c // groups, *spatial)
+    x = ops.permute(x, 2, 0, 1, 3, *range(4, 4 + len(spatial)))
+    return ops.reshape(x, b, n, c, *spatial), 0
+
+
+def _fold_weight(w, dim, groups):
+    """A batched weight (B, w0, w1, *k) with the batch joined to weight dim ``dim``, inside
+    each group: dim 0 -> (B*w0, w1, *k), dim 1 -> (w0, B*w1, *k)."""
+    b, w0, w1, *kernel = shape_of(w)
+    w = ops.reshape(w, b, groups, w0 // groups, w1, *kernel)
+    rest = tuple(range(4, 4 + len(kernel)))
+    if dim == 0:
+        w = ops.permute(w, 1, 0, 2, 3, *rest)
+        return ops.reshape(w, b * w0, w1, *kernel)
+    w = ops.permute(w, 1, 2, 0, 3, *rest)
+    return ops.reshape(w, w0, b * w1, *kernel)
+
+
+def _unfold_weight(w, dim, b, groups):
+    """The inverse of ``_fold_weight``: a payload with the batch dim in front."""
+    w0, w1, *kernel = shape_of(w)
+    rest = tuple(range(4, 4 + len(kernel)))
+    if dim == 0:
+        w0 //= b
+        w = ops.reshape(w, groups, b, w0 // groups, w1, *kernel)
+        w = ops.permute(w, 1, 0, 2, 3, *rest)
+    else:
+        w1 //= b
+        w = ops.reshape(w, groups, w0 // groups, b, w1, *kernel)
+        w = ops.permute(w, 2, 0, 1, 3, *rest)
+    return ops.reshape(w, b, w0, w1, *kernel)
+
+
+def _fold_bias(bias, bdim, b, groups):
+    """A per-output-channel bias, batched or shared, as (B*C_out,) laid out like the output
+    channels (group, example, c)."""
+    if bias is None:
+        return None
+    if bdim is None:
+        bias = ops.expand(ops.unsqueeze(bias, 0), b, *shape_of(bias))
+    else:
+        bias = _front(bias, bdim)
+    c = shape_of(bias)[1]
+    bias = ops.permute(ops.reshape(bias, b, groups, c // groups), 1, 0, 2)
+    return ops.reshape(bias, b * c)
+
+
+def _add_batched_bias(out, out_bdim, bias, bias_bdim):
+    """A convolution output plus a batched bias (B, C): broadcast along N and space."""
+    bias = _front(bias, bias_bdim)
+    b, c = shape_of(bias)
+    rank = len(shape_of(out)) - (out_bdim is not None)
+    bias = ops.reshape(bias, b, 1, c, *([1] * (rank - 2)))
+    if out_bdim is not None:
+        out = _front(out, out_bdim)
+    return ops.add(out, bias), 0
+
+
+def convolution_batch(values, bdims, **params):
+    (x, weight, bias), (x_bdim, w_bdim, b_bdim) = values, bdims
+    b = batch_size(values, bdims)
+    groups, transposed = params["groups"], params["transposed"]
+    if x_bdim is None and w_bdim is None:  # only the bias is batched
+        return _add_batched_bias(_conv(x, weight, None, **params), None, bias, b_bdim)
+    if w_bdim is None:  # the examples are more images
+        x = _front(x, x_bdim)
+        lead = shape_of(x)[:2]
+        folded = _fold_leading(x, len(shape_of(x)) - 2)
+        if b_bdim is None:
+            return _unfold_leading(_conv(folded, weight, bias, **params), lead), 0
+        out = _unfold_leading(_conv(folded, weight, None, **params), lead)
+        return _add_batched_bias(out, 0, bias, b_bdim)
+    weight = _front(weight, w_bdim)
+    if x_bdim is None:  # the examples are more output channels
+        weight = _fold_weight(weight, _conv_weight_dim("out", transposed), groups)
+        out = _conv(x, weight, _fold_bias(bias, b_bdim, b, groups), **params)
+        return _unfold_channels(out, b, groups)
+    # both batched: the examples are more groups
+    x = _fold_channels(_front(x, x_bdim), 1)
+    weight = _fold_weight(weight, 0, 1)
+    out = _conv(x, weight, _fold_bias(bias, b_bdim, b, 1), **{**params, "groups": b * groups})
+    return _unfold_channels(out, b, 1)
+batching_rules[convolution_p] = convolution_batch
+
+
+def conv_backward_input_batch(values, bdims, *, input_shape, **params):
+    (ct, weight), (ct_bdim, w_bdim) = values, bdims
+    b = batch_size(values, bdims)
+    groups, transposed = params["groups"], params["transposed"]
+    n, c_in, *spatial = input_shape
+    if w_bdim is None:  # the examples are more images
+        ct = _front(ct, ct_bdim)
+        lead = shape_of(ct)[:2]
+        out = _conv_backward_input_of(_fold_leading(ct, len(shape_of(ct)) - 2), weight,
+                                      (b * n, c_in, *spatial), params)
+        return _unfold_leading(out, lead), 0
+    weight = _front(weight, w_bdim)
+    if ct_bdim is None:  # the examples are more input channels
+        weight = _fold_weight(weight, _conv_weight_dim("in", transposed), groups)
+        out = _conv_backward_input_of(ct, weight, (n, b * c_in, *spatial), params)
+        return _unfold_channels(out, b, groups)
+    ct = _fold_channels(_front(ct, ct_bdim), 1)
+    weight = _fold_weight(weight, 0, 1)
+    out = _conv_backward_input_of(ct, weight, (n, b * c_in, *spatial),
+                                  {**params, "groups": b * groups})
+    return _unfold_channels(out, b, 1)
+batching_rules[conv_backward_input_p] = conv_backward_input_batch
+
+
+def conv_backward_weight_batch(values, bdims, *, weight_shape, **params):
+    (ct, x), (ct_bdim, x_bdim) = values, bdims
+    b = batch_size(values, bdims)
+    groups, transposed = params["groups"], params["transposed"]
+    if ct_bdim is None or x_bdim is None:
+        # one side batched: the examples are more channels on that side
+        axis = "in" if ct_bdim is None else "out"
+        dim = _conv_weight_dim(axis, transposed)
+        if ct_bdim is None:
+            x = _fold_channels(_front(x, x_bdim), groups)
+        else:
+            ct = _fold_channels(_front(ct, ct_bdim), groups)
+        shape = list(weight_shape)
+        shape[dim] *= b
+        out = _conv_backward_weight_of(ct, x, shape, params)
+        return _unfold_weight(out, dim, b, groups), 0
+    # both batched (per-sample gradients): one grouped convolution, B*g groups
+    ct = _fold_channels(_front(ct, ct_bdim), 1)
+    x = _fold_channels(_front(x, x_bdim), 1)
+    shape = (b * weight_shape[0], *weight_shape[1:])
+    out = _conv_backward_weight_of(ct, x, shape, {**params, "groups": b * groups})
+    return _unfold_weight(out, 0, b, 1), 0
+batching_rules[conv_backward_weight_p] = conv_backward_weight_batch
+
+
+def conv_backward_bias_batch(values, bdims, **params):
+    (ct,), (bdim,) = values, bdims
+    ct = _front(ct, bdim)
+    return ops.sum(ct, (1, *range(3, len(shape_of(ct))))), 0
+batching_rules[conv_backward_bias_p] = conv_backward_bias_batch
+
+
+# --- convolution: the doors ------------------------------------------------------------------------
+def _conv_params(op, spatial, stride, padding, dilation, transposed, output_padding, groups):
+    return dict(stride=_ntuple(stride, spatial, "stride", op),
+                padding=_ntuple(padding, spatial, "padding", op),
+                dilation=_ntuple(dilation, spatial, "dilation", op),
+                transposed=bool(transposed),
+                output_padding=_ntuple(output_padding, spatial, "output_padding", op),
+                groups=int(groups))
+
+
+@aten_api.register(aten.convolution.default)
+def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """``aten.convolution``: every convolution torch runs, in normalized form."""
+    _refuse_complex("convolution", x, weight, bias)
+    spatial = len(shape_of(weight)) - 2
+    params = _conv_params("convolution", spatial, stride, padding, dilation, transposed,
+                          output_padding, groups)
+    return _conv(x, weight, bias, **params)
+
+
+@aten_api.register(aten.convolution_backward.default)
+def convolution_backward(ct, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    spatial = len(shape_of(weight)) - 2
+    params = _conv_params("convolution_backward", spatial, stride, padding, dilation,
+                          transposed, output_padding, groups)
+    x_shape, w_shape = shape_of(x), shape_of(weight)
+    return (_conv_backward_input_of(ct, weight, x_shape, params) if output_mask[0] else None,
+            _conv_backward_weight_of(ct, x, w_shape, params) if output_mask[1] else None,
+            bind(conv_backward_bias_p, ct, input_shape=x_shape, weight_shape=w_shape, **params)
+            if output_mask[2] else None)
+
+
+def _same_padding(op, x, weight, stride, dilation, spatial):
+    """padding='same': the total padding d*(k-1) split in two, the odd one out on the right
+    (torch's _convolution_mode). Returns the (possibly right-padded) input and the symmetric
+    padding."""
+    if any(s != 1 for s in stride):
+        raise TransformUsageError(
+            f"{op}(..., padding='same', stride={stride}): padding='same' needs stride 1, as in "
+            "torch. Fix: pass explicit padding."
+        )
+    kernel = shape_of(weight)[2:]
+    left = [d * (k - 1) // 2 for d, k in zip(dilation, kernel)]
+    extra = [d * (k - 1) - 2 * l for d, k, l in zip(dilation, kernel, left)]
+    if any(extra):
+        pad = []
+        for e in reversed(extra):  # F.pad's order: last dim first
+            pad += [0, e]
+        x = constant_pad_nd(x, pad, 0)
+    return x, tuple(left)
+
+
+def _conv_front(spatial, transposed):
+    """F.conv{1,2,3}d or F.conv_transpose{1,2,3}d, with torch's signature."""
+    name = f"conv_transpose{spatial}d" if transposed else f"conv{spatial}d"
+
+    def call(x, weight, bias, stride, padding, output_padding, groups, dilation):
+        _refuse_complex(name, x, weight, bias)
+        rank = len(shape_of(x))
+        if rank not in (spatial + 1, spatial + 2):
+            raise TransformUsageError(
+                f"{name}(input, ...): expected a {spatial + 2}-D (batched) or {spatial + 1}-D "
+                f"(unbatched) input, got shape {shape_of(x)}. Fix: give an input with "
+                "(N,) C and the spatial dims."
+            )
+        unbatched = rank == spatial + 1
+        if unbatched:
+            x = ops.unsqueeze(x, 0)
+        stride = _ntuple(stride, spatial, "stride", name)
+        dilation = _ntuple(dilation, spatial, "dilation", name)
+        if isinstance(padding, str):
+            if transposed or padding not in ("same", "valid"):
+                raise TransformUsageError(
+                    f"{name}(..., padding={padding!r}): expected 'same' or 'valid' (and only "
+                    "for convolutions, not transposed ones), as in torch. Fix: pass ints."
+                )
+            if padding == "valid":
+                padding = 0
+            else:
+                x, padding = _same_padding(name, x, weight, stride, dilation, spatial)
+        params = _conv_params(name, spatial, stride, padding, dilation, transposed,
+                              output_padding, groups)
+        out = _conv(x, weight, bias, **params)
+        return ops.squeeze(out, 0) if unbatched else out
+
+    if transposed:
+        def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0,
+                           groups=1, dilation=1):
+            return call(x, weight, bias, stride, padding, output_padding, groups, dilation)
+        conv_transpose.__name__ = name
+        return conv_transpose
+
+    def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        return call(x, weight, bias, stride, padding, 0, groups, dilation)
+    conv.__name__ = name
+    return conv
+
+
+for _spatial in (1, 2, 3):
+    torch_api.register(getattr(F, f"conv{_spatial}d"), getattr(torch, f"conv{_spatial}d"))(
+        _conv_front(_spatial, False))
+    torch_api.register(getattr(F, f"conv_transpose{_spatial}d"),
+                       getattr(torch, f"conv_transpose{_spatial}d"))(_conv_front(_spatial, True))
+
+
+# --- padding ---------------------------------------------------------------------------------------
+# ``pad`` is in F.pad's order: (left, right) of the last dim, then of the dim before, ...
+constant_pad_nd_p = P.primitive(
+    "constant_pad_nd", lambda x, *, pad, value: torch.constant_pad_nd(x, pad, value))
+
+
+def _padded_dims(pad, rank):
+    """(dim, before, after) for each padded dim, from F.pad's flat list."""
+    return [(rank - 1 - i, pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)]
+
+
+def constant_pad_nd_vjp(x, *, pad, value):
+    """NOTE [The transpose of padding is cropping]
+    Padding by p puts x inside a frame of constants, so its vjp keeps the middle of the
+    cotangent: a slice (a view). A negative pad crops, and the transpose of cropping is
+    padding with zeros; with pads of both signs the transpose is the pad by -p, which crops
+    where the forward padded and pads where it cropped (PyTorch's constant_pad_nd backward
+    is ``constant_pad_nd(grad, -pad)`` too)."""
+    out = bind(constant_pad_nd_p, x, pad=pad, value=value)
+    x_shape = shape_of(x)
+
+    def backward(ct):
+        if all(p >= 0 for p in pad):
+            index = [slice(None)] * len(x_shape)
+            for dim, before, _ in _padded_dims(pad, len(x_shape)):
+                index[dim] = slice(before, before + x_shape[dim])
+            return (ops.getitem(ct, tuple(index)),)
+        return (bind(constant_pad_nd_p, ct, pad=tuple(-p for p in pad), value=0),)
+    return out, backward
+vjp_rules[constant_pad_nd_p] = constant_pad_nd_vjp
+
+
+def constant_pad_nd_jvp(primals, tangents, *, pad, value):
+    (x,), (x_dot,) = primals, tangents
+    return (bind(constant_pad_nd_p, x, pad=pad, value=value),
+            bind(constant_pad_nd_p, x_dot, pad=pad, value=0))
+jvp_rules[constant_pad_nd_p] = constant_pad_nd_jvp
+
+
+def constant_pad_nd_batch(values, bdims, *, pad, value):
+    (x,), (bdim,) = values, bdims
+    # the pads touch the last len(pad) // 2 dims: with the batch dim in front, never it
+    return bind(constant_pad_nd_p, _front(x, bdim), pad=pad, value=value), 0
+batching_rules[constant_pad_nd_p] = constant_pad_nd_batch
+
+
+@aten_api.register(aten.constant_pad_nd.default)
+@torch_api.register(torch.constant_pad_nd)
+def constant_pad_nd(x, pad, value=0):
+    pad = tuple(int(p) for p in pad)
+    rank = len(shape_of(x))
+    if len(pad) % 2 or len(pad) // 2 > rank:
+        raise TransformUsageError(
+            f"constant_pad_nd(x, pad={pad}): expected an even number of pads, at most two per "
+            f"dim of the input's shape {shape_of(x)}. Fix: pass (left, right) pairs, last dim "
+            "first."
+        )
+    if not any(pad):
+        return x
+    return bind(constant_pad_nd_p, x, pad=pad, value=value)
+
+
+def _pad_positions(mode, size, before, after):
+    """The input positions a padded dim reads, for reflect, replicate and circular padding."""
+    positions = torch.arange(-before, size + after)
+    if mode == "reflect":
+        positions = positions.abs()
+        return torch.where(positions >= size, 2 * (size - 1) - positions, positions)
+    if mode == "replicate":
+        return positions.clamp(0, size - 1)
+    return positions.remainder(size)  # circular
+
+
+def _pad_by_gathering(x, pad, mode):
+    """NOTE [Reflect, replicate and circular padding are gathers]
+    Each of these modes makes every output element a copy of one input element: which one
+    is a fixed function of its position (a reflection, a clamp, a modulo). So each padded dim
+    is a gather along that dim with a constant index, and gather's rules give the
+    derivatives: the vjp scatter-adds the cotangent back, summing where a border element was
+    copied several times (what reflection_pad2d_backward computes). PyTorch's Python
+    decompositions of these ops index the same way."""
+    rank = len(shape_of(x))
+    for dim, before, after in _padded_dims(pad, rank):
+        size = shape_of(x)[dim]
+        positions = _pad_positions(mode, size, before, after)
+        if mode == "reflect" and (before >= size or after >= size):
+            raise TransformUsageError(
+                f"pad(x, {list(pad)}, mode='reflect'): a reflect pad must be smaller than the "
+                f"dim it pads (dim {dim} has size {size}). Fix: use smaller pads, or "
+                "mode='replicate'."
+            )
+        if mode == "circular" and (before > size or after > size):
+            raise TransformUsageError(
+                f"pad(x, {list(pad)}, mode='circular'): a circular pad can be at most the size "
+                f"of the dim it pads (dim {dim} has size {size}). Fix: use smaller pads."
+            )
+        shape = [1] * rank
+        shape[dim] = len(positions)
+        index_shape = list(shape_of(x))
+        index_shape[dim] = len(positions)
+        index = positions.to(x.device).reshape(shape).expand(index_shape)
+        x = ops.gather(x, dim, index)
+    return x
+
+
+_PAD_RANKS = {2: (2, 3), 4: (3, 4), 6: (4, 5)}
+
+
+@torch_api.register(F.pad)
+def pad(x, pad, mode="constant", value=None):
+    """F.pad with every mode."""
+    pad = tuple(int(p) for p in pad)
+    if mode == "constant":
+        return constant_pad_nd(x, pad, 0 if value is None else value)
+    if mode not in ("reflect", "replicate", "circular"):
+        raise TransformUsageError(
+            f"pad(x, {list(pad)}, mode={mode!r}): expected 'constant', 'reflect', 'replicate' "
+            "or 'circular'."
+        )
+    if value is not None and value != 0:
+        raise TransformUsageError(
+            f"pad(x, {list(pad)}, mode={mode!r}, value={value}): a fill value is only used by "
+            "mode='constant'. Fix: drop value."
+        )
+    rank = len(shape_of(x))
+    if rank not in _PAD_RANKS.get(len(pad), ()):
+        raise TransformUsageError(
+            f"pad(x, {list(pad)}, mode={mode!r}): torch pads the last 1, 2 or 3 dims of a "
+            f"2-5 D input in this mode (2, 4 or 6 pads for 2-3, 3-4 or 4-5 dims), got "
+            f"{len(pad)} pads for an input of shape {shape_of(x)}. Fix: reshape the input."
+        )
+    _refuse_complex(f"pad(mode={mode!r})", x)
+    return _pad_by_gathering(x, pad, mode)
+
+
+def _mode_pad(mode):
+    return lambda x, padding: _pad_by_gathering(x, tuple(int(p) for p in padding), mode)
+
+
+for _n in (1, 2, 3):
+    aten_api.register(getattr(aten, f"reflection_pad{_n}d").default)(_mode_pad("reflect"))
+    aten_api.register(getattr(aten, f"replication_pad{_n}d").default)(_mode_pad("replicate"))
+aten_api.register(aten._pad_circular.default)(_mode_pad("circular"))
+
+
+# --- pooling: max pooling ----------------------------------------------------------------------------
+# NOTE [Max pooling is indices, then a gather]
+# max_pool returns values and the indices of the chosen elements (flat positions within each
+# (n, c) plane). The indices are a primitive of their own, torch's kernel, and not
+# differentiable; the values are a gather of the flattened spatial dims at those indices.
+# Then gather's rules give every derivative: the vjp scatter-adds the cotangent at the
+# indices (what max_pool2d_with_indices_backward does), the jvp gathers the tangent, and
+# batching folds the batch into N. The forward values are exactly the kernel's.
+def _max_pool_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
+    pool = aten.max_pool2d_with_indices if len(kernel_size) == 2 else \
+        aten.max_pool3d_with_indices
+    return pool(x, kernel_size, stride, padding, dilation, ceil_mode)[1]
+
+
+def _adaptive_max_pool_indices(x, *, output_size):
+    pool = aten.adaptive_max_pool2d if len(output_size) == 2 else aten.adaptive_max_pool3d
+    return pool(x, output_size)[1]
+
+
+max_pool_indices_p = P.primitive("max_pool_indices", _max_pool_indices, differentiable=False)
+adaptive_max_pool_indices_p = P.primitive("adaptive_max_pool_indices",
+                                          _adaptive_max_pool_indices, differentiable=False)
+
+
+def _spatial_of(params):
+    return len(params.get("kernel_size") or params.get("output_size"))
+
+
+def _pool_batch(prim):
+    """Pooling loops over every dim before (C, *spatial): the batch joins them."""
+    def rule(values, bdims, **params):
+        (x,), (bdim,) = values, bdims
+        x = _front(x, bdim)
+        keep = _spatial_of(params) + 1
+        lead = shape_of(x)[:len(shape_of(x)) - keep]
+        return _unfold_leading(bind(prim, _fold_leading(x, keep), **params), lead), 0
+    return rule
+
+
+batching_rules[max_pool_indices_p] = _pool_batch(max_pool_indices_p)
+batching_rules[adaptive_max_pool_indices_p] = _pool_batch(adaptive_max_pool_indices_p)
+
+
+def _gather_spatial(x, indices, spatial):
+    """The values of x at flat spatial ``indices`` (max pooling's values)."""
+    x_shape, i_shape = shape_of(x), shape_of(indices)
+    lead = x_shape[:len(x_shape) - spatial]
+    flat_x = ops.reshape(x, *lead, math.prod(x_shape[len(x_shape) - spatial:]))
+    flat_i = ops.reshape(indices, *lead, math.prod(i_shape[len(i_shape) - spatial:]))
+    return ops.reshape(ops.gather(flat_x, -1, flat_i), *i_shape)
+
+
+def _check_pool_input(op, x, spatial):
+    rank = len(shape_of(x))
+    if rank not in (spatial + 1, spatial + 2):
+        raise TransformUsageError(
+            f"{op}(input, ...): expected a {spatial + 1}-D or {spatial + 2}-D input ((N,) C "
+            f"and {spatial} spatial dims), got shape {shape_of(x)}. Fix: reshape the input."
+        )
+    _refuse_complex(op, x)
+
+
+def _max_pool(op, spatial, x, kernel_size, stride, padding, dilation, ceil_mode):
+    """(values, indices) of max pooling over the last ``spatial`` dims (1d runs as 2d, with a
+    height of 1, as torch does)."""
+    _check_pool_input(op, x, spatial)
+    kernel_size = _ntuple(kernel_size, spatial, "kernel_size", op)
+    stride = kernel_size if stride is None or (not isinstance(stride, int) and not len(stride)) \
+        else _ntuple(stride, spatial, "stride", op)
+    padding = _ntuple(padding, spatial, "padding", op)
+    dilation = _ntuple(dilation, spatial, "dilation", op)
+    if spatial == 1:
+        values, indices = _max_pool("max_pool2d", 2, ops.unsqueeze(x, -2), (1, *kernel_size),
+                                    (1, *stride), (0, *padding), (1, *dilation), ceil_mode)
+        return ops.squeeze(values, -2), ops.squeeze(indices, -2)
+    indices = bind(max_pool_indices_p, x, kernel_size=kernel_size, stride=stride,
+                   padding=padding, dilation=dilation, ceil_mode=bool(ceil_mode))
+    return _gather_spatial(x, indices, spatial), indices
+
+
+def _adaptive_max_pool(op, spatial, x, output_size):
+    _check_pool_input(op, x, spatial)
+    in_spatial = shape_of(x)[-spatial:]
+    if isinstance(output_size, int):
+        output_size = (output_size,) * spatial
+    output_size = tuple(i if o is None else int(o) for o, i in zip(output_size, in_spatial))
+    if spatial == 1:
+        values, indices = _adaptive_max_pool("adaptive_max_pool2d", 2, ops.unsqueeze(x, -2),
+                                             (1, *output_size))
+        return ops.squeeze(values, -2), ops.squeeze(indices, -2)
+    indices = bind(adaptive_max_pool_indices_p, x, output_size=output_size)
+    return _gather_spatial(x, indices, spatial), indices
+
+
+def _max_pool_front(spatial):
+    name = f"max_pool{spatial}d"
+
+    def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                 return_indices=False):
+        values, indices = _max_pool(name, spatial, x, kernel_size, stride, padding, dilation,
+                                    ceil_mode)
+        return (values, indices) if return_indices else values
+
+    def with_indices(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                     return_indices=True):
+        return _max_pool(name, spatial, x, kernel_size, stride, padding, dilation, ceil_mode)
+
+    def adaptive(x, output_size, return_indices=False):
+        values, indices = _adaptive_max_pool(f"adaptive_{name}", spatial, x, output_size)
+        return (values, indices) if return_indices else values
+
+    def adaptive_with_indices(x, output_size, return_indices=True):
+        return _adaptive_max_pool(f"adaptive_{name}", spatial, x, output_size)
+
+    return max_pool, with_indices, adaptive, adaptive_with_indices
+
+
+for _n in (1, 2, 3):
+    _max, _max_indices, _adaptive, _adaptive_indices = _max_pool_front(_n)
+    torch_api.register(getattr(F, f"max_pool{_n}d"), getattr(torch, f"max_pool{_n}d"))(_max)
+    torch_api.register(getattr(F, f"max_pool{_n}d_with_indices"),
+                       getattr(torch, f"max_pool{_n}d_with_indices", None) or
+                       getattr(F, f"max_pool{_n}d_with_indices"))(_max_indices)
+    torch_api.register(getattr(F, f"adaptive_max_pool{_n}d"))(_adaptive)
+    torch_api.register(getattr(F, f"adaptive_max_pool{_n}d_with_indices"))(_adaptive_indices)
+    if _n > 1:
+        aten_api.register(getattr(aten, f"max_pool{_n}d_with_indices").default)(_max_indices)
+        aten_api.register(getattr(aten, f"adaptive_max_pool{_n}d").default)(_adaptive_indices)
+aten_api.register(aten.max_pool1d_with_indices.default)(_max_pool_front(1)[1])
+aten_api.register(aten.adaptive_max_pool1d.default)(_max_pool_front(1)[3])
+
+
+# --- pooling: average pooling ------------------------------------------------------------------------
+# NOTE [A linear kernel and its transpose]
+# avg_pool and adaptive_avg_pool are linear maps, and torch has a kernel for each and for its
+# transpose (its backward). Both kernels are primitives, each the other's vjp: the vjp of
+# avg_pool is avg_pool_backward, the vjp of avg_pool_backward is avg_pool. Their jvps are the
+# op itself on the tangent, and batching folds the batch into N. torch.func's vjp runs the
+# same backward kernel, so the gradients are bit-exact; second derivatives cost nothing more.
+def _linear_pair(name, forward_impl, backward_impl):
+    """Two primitives, ``name`` and ``name_backward``, each the other's transpose.
+    ``backward_impl(ct, x_like, **params)`` reads only the shape of ``x_like``."""
+    forward_p = P.primitive(name, forward_impl)
+    backward_p = P.primitive(
+        f"{name}_backward",
+        lambda ct, *, input_shape, **params: backward_impl(ct, ct.new_empty(input_shape),
+                                                           **params))
+
+    def forward_vjp(x, **params):
+        x_shape = shape_of(x)
+        return (bind(forward_p, x, **params),
+                lambda ct: (bind(backward_p, ct, input_shape=x_shape, **params),))
+
+    def backward_vjp(ct, *, input_shape, **params):
+        return (bind(backward_p, ct, input_shape=input_shape, **params),
+                lambda g: (bind(forward_p, g, **params),))
+
+    def forward_batch(values, bdims, **params):
+        (x,), (bdim,) = values, bdims
+        x = _front(x, bdim)
+        keep = _spatial_of(params) + 1
+        lead = shape_of(x)[:len(shape_of(x)) - keep]
+        return _unfold_leading(bind(forward_p, _fold_leading(x, keep), **params), lead), 0
+
+    def backward_batch(values, bdims, *, input_shape, **params):
+        (ct,), (bdim,) = values, bdims
+        ct = _front(ct, bdim)
+        keep = _spatial_of(params) + 1
+        lead = shape_of(ct)[:len(shape_of(ct)) - keep]
+        folded_shape = (math.prod(lead),) + tuple(input_shape[len(input_shape) - keep:])
+        out = bind(backward_p, _fold_leading(ct, keep), input_shape=folded_shape, **params)
+        return _unfold_leading(out, lead), 0
+
+    vjp_rules[forward_p] = forward_vjp
+    vjp_rules[backward_p] = backward_vjp
+    jvp_rules[forward_p] = linear_jvp(forward_p)
+    jvp_rules[backward_p] = linear_jvp(backward_p)
+    batching_rules[forward_p] = forward_batch
+    batching_rules[backward_p] = backward_batch
+    return forward_p, backward_p
+
+
+def _avg_pool_impl(x, *, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                   divisor_override):
+    pool = aten.avg_pool2d if len(kernel_size) == 2 else aten.avg_pool3d
+    return pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def _avg_pool_backward_impl(ct, x, *, kernel_size, stride, padding, ceil_mode,
+                            count_include_pad, divisor_override):
+    pool = aten.avg_pool2d_backward if len(kernel_size) == 2 else aten.avg_pool3d_backward
+    return pool(ct, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                divisor_override)
+
+
+def _adaptive_avg_pool_impl(x, *, output_size):
+    pool = aten._adaptive_avg_pool2d if len(output_size) == 2 else aten._adaptive_avg_pool3d
+    return pool(x, output_size)
+
+
+def _adaptive_avg_pool_backward_impl(ct, x, *, output_size):
+    pool = aten._adaptive_avg_pool2d_backward if len(output_size) == 2 else \
+        aten._adaptive_avg_pool3d_backward
+    return pool(ct, x)
+
+
+avg_pool_p, avg_pool_backward_p = _linear_pair("avg_pool", _avg_pool_impl,
+                                               _avg_pool_backward_impl)
+adaptive_avg_pool_p, adaptive_avg_pool_backward_p = _linear_pair(
+    "adaptive_avg_pool", _adaptive_avg_pool_impl, _adaptive_avg_pool_backward_impl)
+
+
+def _avg_pool(op, spatial, x, kernel_size, stride=None, padding=0, ceil_mode=False,
+              count_include_pad=True, divisor_override=None):
+    _check_pool_input(op, x, spatial)
+    kernel_size = _ntuple(kernel_size, spatial, "kernel_size", op)
+    stride = kernel_size if stride is None or (not isinstance(stride, int) and not len(stride)) \
+        else _ntuple(stride, spatial, "stride", op)
+    padding = _ntuple(padding, spatial, "padding", op)
+    if spatial == 1:  # torch runs avg_pool1d as avg_pool2d with a height of 1
+        out = _avg_pool("avg_pool2d", 2, ops.unsqueeze(x, -2), (1, *kernel_size), (1, *stride),
+                        (0, *padding), ceil_mode, count_include_pad, divisor_override)
+        return ops.squeeze(out, -2)
+    return bind(avg_pool_p, x, kernel_size=kernel_size, stride=stride, padding=padding,
+                ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad),
+                divisor_override=None if divisor_override is None else int(divisor_override))
+
+
+def _adaptive_avg_pool(op, spatial, x, output_size):
+    _check_pool_input(op, x, spatial)
+    in_spatial = shape_of(x)[-spatial:]
+    if isinstance(output_size, int):
+        output_size = (output_size,) * spatial
+    output_size = tuple(i if o is None else int(o) for o, i in zip(output_size, in_spatial))
+    if spatial == 1:
+        out = _adaptive_avg_pool("adaptive_avg_pool2d", 2, ops.unsqueeze(x, -2),
+                                 (1, *output_size))
+        return ops.squeeze(out, -2)
+    if all(o == 1 for o in output_size):
+        # torch's adaptive_avg_pool2d/3d compute a 1x1 output as a mean, and so do we
+        return ops.mean(x, tuple(range(-spatial, 0)), keepdim=True)
+    return bind(adaptive_avg_pool_p, x, output_size=output_size)
+
+
+def _avg_pool_front(spatial):
+    name = f"avg_pool{spatial}d"
+
+    def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False,
+                 count_include_pad=True, divisor_override=None):
+        return _avg_pool(name, spatial, x, kernel_size, stride, padding, ceil_mode,
+                         count_include_pad, divisor_override)
+
+    def adaptive(x, output_size):
+        return _adaptive_avg_pool(f"adaptive_{name}", spatial, x, output_size)
+    return avg_pool, adaptive
+
+
+for _n in (1, 2, 3):
+    _avg, _adaptive = _avg_pool_front(_n)
+    torch_api.register(getattr(F, f"avg_pool{_n}d"), getattr(torch, f"avg_pool{_n}d", None) or
+                       getattr(F, f"avg_pool{_n}d"))(_avg)
+    aten_api.register(getattr(aten, f"avg_pool{_n}d").default)(_avg)
+    torch_api.register(getattr(F, f"adaptive_avg_pool{_n}d"),
+                       getattr(torch, f"adaptive_avg_pool{_n}d", None) or
+                       getattr(F, f"adaptive_avg_pool{_n}d"))(_adaptive)
+    aten_api.register(getattr(aten, f"adaptive_avg_pool{_n}d").default)(_adaptive)
+aten_api.register(aten._adaptive_avg_pool2d.default)(
+    lambda x, output_size: _adaptive_avg_pool("_adaptive_avg_pool2d", 2, x, output_size))
+aten_api.register(aten._adaptive_avg_pool3d.default)(
+    lambda x, output_size: _adaptive_avg_pool("_adaptive_avg_pool3d", 3, x, output_size))
+
+
+def _pool_backward_door(backward_p, spatial):
+    def door(ct, x, *args):
+        return bind(backward_p, ct, input_shape=shape_of(x), **_pool_backward_params(
+            backward_p, spatial, args))
+    return door
+
+
+def _pool_backward_params(backward_p, spatial, args):
+    if backward_p is avg_pool_backward_p:
+        kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override = args
+        return dict(kernel_size=_ntuple(kernel_size, spatial, "kernel_size", "avg_pool"),
+                    stride=_ntuple(stride or kernel_size, spatial, "stride", "avg_pool"),
+                    padding=_ntuple(padding, spatial, "padding", "avg_pool"),
+                    ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad),
+                    divisor_override=divisor_override)
+    return {}
+
+
+for _n in (2, 3):
+    aten_api.register(getattr(aten, f"avg_pool{_n}d_backward").default)(
+        _pool_backward_door(avg_pool_backward_p, _n))
+
+
+def _adaptive_avg_pool_backward_door(spatial):
+    def door(ct, x):
+        return bind(adaptive_avg_pool_backward_p, ct, input_shape=shape_of(x),
+                    output_size=tuple(shape_of(ct)[-spatial:]))
+    return door
+
+
+aten_api.register(aten._adaptive_avg_pool2d_backward.default)(_adaptive_avg_pool_backward_door(2))
+aten_api.register(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_pool_backward_door(3))
