@@ -22,6 +22,7 @@ import functools
 import math
 
 import torch
+import torch._decomp
 import torch.nn.functional as F
 
 from . import aten_api, elementwise, ops, torch_api
@@ -30,6 +31,7 @@ from .autograd import vjp_rules, wants_cotangent
 from .batching import batch_size, batching_rules, move_bdim
 from .errors import InPlaceError, MissingRuleError, TransformUsageError
 from .forward import add_tangents, jvp_rules, linear_jvp
+from .tensor import as_tensor, unwrap_tree
 from .values import Value, bind
 
 aten = torch.ops.aten
@@ -987,3 +989,478 @@ def _adaptive_avg_pool_backward_door(spatial):
 
 aten_api.register(aten._adaptive_avg_pool2d_backward.default)(_adaptive_avg_pool_backward_door(2))
 aten_api.register(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_pool_backward_door(3))
+
+
+# --- normalization: batch norm -----------------------------------------------------------------------
+# NOTE [Batch norm: the fused kernels as primitives]
+# torch.func runs native_batch_norm forward and native_batch_norm_backward, so these kernels
+# are primitives here too, one per output (a primitive returns one tensor):
+# - batch_norm_train(x, w, b) and batch_norm_eval(x, w, b, running_mean, running_var): the
+#   output;
+# - batch_norm_stats(x): the saved mean and inverse standard deviation, stacked as (2, C).
+#   They are differentiable (a mean, and (var + eps)^-1/2), because the backward reads them:
+#   a second derivative flows through them back to x;
+# - batch_norm_backward_input and batch_norm_backward_params (grad_weight and grad_bias,
+#   stacked as (2, C)), outputs of native_batch_norm_backward. Their own derivatives (second
+#   order) are those of torch's Python decomposition of native_batch_norm_backward
+#   (torch._decomp), differentiated by the engine itself: an exact formula, written once by
+#   PyTorch, in the same ops as everything else.
+# The running statistics are not part of any of this: they are buffers that training mode
+# updates in place with the batch statistics, outside of autograd (NOTE [Running statistics]).
+def _bn_train(x, weight, bias, *, eps):
+    return aten.native_batch_norm(x, weight, bias, None, None, True, 0.0, eps)[0]
+
+
+def _bn_eval(x, weight, bias, running_mean, running_var, *, eps):
+    return aten.native_batch_norm(x, weight, bias, running_mean, running_var, False, 0.0, eps)[0]
+
+
+def _bn_stats(x, *, eps):
+    _, mean, invstd = aten.native_batch_norm(x, None, None, None, None, True, 0.0, eps)
+    return torch.stack([mean, invstd])
+
+
+def _bn_backward_arguments(x, weight, stat0, stat1, training):
+    """native_batch_norm_backward's statistics arguments: the saved mean and invstd in
+    training mode, the running mean and variance in eval mode."""
+    if training:
+        return (weight, None, None, stat0, stat1)
+    return (weight, stat0, stat1, None, None)
+
+
+def _bn_backward_input(ct, x, weight, stat0, stat1, *, training, eps):
+    return aten.native_batch_norm_backward(
+        ct, x, *_bn_backward_arguments(x, weight, stat0, stat1, training), training, eps,
+        [True, False, False])[0]
+
+
+def _bn_backward_params(ct, x, stat0, stat1, *, training, eps):
+    _, grad_weight, grad_bias = aten.native_batch_norm_backward(
+        ct, x, *_bn_backward_arguments(x, None, stat0, stat1, training), training, eps,
+        [False, True, True])
+    return torch.stack([grad_weight, grad_bias])
+
+
+batch_norm_train_p = P.primitive("batch_norm_train", _bn_train)
+batch_norm_eval_p = P.primitive("batch_norm_eval", _bn_eval)
+batch_norm_stats_p = P.primitive("batch_norm_stats", _bn_stats)
+batch_norm_backward_input_p = P.primitive("batch_norm_backward_input", _bn_backward_input)
+batch_norm_backward_params_p = P.primitive("batch_norm_backward_params", _bn_backward_params)
+
+
+def _reduced_dims(x):
+    """Every dim of an (N, C, *spatial) tensor but the channels."""
+    return (0, *range(2, len(shape_of(x))))
+
+
+def _bn_statistics(x, eps):
+    stats = bind(batch_norm_stats_p, x, eps=eps)
+    return ops.getitem(stats, 0), ops.getitem(stats, 1)
+
+
+def _refuse_running_stat_derivative(op):
+    raise MissingRuleError(
+        f"{op}: batch_norm is not differentiable with respect to running_mean or "
+        "running_var (statistics that training updates outside of autograd), as in torch. "
+        "Fix: pass them as plain tensors, not as inputs to differentiate."
+    )
+
+
+def batch_norm_train_vjp(x, weight, bias, *, eps):
+    out = bind(batch_norm_train_p, x, weight, bias, eps=eps)
+
+    def backward(ct):
+        mean, invstd = _bn_statistics(x, eps)
+        x_bar = w_bar = b_bar = None
+        if wants_cotangent(0, x):
+            x_bar = bind(batch_norm_backward_input_p, ct, x, weight, mean, invstd,
+                         training=True, eps=eps)
+        want_w = weight is not None and wants_cotangent(1, weight)
+        want_b = bias is not None and wants_cotangent(2, bias)
+        if want_w or want_b:
+            params = bind(batch_norm_backward_params_p, ct, x, mean, invstd, training=True,
+                          eps=eps)
+            w_bar = ops.getitem(params, 0) if want_w else None
+            b_bar = ops.getitem(params, 1) if want_b else None
+        return x_bar, w_bar, b_bar
+    return out, backward
+vjp_rules[batch_norm_train_p] = batch_norm_train_vjp
+
+
+def batch_norm_eval_vjp(x, weight, bias, running_mean, running_var, *, eps):
+    out = bind(batch_norm_eval_p, x, weight, bias, running_mean, running_var, eps=eps)
+
+    def backward(ct):
+        if wants_cotangent(3, running_mean) or wants_cotangent(4, running_var):
+            _refuse_running_stat_derivative("grad(batch_norm)")
+        x_bar = w_bar = b_bar = None
+        if wants_cotangent(0, x):
+            x_bar = bind(batch_norm_backward_input_p, ct, x, weight, running_mean, running_var,
+                         training=False, eps=eps)
+        want_w = weight is not None and wants_cotangent(1, weight)
+        want_b = bias is not None and wants_cotangent(2, bias)
+        if want_w or want_b:
+            params = bind(batch_norm_backward_params_p, ct, x, running_mean, running_var,
+                          training=False, eps=eps)
+            w_bar = ops.getitem(params, 0) if want_w else None
+            b_bar = ops.getitem(params, 1) if want_b else None
+        return x_bar, w_bar, b_bar, None, None
+    return out, backward
+vjp_rules[batch_norm_eval_p] = batch_norm_eval_vjp
+
+
+def _affine_tangent(out_dot, x_hat, weight, w_dot, b_dot, rank):
+    """The tangent of x_hat * w + b, given the tangent of x_hat (or None)."""
+    if out_dot is not None and weight is not None:
+        out_dot = ops.mul(out_dot, _channel_view(weight, rank))
+    if w_dot is not None:
+        out_dot = add_tangents(out_dot, ops.mul(x_hat, _channel_view(w_dot, rank)))
+    if b_dot is not None:
+        b_term = _channel_view(b_dot, rank)
+        out_dot = ops.add(b_term, ops.zeros_like(x_hat)) if out_dot is None else \
+            ops.add(out_dot, b_term)
+    return out_dot
+
+
+def batch_norm_train_jvp(primals, tangents, *, eps):
+    """With x_hat = (x - mean) * invstd, the tangent of x_hat is
+    invstd * (x_dot - mean(x_dot) - x_hat * mean(x_hat * x_dot)) (the means over N and
+    space), and the affine part adds x_hat * w_dot + b_dot: FunctionsManual's batch_norm_jvp."""
+    (x, weight, bias), (x_dot, w_dot, b_dot) = primals, tangents
+    out = bind(batch_norm_train_p, x, weight, bias, eps=eps)
+    rank, dims = len(shape_of(x)), _reduced_dims(x)
+    mean, invstd = _bn_statistics(x, eps)
+    invstd = _channel_view(invstd, rank)
+    x_hat = ops.mul(ops.sub(x, _channel_view(mean, rank)), invstd)
+    x_hat_dot = None
+    if x_dot is not None:
+        centered = ops.sub(x_dot, ops.mean(x_dot, dims, keepdim=True))
+        projection = ops.mul(x_hat, ops.mean(ops.mul(x_hat, x_dot), dims, keepdim=True))
+        x_hat_dot = ops.mul(ops.sub(centered, projection), invstd)
+    return out, _affine_tangent(x_hat_dot, x_hat, weight, w_dot, b_dot, rank)
+jvp_rules[batch_norm_train_p] = batch_norm_train_jvp
+
+
+def batch_norm_eval_jvp(primals, tangents, *, eps):
+    """Eval mode is an affine map of x; like torch.func, the tangents of the running
+    statistics are ignored."""
+    (x, weight, bias, running_mean, running_var), (x_dot, w_dot, b_dot, _, _) = primals, tangents
+    out = bind(batch_norm_eval_p, x, weight, bias, running_mean, running_var, eps=eps)
+    rank = len(shape_of(x))
+    invstd = _channel_view(elementwise.rsqrt(ops.add(running_var, eps)), rank)
+    x_hat = ops.mul(ops.sub(x, _channel_view(running_mean, rank)), invstd)
+    x_hat_dot = None if x_dot is None else ops.mul(x_dot, invstd)
+    if x_hat_dot is None and w_dot is None and b_dot is None:
+        return out, None
+    return out, _affine_tangent(x_hat_dot, x_hat, weight, w_dot, b_dot, rank)
+jvp_rules[batch_norm_eval_p] = batch_norm_eval_jvp
+
+
+def batch_norm_stats_vjp(x, *, eps):
+    """d mean / dx = 1/n and d invstd / dx = -invstd^3 (x - mean) / n, per channel."""
+    out = bind(batch_norm_stats_p, x, eps=eps)
+    rank = len(shape_of(x))
+    n = ops.shape_of(x)[0] * math.prod(shape_of(x)[2:])
+
+    def backward(ct):
+        mean, invstd = ops.getitem(out, 0), ops.getitem(out, 1)
+        ct_mean, ct_invstd = ops.getitem(ct, 0), ops.getitem(ct, 1)
+        scale = ops.mul(ops.mul(ct_invstd, ops.power(invstd, 3)), -1.0 / n)
+        x_bar = ops.add(_channel_view(ops.div(ct_mean, n), rank),
+                        ops.mul(_channel_view(scale, rank),
+                                ops.sub(x, _channel_view(mean, rank))))
+        return (x_bar,)
+    return out, backward
+vjp_rules[batch_norm_stats_p] = batch_norm_stats_vjp
+
+
+def batch_norm_stats_jvp(primals, tangents, *, eps):
+    (x,), (x_dot,) = primals, tangents
+    out = bind(batch_norm_stats_p, x, eps=eps)
+    rank, dims = len(shape_of(x)), _reduced_dims(x)
+    mean, invstd = ops.getitem(out, 0), ops.getitem(out, 1)
+    mean_dot = ops.mean(x_dot, dims)
+    centered = ops.sub(x, _channel_view(mean, rank))
+    invstd_dot = ops.mul(ops.mean(ops.mul(centered, x_dot), dims),
+                         ops.neg(ops.power(invstd, 3)))
+    return out, ops.stack([mean_dot, invstd_dot])
+jvp_rules[batch_norm_stats_p] = batch_norm_stats_jvp
+
+
+def _bn_backward_reference(prim, training, eps):
+    """The primitive's output, from torch's Python decomposition of
+    native_batch_norm_backward: a function of tensors, for the engine to differentiate."""
+    decomposition = torch._decomp.decomposition_table[aten.native_batch_norm_backward.default]
+    if prim is batch_norm_backward_input_p:
+        def reference(ct, x, weight, stat0, stat1):
+            return decomposition(ct, x, *_bn_backward_arguments(x, weight, stat0, stat1,
+                                                                 training),
+                                 training, eps, [True, False, False])[0]
+    else:
+        def reference(ct, x, stat0, stat1):
+            _, grad_weight, grad_bias = decomposition(
+                ct, x, *_bn_backward_arguments(x, None, stat0, stat1, training), training, eps,
+                [False, True, True])
+            return torch.stack([grad_weight, grad_bias])
+    return reference
+
+
+def _with_selected(args, positions, reference):
+    """``reference`` as a function of the arguments at ``positions``, the others fixed."""
+    shown = [as_tensor(a) for a in args]
+
+    def f(*selected):
+        full = list(shown)
+        for position, value in zip(positions, selected):
+            full[position] = value
+        return reference(*full)
+    return f, [shown[i] for i in positions]
+
+
+def _bn_backward_rules(prim):
+    def vjp(*args, training, eps):
+        out = bind(prim, *args, training=training, eps=eps)
+
+        def backward(ct):
+            from .transforms import vjp as vjp_transform
+            positions = [i for i, a in enumerate(args)
+                         if a is not None and wants_cotangent(i, a)]
+            if not positions:
+                return (None,) * len(args)
+            f, selected = _with_selected(args, positions,
+                                         _bn_backward_reference(prim, training, eps))
+            _, pullback = vjp_transform(f, *selected)
+            cts = unwrap_tree(pullback(as_tensor(ct)))
+            result = [None] * len(args)
+            for position, c in zip(positions, cts):
+                result[position] = c
+            return tuple(result)
+        return out, backward
+
+    def jvp(primals, tangents, *, training, eps):
+        from .transforms import jvp as jvp_transform
+        out = bind(prim, *primals, training=training, eps=eps)
+        positions = [i for i, t in enumerate(tangents) if t is not None]
+        f, selected = _with_selected(primals, positions,
+                                     _bn_backward_reference(prim, training, eps))
+        _, out_dot = jvp_transform(f, tuple(selected),
+                                   tuple(as_tensor(tangents[i]) for i in positions))
+        return out, unwrap_tree(out_dot)
+
+    vjp_rules[prim] = vjp
+    jvp_rules[prim] = jvp
+
+
+_bn_backward_rules(batch_norm_backward_input_p)
+_bn_backward_rules(batch_norm_backward_params_p)
+
+
+# NOTE [Batching batch norm: examples become channels]
+# Batch norm normalizes each channel over N and space. Under vmap each example must get its
+# own statistics, so the batch joins the channels: (B, N, C, ...) -> (N, B*C, ...), the
+# per-channel vectors (weight, bias, statistics) become (B*C,), and one kernel call
+# normalizes B*C channels. An argument that is not batched is broadcast along the batch
+# first. functorch's batch norm rules do the same. In eval mode the forward is an affine map
+# of each element, so a batch of inputs with shared statistics can simply be more images.
+_BN_KINDS = {  # per argument: an activation (N, C, ...) or a per-channel vector (C,)
+    batch_norm_train_p: ("act", "chan", "chan"),
+    batch_norm_eval_p: ("act", "chan", "chan", "chan", "chan"),
+    batch_norm_stats_p: ("act",),
+    batch_norm_backward_input_p: ("act", "act", "chan", "chan", "chan"),
+    batch_norm_backward_params_p: ("act", "act", "chan", "chan"),
+}
+
+
+def _bn_fold(value, bdim, kind, b):
+    if value is None:
+        return None
+    if bdim is None:
+        value = ops.expand(ops.unsqueeze(value, 0), b, *shape_of(value))
+    else:
+        value = _front(value, bdim)
+    if kind == "chan":
+        return ops.reshape(value, b * shape_of(value)[1])
+    return _fold_channels(value, 1)
+
+
+def _bn_batch(prim):
+    kinds = _BN_KINDS[prim]
+
+    def rule(values, bdims, **params):
+        b = batch_size(values, bdims)
+        elementwise_in_n = prim is batch_norm_eval_p or (
+            prim is batch_norm_backward_input_p and not params["training"])
+        if elementwise_in_n and all(bdim is None for bdim, kind in zip(bdims, kinds)
+                                    if kind == "chan"):
+            # an affine map of each element: the examples are more images
+            folded, lead = [], None
+            for value, bdim, kind in zip(values, bdims, kinds):
+                if kind == "act":
+                    value = ops.expand(ops.unsqueeze(value, 0), b, *shape_of(value)) \
+                        if bdim is None else _front(value, bdim)
+                    lead = shape_of(value)[:2]
+                    value = _fold_leading(value, len(shape_of(value)) - 2)
+                folded.append(value)
+            return _unfold_leading(bind(prim, *folded, **params), lead), 0
+        folded = [_bn_fold(v, bdim, kind, b) for v, bdim, kind in zip(values, bdims, kinds)]
+        out = bind(prim, *folded, **params)
+        if prim in (batch_norm_stats_p, batch_norm_backward_params_p):
+            return ops.reshape(out, 2, b, shape_of(out)[1] // b), 1
+        return _unfold_channels(out, b, 1)
+    return rule
+
+
+for _prim in _BN_KINDS:
+    batching_rules[_prim] = _bn_batch(_prim)
+
+
+# --- batch norm: the doors ---------------------------------------------------------------------------
+def _batched_level(value):
+    """The vmap level that batches ``value`` (or a value under it), if any."""
+    from .batching import BatchedValue
+    while isinstance(value, Value):
+        if isinstance(value, BatchedValue):
+            return value.dispatcher
+        value = value.payload
+    return None
+
+
+def _update_running_stats(op, x, running_mean, running_var, momentum, eps):
+    """NOTE [Running statistics]
+    In training mode batch norm also updates its running statistics in place:
+    running = (1 - momentum) * running + momentum * batch statistic (the variance unbiased).
+    They are buffers, not values of a transform: torch.func updates them with the plain
+    batch statistics, outside of autograd, and so do we, with torch's own kernel on the
+    concrete input. Under vmap a batched input has one set of statistics per example, which
+    one buffer cannot hold: torch.func raises, and so do we, naming the fixes it names."""
+    for name, stat in (("running_mean", running_mean), ("running_var", running_var)):
+        if isinstance(stat, Value):
+            raise InPlaceError(
+                f"{op}(..., training=True): {name} is a value of a transform here (an input "
+                "of grad, jvp or vmap), and training mode would update it in place, which is "
+                "not supported. Fix: pass the running statistics as plain buffers (not as "
+                "transform inputs), use track_running_stats=False, or call in eval mode."
+            )
+    level = _batched_level(x)
+    if level is not None:
+        raise InPlaceError(
+            f"{level.call}: batch_norm in training mode got a batched input, but it updates "
+            "running_mean and running_var in place, and one unbatched buffer cannot hold a "
+            "statistic per example (torch.func refuses this too). Fix: build the module with "
+            "track_running_stats=False, or patch a model with "
+            "torch.func.replace_all_batch_norm_modules_(model), or run it in eval mode."
+        )
+    concrete = x.concrete() if isinstance(x, Value) else x
+    with torch.no_grad():
+        aten.native_batch_norm(concrete, None, None, running_mean, running_var, True,
+                               momentum, eps)
+
+
+def _batch_norm(op, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    _refuse_complex(op, x, weight, bias)
+    shape = shape_of(x)
+    if len(shape) < 2:
+        raise TransformUsageError(
+            f"{op}(input, ...): expected an input with at least 2 dims (N, C, ...), got shape "
+            f"{shape}. Fix: add a batch dim."
+        )
+    eps = float(eps)
+    if training or running_mean is None or running_var is None:
+        if math.prod(shape) // shape[1] == 1:
+            raise TransformUsageError(
+                f"{op}(input, ..., training=True): expected more than 1 value per channel, "
+                f"got input shape {shape}. Fix: use a batch of more than one example."
+            )
+        if running_mean is not None or running_var is not None:
+            if training:
+                _update_running_stats(op, x, running_mean, running_var, momentum, eps)
+        return bind(batch_norm_train_p, x, weight, bias, eps=eps)
+    return bind(batch_norm_eval_p, x, weight, bias, running_mean, running_var, eps=eps)
+
+
+@torch_api.register(F.batch_norm)
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    if not training and (running_mean is None or running_var is None):
+        raise TransformUsageError(
+            "batch_norm(input, running_mean, running_var, training=False): eval mode normalizes "
+            "with the running statistics, but they are None. Fix: pass them, or "
+            "training=True."
+        )
+    return _batch_norm("batch_norm", x, weight, bias, running_mean, running_var, training,
+                       momentum, eps)
+
+
+torch_api.register(torch.batch_norm)(
+    lambda x, weight, bias, running_mean, running_var, training, momentum, eps,
+    cudnn_enabled=True: _batch_norm("batch_norm", x, weight, bias, running_mean, running_var,
+                                    training, momentum, eps))
+
+
+def _saved_stats(x, training, eps):
+    """native_batch_norm's second and third outputs: the batch statistics in training mode,
+    empty tensors in eval mode (on CPU)."""
+    if training:
+        return _bn_statistics(x, eps)
+    empty = torch.empty(0, dtype=x.dtype, device=x.device)
+    return empty, empty
+
+
+@aten_api.register(aten.native_batch_norm.default)
+def _native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    out = _batch_norm("native_batch_norm", x, weight, bias, running_mean, running_var, training,
+                      momentum, eps)
+    return (out, *_saved_stats(x, training or running_mean is None, float(eps)))
+
+
+@aten_api.register(aten._native_batch_norm_legit.no_stats)
+def _native_batch_norm_no_stats(x, weight, bias, training, momentum, eps):
+    return _native_batch_norm(x, weight, bias, None, None, True, momentum, eps)
+
+
+@aten_api.register(aten._native_batch_norm_legit_no_training.default)
+def _native_batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    return _native_batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)
+
+
+@aten_api.register(aten._batch_norm_no_update.default)
+def _batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    training = running_mean is None or running_var is None
+    out, mean, invstd = _native_batch_norm(x, weight, bias, None if training else running_mean,
+                                           None if training else running_var, training,
+                                           momentum, eps)
+    return out, mean, invstd, torch.empty(0, dtype=torch.uint8, device=x.device)
+
+
+@aten_api.register(aten._native_batch_norm_legit_functional.default)
+def _native_batch_norm_functional(x, weight, bias, running_mean, running_var, training,
+                                  momentum, eps):
+    """The functional form: the updated running statistics are returned, not written."""
+    if not training:
+        out, mean, invstd = _native_batch_norm(x, weight, bias, running_mean, running_var,
+                                               False, momentum, eps)
+        return out, mean, invstd, running_mean, running_var
+    out = _batch_norm("_native_batch_norm_legit_functional", x, weight, bias, None, None, True,
+                      momentum, eps)
+    mean, invstd = _bn_statistics(x, float(eps))
+    n = math.prod(shape_of(x)) // shape_of(x)[1]
+    variance = ops.mul(ops.sub(ops.pow(invstd, -2), eps), n / (n - 1))
+    new_mean = ops.add(ops.mul(running_mean, 1 - momentum), ops.mul(mean, momentum))
+    new_var = ops.add(ops.mul(running_var, 1 - momentum), ops.mul(variance, momentum))
+    return out, mean, invstd, new_mean, new_var
+
+
+@aten_api.register(aten.native_batch_norm_backward.default)
+def _native_batch_norm_backward(ct, x, weight, running_mean, running_var, save_mean,
+                                save_invstd, training, eps, output_mask):
+    stat0, stat1 = (save_mean, save_invstd) if training else (running_mean, running_var)
+    eps = float(eps)
+    grad_input = bind(batch_norm_backward_input_p, ct, x, weight, stat0, stat1,
+                      training=bool(training), eps=eps) if output_mask[0] else None
+    grad_weight = grad_bias = None
+    if output_mask[1] or output_mask[2]:
+        params = bind(batch_norm_backward_params_p, ct, x, stat0, stat1,
+                      training=bool(training), eps=eps)
+        grad_weight = ops.getitem(params, 0) if output_mask[1] else None
+        grad_bias = ops.getitem(params, 1) if output_mask[2] else None
+    return grad_input, grad_weight, grad_bias
