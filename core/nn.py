@@ -1464,3 +1464,146 @@ def _native_batch_norm_backward(ct, x, weight, running_mean, running_var, save_m
         grad_weight = ops.getitem(params, 0) if output_mask[1] else None
         grad_bias = ops.getitem(params, 1) if output_mask[2] else None
     return grad_input, grad_weight, grad_bias
+
+
+# --- normalization: layer norm, group norm, and the rest ---------------------------------------------
+# NOTE [Layer and group norm at the front door]
+# torch runs layer_norm and group_norm as fused kernels; their decompositions go through
+# var_mean and friends. Written here with mean, sub, mul and rsqrt they are a handful of ops
+# whose rules and batching rules are all native: per-example statistics under vmap come for
+# free, because the statistics are reductions over dims that one example owns.
+def _normalize_over(x, dims, eps):
+    """(x - mean) * rsqrt(var + eps) over ``dims``, and the mean and rstd (keepdim)."""
+    mean = ops.mean(x, dims, keepdim=True)
+    centered = ops.sub(x, mean)
+    variance = ops.mean(ops.mul(centered, centered), dims, keepdim=True)
+    rstd = elementwise.rsqrt(ops.add(variance, eps))
+    return ops.mul(centered, rstd), mean, rstd
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    _refuse_complex("layer_norm", x, weight, bias)
+    normalized_shape = _ntuple(normalized_shape, 1, "normalized_shape", "layer_norm") \
+        if isinstance(normalized_shape, int) else tuple(int(s) for s in normalized_shape)
+    shape = shape_of(x)
+    k = len(normalized_shape)
+    if k == 0 or tuple(shape[len(shape) - k:]) != normalized_shape:
+        raise TransformUsageError(
+            f"layer_norm(input, normalized_shape={list(normalized_shape)}): expected the "
+            f"input's last dims to be {list(normalized_shape)}, got shape {shape}. Fix: pass "
+            "the shape of the dims to normalize over."
+        )
+    out, mean, rstd = _normalize_over(x, tuple(range(len(shape) - k, len(shape))), eps)
+    if weight is not None:
+        out = ops.mul(out, weight)
+    if bias is not None:
+        out = ops.add(out, bias)
+    return out, mean, rstd
+
+
+@torch_api.register(F.layer_norm)
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return _layer_norm(x, normalized_shape, weight, bias, eps)[0]
+
+
+torch_api.register(torch.layer_norm)(
+    lambda x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True:
+    layer_norm(x, normalized_shape, weight, bias, eps))
+aten_api.register(aten.native_layer_norm.default)(
+    lambda x, normalized_shape, weight, bias, eps:
+    _layer_norm(x, normalized_shape, weight, bias, eps))
+
+
+def _group_norm(x, num_groups, weight, bias, eps):
+    _refuse_complex("group_norm", x, weight, bias)
+    shape = shape_of(x)
+    if len(shape) < 2 or shape[1] % num_groups:
+        raise TransformUsageError(
+            f"group_norm(input, num_groups={num_groups}): expected an input (N, C, ...) whose "
+            f"channels divide into the groups, got shape {shape}. Fix: pick num_groups that "
+            "divides C."
+        )
+    n, c = shape[0], shape[1]
+    grouped = ops.reshape(x, n, num_groups, math.prod(shape[1:]) // num_groups)
+    out, mean, rstd = _normalize_over(grouped, (2,), eps)
+    out = ops.reshape(out, *shape)
+    if weight is not None:
+        out = ops.mul(out, _channel_view(weight, len(shape)))
+    if bias is not None:
+        out = ops.add(out, _channel_view(bias, len(shape)))
+    return out, ops.reshape(mean, n, num_groups), ops.reshape(rstd, n, num_groups)
+
+
+@torch_api.register(F.group_norm)
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    return _group_norm(x, int(num_groups), weight, bias, eps)[0]
+
+
+torch_api.register(torch.group_norm)(
+    lambda x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True:
+    group_norm(x, num_groups, weight, bias, eps))
+aten_api.register(aten.native_group_norm.default)(
+    lambda x, weight, bias, n, c, hxw, group, eps: _group_norm(x, int(group), weight, bias, eps))
+
+
+@torch_api.register(F.rms_norm, torch.rms_norm)
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else \
+        tuple(normalized_shape)
+    shape = shape_of(x)
+    dims = tuple(range(len(shape) - len(normalized_shape), len(shape)))
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    out = ops.mul(x, elementwise.rsqrt(ops.add(ops.mean(ops.mul(x, x), dims, keepdim=True),
+                                               eps)))
+    return out if weight is None else ops.mul(out, weight)
+
+
+def _vector_norm(x, p, dim, keepdim=False):
+    """The p-norm over ``dim``, with torch's derivative at a zero vector (0, not nan): where
+    the norm is 0 the root is taken of 1 instead, so no infinite slope is ever formed."""
+    if p == float("inf"):
+        return ops.amax(ops.abs(x), dim, keepdim)
+    if p == 2:
+        total = ops.sum(ops.mul(x, x), dim, keepdim)
+    else:
+        total = ops.sum(ops.pow(ops.abs(x), p), dim, keepdim)
+    is_zero = ops.eq(total, 0)
+    safe = ops.where(is_zero, 1.0, total)
+    root = ops.sqrt(safe) if p == 2 else ops.pow(safe, 1.0 / p)
+    return ops.where(is_zero, 0.0, root)
+
+
+def _clamp_min_no_grad(x, minimum):
+    """max(x, minimum) whose derivative is 1 everywhere, as torch's cosine_similarity clamps
+    its norms under no_grad: the value is clamped, the gradient is the unclamped one's."""
+    return ops.where(ops.lt(x, minimum), ops.add(ops.sub(x, ops.detach(x)), minimum), x)
+
+
+@torch_api.register(F.normalize)
+def normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
+    if out is not None:
+        raise InPlaceError("normalize(..., out=...): out= is not supported inside transforms. "
+                           "Fix: use the returned value.")
+    norm = _vector_norm(x, p, ops.normalize_dim(dim, len(shape_of(x)), op="normalize"),
+                        keepdim=True)
+    return ops.div(x, ops.expand_as(elementwise.clamp_min(norm, eps), x))
+
+
+@torch_api.register(F.cosine_similarity, torch.cosine_similarity)
+def cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    shape = torch.broadcast_shapes(shape_of(x1), shape_of(x2))
+    x1, x2 = ops.expand(x1, *shape), ops.expand(x2, *shape)
+    dim = ops.normalize_dim(dim, len(shape), op="cosine_similarity")
+    n1 = _clamp_min_no_grad(_vector_norm(x1, 2, dim, keepdim=True), eps)
+    n2 = _clamp_min_no_grad(_vector_norm(x2, 2, dim, keepdim=True), eps)
+    return ops.sum(ops.mul(ops.div(x1, n1), ops.div(x2, n2)), dim)
+
+
+@torch_api.register(F.pairwise_distance, torch.pairwise_distance)
+def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    rank = max(len(shape_of(x1)), len(shape_of(x2)))
+    difference = ops.add(ops.sub(x1, x2), eps)
+    if rank == 0:
+        return ops.abs(difference)
+    return _vector_norm(difference, p, rank - 1, keepdim)
