@@ -1607,3 +1607,341 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     if rank == 0:
         return ops.abs(difference)
     return _vector_norm(difference, p, rank - 1, keepdim)
+
+
+# --- losses ------------------------------------------------------------------------------------------
+# NOTE [Losses at the front door]
+# torch's losses are fused kernels (nll_loss_forward, binary_cross_entropy, huber_loss, ...)
+# or Python composites. The common ones are written here from their definitions, with
+# torch's full signatures: a few ops each, every derivative and batching rule native, and
+# each term readable in a tape. The rest are torch composites of ops the engine knows, or
+# have torch._decomp decompositions, and reach the engine through the back door.
+def _reduction(size_average, reduce, reduction):
+    """The reduction string, honouring the deprecated size_average and reduce arguments."""
+    if size_average is not None or reduce is not None:
+        return torch.nn._reduction.legacy_get_string(size_average, reduce, emit_warning=False)
+    return reduction
+
+
+def _reduce(loss, reduction, op):
+    if reduction == "mean":
+        return ops.mean(loss)
+    if reduction == "sum":
+        return ops.sum(loss)
+    if reduction == "none":
+        return loss
+    raise TransformUsageError(
+        f"{op}(..., reduction={reduction!r}): expected 'mean', 'sum' or 'none'. Fix: pass one "
+        "of them."
+    )
+
+
+def _weighted_reduce(loss, weights, reduction, op):
+    """A loss with per-element weights: 'mean' divides by the total weight (torch's rule
+    for nll_loss and for the weighted mse and l1 losses)."""
+    if reduction == "mean":
+        return ops.div(ops.sum(loss), ops.sum(weights))
+    return _reduce(loss, reduction, op)
+
+
+def _class_dim(x):
+    return 0 if len(shape_of(x)) == 1 else 1
+
+
+def _check_target(op, x, target):
+    shape, t_shape = shape_of(x), shape_of(target)
+    expected = shape[1:] if len(shape) == 1 else (shape[0],) + tuple(shape[2:])
+    if len(shape) == 1:
+        expected = ()
+    if tuple(t_shape) != tuple(expected):
+        raise TransformUsageError(
+            f"{op}(input, target): expected class indices of shape {tuple(expected)} for an "
+            f"input of shape {shape}, got {t_shape}. Fix: targets are (N, d1, ...) for an "
+            "input (N, C, d1, ...)."
+        )
+    if target.dtype.is_floating_point:
+        raise TransformUsageError(
+            f"{op}(input, target): expected integer class indices, got dtype {target.dtype}. "
+            "Fix: pass a long tensor (or class probabilities to cross_entropy)."
+        )
+
+
+def _target_weights(target, weight, ignore_index, dtype):
+    """The weight of each target's class (1 without class weights), 0 where the target is
+    ignore_index; and the targets with ignored ones replaced by class 0, safe to gather."""
+    kept = ops.ne(target, ignore_index)
+    safe = ops.where(kept, target, 0)
+    if weight is None:
+        return ops.convert(kept, dtype), safe
+    flat = ops.gather(weight, 0, ops.reshape(safe, -1))
+    return ops.where(kept, ops.reshape(flat, *shape_of(target)), 0.0), safe
+
+
+def _nll_loss(log_probs, target, weight, ignore_index, reduction, op="nll_loss"):
+    """NOTE [ignore_index]
+    Targets equal to ignore_index contribute nothing: their loss is 0, their weight is 0 in
+    the mean's denominator, and their gradient is 0. The picked log-probability is gathered
+    with the ignored targets replaced by a valid class (ignore_index is often -100, which no
+    gather may read); the zero weight then removes it."""
+    _check_target(op, log_probs, target)
+    class_dim = _class_dim(log_probs)
+    weights, safe = _target_weights(target, weight, ignore_index, log_probs.dtype)
+    picked = ops.squeeze(ops.gather(log_probs, class_dim, ops.unsqueeze(safe, class_dim)),
+                         class_dim)
+    return _weighted_reduce(ops.mul(ops.neg(picked), weights), weights, reduction, op)
+
+
+@torch_api.register(F.nll_loss)
+def nll_loss(x, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+             reduction="mean"):
+    _refuse_complex("nll_loss", x)
+    return _nll_loss(x, target, weight, int(ignore_index),
+                     _reduction(size_average, reduce, reduction))
+
+
+@aten_api.register(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def _nll_loss_forward(x, target, weight, reduction, ignore_index):
+    """(loss, total_weight), with reduction as torch's enum (0 none, 1 mean, 2 sum)."""
+    reduction = ("none", "mean", "sum")[reduction]
+    weights, _ = _target_weights(target, weight, int(ignore_index), x.dtype)
+    loss = _nll_loss(x, target, weight, int(ignore_index), reduction)
+    total = ops.sum(weights) if reduction != "none" else ops.sum(ops.mul(weights, 0.0))
+    return loss, ops.detach(total)
+
+
+aten_api.register(aten.nll_loss_nd.default, aten.nll_loss.default, aten.nll_loss2d.default)(
+    lambda x, target, weight=None, reduction=1, ignore_index=-100:
+    _nll_loss(x, target, weight, int(ignore_index), ("none", "mean", "sum")[reduction]))
+
+
+@torch_api.register(F.cross_entropy)
+def cross_entropy(x, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                  reduction="mean", label_smoothing=0.0):
+    """Cross-entropy from logits, with class indices or class probabilities.
+
+    With label smoothing e, the target distribution is (1 - e) * one_hot + e / C, so the loss
+    is (1 - e) * nll + e / C * (the sum of -log p over the classes, weighted)."""
+    _refuse_complex("cross_entropy", x)
+    reduction = _reduction(size_average, reduce, reduction)
+    class_dim = _class_dim(x)
+    classes = shape_of(x)[class_dim]
+    log_probs = ops.log_softmax(x, class_dim)
+    rank = len(shape_of(x))
+    weight_view = None if weight is None else _channel_view(weight, rank, class_dim)
+    if target.dtype.is_floating_point:  # class probabilities
+        if shape_of(target) != shape_of(x):
+            raise TransformUsageError(
+                f"cross_entropy(input, target): class probabilities must have the input's "
+                f"shape {shape_of(x)}, got {shape_of(target)}. Fix: pass one probability per "
+                "class, or class indices."
+            )
+        if label_smoothing:
+            target = ops.add(ops.mul(target, 1 - label_smoothing), label_smoothing / classes)
+        terms = ops.mul(log_probs, target)
+        if weight_view is not None:
+            terms = ops.mul(terms, weight_view)
+        return _reduce(ops.neg(ops.sum(terms, class_dim)), reduction, "cross_entropy")
+    loss = _nll_loss(log_probs, target, weight, int(ignore_index), reduction, "cross_entropy")
+    if not label_smoothing:
+        return loss
+    weights, _ = _target_weights(target, weight, int(ignore_index), x.dtype)
+    every_class = log_probs if weight_view is None else ops.mul(log_probs, weight_view)
+    smooth = ops.where(ops.ne(target, ignore_index), ops.neg(ops.sum(every_class, class_dim)),
+                       0.0)
+    if reduction == "mean":
+        smooth = ops.div(ops.sum(smooth), ops.sum(weights))
+    elif reduction == "sum":
+        smooth = ops.sum(smooth)
+    return ops.add(ops.mul(loss, 1 - label_smoothing),
+                   ops.mul(smooth, label_smoothing / classes))
+
+
+def _check_same_shape(op, x, target):
+    if shape_of(x) != shape_of(target):
+        raise TransformUsageError(
+            f"{op}(input, target): expected a target of the input's shape {shape_of(x)}, got "
+            f"{shape_of(target)}. Fix: give one target per input element."
+        )
+
+
+@torch_api.register(F.binary_cross_entropy)
+def binary_cross_entropy(x, target, weight=None, size_average=None, reduce=None,
+                         reduction="mean"):
+    """-(t log x + (1 - t) log(1 - x)), each log clamped at -100 as torch does."""
+    _refuse_complex("binary_cross_entropy", x, target)
+    _check_same_shape("binary_cross_entropy", x, target)
+    log_x = elementwise.clamp(ops.log(x), -100.0)
+    log_1mx = elementwise.clamp(elementwise.log1p(ops.neg(x)), -100.0)
+    loss = ops.neg(ops.add(ops.mul(target, log_x), ops.mul(ops.sub(1, target), log_1mx)))
+    if weight is not None:
+        loss = ops.mul(loss, weight)
+    return _reduce(loss, _reduction(size_average, reduce, reduction), "binary_cross_entropy")
+
+
+@torch_api.register(F.binary_cross_entropy_with_logits)
+def binary_cross_entropy_with_logits(x, target, weight=None, size_average=None, reduce=None,
+                                     reduction="mean", pos_weight=None):
+    """(1 - t) x - w_pos log sigmoid(x), with w_pos = 1 + (pos_weight - 1) t: the log-sum-exp
+    form, exact for large |x| (torch's formula)."""
+    _refuse_complex("binary_cross_entropy_with_logits", x, target)
+    _check_same_shape("binary_cross_entropy_with_logits", x, target)
+    log_sigmoid = elementwise._log_sigmoid(x)
+    if pos_weight is not None:
+        log_sigmoid = ops.mul(ops.add(ops.mul(ops.sub(pos_weight, 1), target), 1), log_sigmoid)
+    loss = ops.sub(ops.mul(ops.sub(1, target), x), log_sigmoid)
+    if weight is not None:
+        loss = ops.mul(loss, weight)
+    return _reduce(loss, _reduction(size_average, reduce, reduction),
+                   "binary_cross_entropy_with_logits")
+
+
+def _pointwise_loss(op, x, target, reduction, weight, elementwise_loss):
+    _refuse_complex(op, x, target)
+    shape = torch.broadcast_shapes(shape_of(x), shape_of(target))
+    loss = elementwise_loss(ops.sub(ops.expand(x, *shape), ops.expand(target, *shape)))
+    if weight is None:
+        return _reduce(loss, reduction, op)
+    if shape_of(weight) != shape_of(x):
+        raise TransformUsageError(
+            f"{op}(input, target, weight=...): expected weights of the input's shape "
+            f"{shape_of(x)}, got {shape_of(weight)}. Fix: give one weight per element."
+        )
+    return _weighted_reduce(ops.mul(loss, weight), weight, reduction, op)
+
+
+@torch_api.register(F.mse_loss)
+def mse_loss(x, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    return _pointwise_loss("mse_loss", x, target, _reduction(size_average, reduce, reduction),
+                           weight, ops.square)
+
+
+@torch_api.register(F.l1_loss)
+def l1_loss(x, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    # (torch's F.l1_loss does not pass weight on to __torch_function__: a weighted l1_loss of
+    # a transformed input never reaches here with its weight. See the report.)
+    return _pointwise_loss("l1_loss", x, target, _reduction(size_average, reduce, reduction),
+                           weight, ops.abs)
+
+
+def _smooth_l1(beta):
+    """0.5 d^2 / beta where |d| < beta, |d| - 0.5 beta elsewhere (beta 0: |d|)."""
+    def loss(d):
+        absolute = ops.abs(d)
+        if beta == 0:
+            return absolute
+        return ops.where(ops.lt(absolute, beta), ops.mul(ops.square(d), 0.5 / beta),
+                         ops.sub(absolute, 0.5 * beta))
+    return loss
+
+
+def _huber(delta):
+    """0.5 d^2 where |d| < delta, delta (|d| - 0.5 delta) elsewhere."""
+    def loss(d):
+        absolute = ops.abs(d)
+        return ops.where(ops.lt(absolute, delta), ops.mul(ops.square(d), 0.5),
+                         ops.mul(ops.sub(absolute, 0.5 * delta), delta))
+    return loss
+
+
+@torch_api.register(F.smooth_l1_loss)
+def smooth_l1_loss(x, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    if beta < 0:
+        raise TransformUsageError(f"smooth_l1_loss(..., beta={beta}): expected beta >= 0.")
+    return _pointwise_loss("smooth_l1_loss", x, target,
+                           _reduction(size_average, reduce, reduction), None, _smooth_l1(beta))
+
+
+@torch_api.register(F.huber_loss)
+def huber_loss(x, target, reduction="mean", delta=1.0, weight=None):
+    if delta <= 0:
+        raise TransformUsageError(f"huber_loss(..., delta={delta}): expected delta > 0.")
+    loss = _pointwise_loss("huber_loss", x, target, "none", None, _huber(delta))
+    if weight is not None:
+        loss = ops.mul(loss, weight)  # torch's weighted huber loss averages over elements
+    return _reduce(loss, reduction, "huber_loss")
+
+
+for _name, _loss in (("mse_loss", ops.square), ("l1_loss", ops.abs)):
+    aten_api.register(getattr(aten, _name).default)(
+        (lambda name, loss: lambda x, target, reduction=1:
+         _pointwise_loss(name, x, target, ("none", "mean", "sum")[reduction], None, loss))(
+            _name, _loss))
+aten_api.register(aten.smooth_l1_loss.default)(
+    lambda x, target, reduction=1, beta=1.0: _pointwise_loss(
+        "smooth_l1_loss", x, target, ("none", "mean", "sum")[reduction], None, _smooth_l1(beta)))
+aten_api.register(aten.huber_loss.default)(
+    lambda x, target, reduction=1, delta=1.0: _pointwise_loss(
+        "huber_loss", x, target, ("none", "mean", "sum")[reduction], None, _huber(delta)))
+
+
+@torch_api.register(F.kl_div)
+def kl_div(x, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    """The pointwise KL divergence t (log t - x) (x and, with log_target, t are logs);
+    'batchmean' divides the sum by the batch size."""
+    _refuse_complex("kl_div", x, target)
+    if log_target:
+        loss = ops.mul(ops.exp(target), ops.sub(target, x))
+    else:
+        loss = ops.sub(elementwise.xlogy(target, target), ops.mul(target, x))
+    reduction = _reduction(size_average, reduce, reduction)
+    if reduction == "batchmean":
+        total = ops.sum(loss)
+        return ops.div(total, shape_of(x)[0]) if shape_of(x) else total
+    return _reduce(loss, reduction, "kl_div")
+
+
+@torch_api.register(F.softmin)
+def softmin(x, dim=None, _stacklevel=3, dtype=None):
+    if dim is None:
+        raise TransformUsageError("softmin(x): expected an explicit dim, got None. Fix: pass "
+                                  "dim=-1 (or the dim to normalize over).")
+    if dtype is not None:
+        x = ops.convert(x, dtype)
+    return ops.softmax(ops.neg(x), dim)
+
+
+def _multilabel_margin(x, target, reduction):
+    """For each sample: the sum over its target classes j (those before the first -1) and
+    over the other classes i of max(0, 1 - (x[j] - x[i])), divided by C.
+
+    (torch._decomp's decomposition of multilabel_margin_loss_forward also counts the
+    positions after the first -1, so it disagrees with torch's kernel: this op is written
+    here rather than borrowed.)"""
+    _refuse_complex("multilabel_margin_loss", x)
+    if shape_of(x) != shape_of(target) or len(shape_of(x)) not in (1, 2):
+        raise TransformUsageError(
+            f"multilabel_margin_loss(input, target): expected a (C,) or (N, C) input and a "
+            f"target of its shape, got {shape_of(x)} and {shape_of(target)}. Fix: pad each "
+            "sample's target classes with -1."
+        )
+    vector = len(shape_of(x)) == 1
+    if vector:
+        x, target = ops.unsqueeze(x, 0), ops.unsqueeze(target, 0)
+    classes = shape_of(x)[1]
+    positions = torch.arange(classes, device=x.device)
+    # a target slot counts if it comes before the sample's first -1
+    first_end = ops.amin(ops.where(ops.eq(target, -1), positions, classes), -1, keepdim=True)
+    counts = ops.lt(positions, first_end)
+    picked = ops.gather(x, 1, ops.where(counts, target, 0))  # x[y_j]
+    # class i is a target of its sample if a counted slot names it
+    names_i = ops.eq(ops.unsqueeze(ops.where(counts, target, -1), -1), positions)
+    is_target = ops.gt(ops.sum(names_i, 1), 0)
+    margins = elementwise.clamp_min(
+        ops.add(ops.sub(1, ops.unsqueeze(picked, -1)), ops.unsqueeze(x, 1)), 0)
+    keep = elementwise.logical_and(ops.unsqueeze(counts, -1),
+                                   elementwise.logical_not(ops.unsqueeze(is_target, 1)))
+    loss = ops.div(ops.sum(ops.where(keep, margins, 0.0), (1, 2)), classes)
+    if reduction == "none" and vector:
+        loss = ops.squeeze(loss, 0)
+    is_target = ops.convert(ops.squeeze(is_target, 0) if vector else is_target, x.dtype)
+    return _reduce(loss, reduction, "multilabel_margin_loss"), is_target
+
+
+@torch_api.register(F.multilabel_margin_loss)
+def multilabel_margin_loss(x, target, size_average=None, reduce=None, reduction="mean"):
+    return _multilabel_margin(x, target, _reduction(size_average, reduce, reduction))[0]
+
+
+aten_api.register(aten.multilabel_margin_loss_forward.default)(
+    lambda x, target, reduction: _multilabel_margin(x, target,
+                                                    ("none", "mean", "sum")[reduction]))
