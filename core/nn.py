@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from . import aten_api, elementwise, ops, torch_api
 from . import primitives as P
 from .autograd import vjp_rules, wants_cotangent
-from .batching import batch_size, batching_rules, move_bdim
+from .batching import batch_size, batching_rules, move_bdim, to_front
 from .errors import InPlaceError, MissingRuleError, TransformUsageError
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import as_tensor, unwrap_tree
@@ -1945,3 +1945,473 @@ def multilabel_margin_loss(x, target, size_average=None, reduce=None, reduction=
 aten_api.register(aten.multilabel_margin_loss_forward.default)(
     lambda x, target, reduction: _multilabel_margin(x, target,
                                                     ("none", "mean", "sum")[reduction]))
+
+
+# --- interpolation -----------------------------------------------------------------------------------
+# NOTE [Interpolation is one linear map per dim]
+# Every mode of F.interpolate but 'area' is separable: the output is the input mapped along
+# each spatial dim in turn by a fixed matrix M (out x in), whose rows hold the 1, 2 or 4
+# weights of the taps (nearest, linear, cubic), clamped at the borders. Rather than restate
+# torch's rules for source coordinates (align_corners, scale factors, the -0.5 shifts), the
+# matrix is read off the op's own kernel: upsampling an identity matrix laid along that dim
+# (the other spatial dims of size 1, where the kernel is the identity) gives M's columns.
+# (The same kernel, not a 1-d one: torch's kernels differ in details, such as the 2-d nearest
+# kernel's exact halving when the output is twice the input.) Linear and cubic modes then apply M with a matmul along the dim, so every derivative and
+# batching rule is matmul's; nearest modes, whose rows pick one input each, gather instead
+# (exact, and an inf stays in its own cell). 'area' is adaptive average pooling.
+# (A matmul mixes every input of a row: an inf or nan input spreads along its dim, where
+# torch's kernel would keep it in its own taps.)
+@functools.lru_cache(maxsize=256)
+def _interpolation_matrix(kernel, align_corners, spatial, dim, in_size, out_size, scale, dtype,
+                          device):
+    """M transposed, (in, out), for spatial dim ``dim`` of the upsampling ``kernel`` (an aten
+    op): the kernel applied to an identity laid along that dim, every other spatial dim of
+    size 1 (where the kernel is the identity). For nearest modes, the source of each output.
+
+    The antialiasing kernels are the exception: with a width of 1 they do not compute the
+    identity along the width, so their matrices are read along the width for every dim (they
+    treat each dim with the same formula)."""
+    if kernel in (aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default):
+        dim = spatial - 1
+    shape = [in_size, 1] + [1] * spatial
+    shape[2 + dim] = in_size
+    basis = torch.eye(in_size, dtype=dtype, device=device).reshape(shape)
+    sizes = [1] * spatial
+    sizes[dim] = out_size
+    scales = [None] * spatial
+    scales[dim] = scale
+    if align_corners is None:
+        columns = kernel(basis, sizes, *scales)
+    else:
+        columns = kernel(basis, sizes, align_corners, *scales)
+    columns = columns.reshape(in_size, out_size)
+    if align_corners is None:  # nearest: one source per output
+        return columns.argmax(0)
+    return columns
+
+
+def _interpolate(kernel, x, output_size, align_corners, scales):
+    """Upsampling with an aten ``kernel`` (its .default overload), one dim at a time."""
+    op = kernel.overloadpacket.__name__
+    _refuse_complex(op, x)
+    spatial = len(output_size)
+    shape = shape_of(x)
+    if len(shape) != spatial + 2:
+        raise TransformUsageError(
+            f"{op}(input, ...): expected an (N, C) input with {spatial} spatial dims, got shape "
+            f"{shape}. Fix: add the batch and channel dims."
+        )
+    for i, (size, scale) in enumerate(zip(output_size, scales)):
+        dim = 2 + i
+        columns = _interpolation_matrix(kernel, align_corners, spatial, i, shape_of(x)[dim],
+                                        int(size), None if scale is None else float(scale),
+                                        x.dtype, x.device)
+        if align_corners is None:  # nearest: a gather along the dim
+            if torch.equal(columns, torch.arange(len(columns), device=columns.device)):
+                continue
+            index_shape = [1] * len(shape_of(x))
+            index_shape[dim] = len(columns)
+            target = list(shape_of(x))
+            target[dim] = len(columns)
+            x = ops.gather(x, dim, columns.reshape(index_shape).expand(target))
+        else:
+            x = ops.transpose(ops.matmul(ops.transpose(x, dim, -1), columns), dim, -1)
+    return x
+
+
+def _upsample_door(packet, spatial, with_align_corners):
+    kernel = packet.default
+
+    def default(x, output_size, *args):
+        align_corners, scales = (args[0], args[1:]) if with_align_corners else (None, args)
+        scales = list(scales) + [None] * (spatial - len(scales))
+        return _interpolate(kernel, x, tuple(int(s) for s in output_size),
+                            None if align_corners is None else bool(align_corners), scales)
+
+    def vec(x, output_size, *args):
+        align_corners, scale_factors = args if with_align_corners else (None, args[0])
+        if output_size is None:
+            output_size = [int(size * scale) for size, scale in
+                           zip(shape_of(x)[2:], scale_factors)]
+            scales = list(scale_factors)
+        else:
+            scales = [None] * spatial
+        return _interpolate(kernel, x, tuple(int(s) for s in output_size),
+                            None if align_corners is None else bool(align_corners), scales)
+    return default, vec
+
+
+for _name, _spatial, _align in (
+        ("upsample_nearest1d", 1, False), ("upsample_nearest2d", 2, False),
+        ("upsample_nearest3d", 3, False), ("_upsample_nearest_exact1d", 1, False),
+        ("_upsample_nearest_exact2d", 2, False), ("_upsample_nearest_exact3d", 3, False),
+        ("upsample_linear1d", 1, True), ("upsample_bilinear2d", 2, True),
+        ("upsample_trilinear3d", 3, True), ("upsample_bicubic2d", 2, True),
+        ("_upsample_bilinear2d_aa", 2, True), ("_upsample_bicubic2d_aa", 2, True)):
+    _packet = getattr(aten, _name)
+    _default, _vec = _upsample_door(_packet, _spatial, _align)
+    aten_api.register(_packet.default)(_default)
+    aten_api.register(_packet.vec)(_vec)
+
+
+# --- grid_sample -------------------------------------------------------------------------------------
+# NOTE [grid_sample is gathers]
+# Each output of grid_sample reads a few input pixels (2^d corners for bilinear, one for
+# nearest, 16 for bicubic) at positions computed from the grid, and weighs them by
+# functions of the grid. The positions are integers (floor, round): not differentiable. The
+# pixels are a gather of the flattened spatial dims; the weights are ops of the grid. So the
+# derivative with respect to the input is gather's (a scatter-add, as torch's backward
+# kernel), and the one with respect to the grid flows through the weights, as in torch.
+def _unnormalize(coordinate, size, align_corners):
+    """[-1, 1] grid coordinates to pixel coordinates."""
+    if align_corners:
+        return ops.mul(ops.add(coordinate, 1), (size - 1) / 2)
+    return ops.div(ops.sub(ops.mul(ops.add(coordinate, 1), size), 1), 2)
+
+
+def _reflect(coordinate, twice_low, twice_high):
+    """Reflect coordinates into [twice_low / 2, twice_high / 2] (torch's reflect_coordinates)."""
+    if twice_low == twice_high:
+        return ops.zeros_like(coordinate)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    distance = ops.abs(ops.sub(coordinate, low))
+    extra = elementwise.fmod(distance, span)
+    flips = elementwise.floor(ops.div(distance, span))
+    even = ops.eq(elementwise.remainder(flips, 2), 0)
+    return ops.where(even, ops.add(extra, low), ops.sub(span + low, extra))
+
+
+def _apply_padding(coordinate, size, padding_mode, align_corners):
+    if padding_mode == "border":
+        return elementwise.clamp(coordinate, 0, size - 1)
+    if padding_mode == "reflection":
+        if align_corners:
+            coordinate = _reflect(coordinate, 0, 2 * (size - 1))
+        else:
+            coordinate = _reflect(coordinate, -1, 2 * size - 1)
+        return elementwise.clamp(coordinate, 0, size - 1)
+    return coordinate
+
+
+def _cubic_coefficients(t):
+    """The four weights of cubic convolution (A = -0.75) at fraction t, as torch uses."""
+    a = -0.75
+
+    def near(s):  # |s| <= 1
+        return ops.add(ops.mul(ops.sub(ops.mul(s, a + 2), a + 3), ops.mul(s, s)), 1)
+
+    def far(s):  # 1 < |s| < 2
+        return ops.sub(ops.mul(ops.add(ops.mul(ops.sub(ops.mul(s, a), 5 * a), s), 8 * a), s),
+                       4 * a)
+    return [far(ops.add(t, 1)), near(t), near(ops.sub(1, t)), far(ops.sub(2, t))]
+
+
+def _grid_sample(x, grid, mode, padding_mode, align_corners):
+    _refuse_complex("grid_sample", x, grid)
+    spatial = len(shape_of(x)) - 2
+    n, c, *in_sizes = shape_of(x)
+    out_sizes = shape_of(grid)[1:-1]
+    if spatial not in (2, 3) or len(shape_of(grid)) != spatial + 2 or \
+            shape_of(grid)[-1] != spatial or shape_of(grid)[0] != n:
+        raise TransformUsageError(
+            f"grid_sample(input, grid): expected a 4-D or 5-D input (N, C, ...) and a grid "
+            f"(N, ..., {spatial}) with as many spatial dims, got shapes {shape_of(x)} and "
+            f"{shape_of(grid)}. Fix: match the grid to the input."
+        )
+    if mode == "bicubic" and spatial != 2:
+        raise TransformUsageError("grid_sample(..., mode='bicubic'): only 4-D inputs, as in "
+                                  "torch. Fix: use mode='bilinear'.")
+    flat_x = ops.reshape(x, n, c, math.prod(in_sizes))
+    points = math.prod(out_sizes)
+    # the grid's last dim is (x, y[, z]): coordinate k indexes spatial dim spatial - 1 - k
+    coordinates = []
+    for dim in range(spatial):
+        coordinate = ops.reshape(ops.getitem(grid, (Ellipsis, spatial - 1 - dim)), n, 1, points)
+        coordinates.append(_unnormalize(coordinate, in_sizes[dim], align_corners))
+
+    def read(positions):
+        """The input at integer positions (one per dim), 0 outside the input."""
+        inside, flat = None, None
+        for dim, position in enumerate(positions):
+            size = in_sizes[dim]
+            ok = elementwise.logical_and(ops.ge(position, 0), ops.le(position, size - 1))
+            inside = ok if inside is None else elementwise.logical_and(inside, ok)
+            safe = ops.convert(elementwise.clamp(position, 0, size - 1), torch.long)
+            flat = safe if flat is None else ops.add(ops.mul(flat, size), safe)
+        values = ops.gather(flat_x, 2, ops.expand(flat, n, c, points))
+        return ops.where(inside, values, 0.0)
+
+    if mode == "bicubic":
+        taps = []
+        for dim, coordinate in enumerate(coordinates):
+            start = elementwise.floor(coordinate)
+            weights = _cubic_coefficients(ops.sub(coordinate, start))
+            positions = [_apply_padding(ops.add(start, k - 1), in_sizes[dim], padding_mode,
+                                        align_corners) for k in range(4)]
+            taps.append(list(zip(positions, weights)))
+        out = None
+        for y_position, y_weight in taps[0]:
+            for x_position, x_weight in taps[1]:
+                term = ops.mul(read([y_position, x_position]), ops.mul(y_weight, x_weight))
+                out = term if out is None else ops.add(out, term)
+    else:
+        coordinates = [_apply_padding(coordinate, size, padding_mode, align_corners)
+                       for coordinate, size in zip(coordinates, in_sizes)]
+        if mode == "nearest":
+            out = read([elementwise.round(coordinate) for coordinate in coordinates])
+        else:  # bilinear (trilinear for 5-D inputs): the 2^d corners around each point
+            corners = []
+            for coordinate in coordinates:
+                low = elementwise.floor(coordinate)
+                high_weight = ops.sub(coordinate, low)
+                corners.append([(low, ops.sub(1, high_weight)), (ops.add(low, 1), high_weight)])
+            out = None
+            for corner in _product(corners):
+                weight = functools.reduce(ops.mul, [w for _, w in corner])
+                term = ops.mul(read([p for p, _ in corner]), weight)
+                out = term if out is None else ops.add(out, term)
+    return ops.reshape(out, n, c, *out_sizes)
+
+
+def _product(choices):
+    """Every way to pick one item from each list (itertools.product, as lists)."""
+    result = [[]]
+    for options in choices:
+        result = [picked + [option] for picked in result for option in options]
+    return result
+
+
+_GRID_MODES = ("bilinear", "nearest", "bicubic")
+_GRID_PADDINGS = ("zeros", "border", "reflection")
+
+
+@torch_api.register(F.grid_sample)
+def grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
+    if mode not in _GRID_MODES or padding_mode not in _GRID_PADDINGS:
+        raise TransformUsageError(
+            f"grid_sample(..., mode={mode!r}, padding_mode={padding_mode!r}): expected a mode "
+            f"in {_GRID_MODES} and a padding_mode in {_GRID_PADDINGS}."
+        )
+    return _grid_sample(x, grid, mode, padding_mode, bool(align_corners))
+
+
+aten_api.register(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default,
+                  aten.grid_sampler.default)(
+    lambda x, grid, mode, padding_mode, align_corners: _grid_sample(
+        x, grid, _GRID_MODES[mode], _GRID_PADDINGS[padding_mode], bool(align_corners)))
+
+
+# --- unfold and fold (im2col and col2im) -------------------------------------------------------------
+def _im2col_index(padded_size, kernel_size, dilation, stride, device):
+    """The flat position in the padded image of each (kernel offset, block) pair, and the
+    number of blocks along each dim."""
+    (height, width), (kh, kw), (dh, dw), (sh, sw) = padded_size, kernel_size, dilation, stride
+    blocks_h = (height - dh * (kh - 1) - 1) // sh + 1
+    blocks_w = (width - dw * (kw - 1) - 1) // sw + 1
+    rows = (torch.arange(kh, device=device) * dh)[:, None] + \
+        (torch.arange(blocks_h, device=device) * sh)[None, :]  # (kh, blocks_h)
+    cols = (torch.arange(kw, device=device) * dw)[:, None] + \
+        (torch.arange(blocks_w, device=device) * sw)[None, :]  # (kw, blocks_w)
+    positions = rows[:, None, :, None] * width + cols[None, :, None, :]  # kh, kw, bh, bw
+    return positions.reshape(-1), (blocks_h, blocks_w)
+
+
+def _unfold_params(op, kernel_size, dilation, padding, stride):
+    return (_ntuple(kernel_size, 2, "kernel_size", op), _ntuple(dilation, 2, "dilation", op),
+            _ntuple(padding, 2, "padding", op), _ntuple(stride, 2, "stride", op))
+
+
+@torch_api.register(F.unfold)
+def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
+    """NOTE [unfold is a gather, fold a scatter-add]
+    unfold (im2col) copies each kernel-sized block of the (zero-padded) image into a
+    column: every output element is one input element, at a position that depends only on
+    the shapes. So it is a gather with a constant index, and fold (col2im), its transpose,
+    the scatter-add with the same index: each derivative is the other op."""
+    _refuse_complex("unfold", x)
+    kernel_size, dilation, padding, stride = _unfold_params("unfold", kernel_size, dilation,
+                                                            padding, stride)
+    unbatched = len(shape_of(x)) == 3
+    if unbatched:
+        x = ops.unsqueeze(x, 0)
+    if len(shape_of(x)) != 4:
+        raise TransformUsageError(f"unfold(input, ...): expected a 3-D or 4-D input, got shape "
+                                  f"{shape_of(x)}.")
+    x = constant_pad_nd(x, (padding[1], padding[1], padding[0], padding[0]))
+    n, c, height, width = shape_of(x)
+    index, blocks = _im2col_index((height, width), kernel_size, dilation, stride, x.device)
+    columns = ops.gather(ops.reshape(x, n, c, height * width), 2,
+                         index.expand(n, c, len(index)))
+    out = ops.reshape(columns, n, c * kernel_size[0] * kernel_size[1], blocks[0] * blocks[1])
+    return ops.squeeze(out, 0) if unbatched else out
+
+
+@torch_api.register(F.fold)
+def fold(x, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    _refuse_complex("fold", x)
+    output_size = _ntuple(output_size, 2, "output_size", "fold")
+    kernel_size, dilation, padding, stride = _unfold_params("fold", kernel_size, dilation,
+                                                            padding, stride)
+    unbatched = len(shape_of(x)) == 2
+    if unbatched:
+        x = ops.unsqueeze(x, 0)
+    n, ck, length = shape_of(x)
+    k = kernel_size[0] * kernel_size[1]
+    height, width = output_size[0] + 2 * padding[0], output_size[1] + 2 * padding[1]
+    index, blocks = _im2col_index((height, width), kernel_size, dilation, stride, x.device)
+    if ck % k or length != blocks[0] * blocks[1]:
+        raise TransformUsageError(
+            f"fold(input, output_size={output_size}, kernel_size={kernel_size}): expected an "
+            f"input (N, C*{k}, {blocks[0] * blocks[1]}), got shape {shape_of(x)}. Fix: match "
+            "the input to the blocks of the output."
+        )
+    c = ck // k
+    columns = ops.reshape(x, n, c, k * length)
+    image = bind(P.scatter_add_p, columns, index.expand(n, c, len(index)), dim=2,
+                 shape=(n, c, height * width))
+    image = ops.reshape(image, n, c, height, width)
+    image = ops.getitem(image, (slice(None), slice(None),
+                                slice(padding[0], padding[0] + output_size[0]),
+                                slice(padding[1], padding[1] + output_size[1])))
+    return ops.squeeze(image, 0) if unbatched else image
+
+
+aten_api.register(aten.im2col.default)(
+    lambda x, kernel_size, dilation, padding, stride: unfold(x, kernel_size, dilation, padding,
+                                                             stride))
+aten_api.register(aten.col2im.default)(
+    lambda x, output_size, kernel_size, dilation, padding, stride: fold(
+        x, output_size, kernel_size, dilation, padding, stride))
+
+
+# --- small layers: pixel shuffle, glu, prelu, bilinear, embedding ----------------------------------
+@torch_api.register(F.pixel_shuffle, torch.pixel_shuffle)
+@aten_api.register(aten.pixel_shuffle.default)
+def pixel_shuffle(x, upscale_factor):
+    """(*, C*r*r, H, W) -> (*, C, H*r, W*r): a reshape, a permute and a reshape."""
+    r = int(upscale_factor)
+    *lead, crr, height, width = shape_of(x)
+    rank = len(lead)
+    x = ops.reshape(x, *lead, crr // (r * r), r, r, height, width)
+    x = ops.permute(x, *range(rank), rank, rank + 3, rank + 1, rank + 4, rank + 2)
+    return ops.reshape(x, *lead, crr // (r * r), height * r, width * r)
+
+
+@torch_api.register(F.pixel_unshuffle, torch.pixel_unshuffle)
+@aten_api.register(aten.pixel_unshuffle.default)
+def pixel_unshuffle(x, downscale_factor):
+    r = int(downscale_factor)
+    *lead, c, height, width = shape_of(x)
+    rank = len(lead)
+    x = ops.reshape(x, *lead, c, height // r, r, width // r, r)
+    x = ops.permute(x, *range(rank), rank, rank + 2, rank + 4, rank + 1, rank + 3)
+    return ops.reshape(x, *lead, c * r * r, height // r, width // r)
+
+
+@torch_api.register(F.glu)
+@aten_api.register(aten.glu.default)
+def glu(x, dim=-1):
+    """The first half of ``dim`` gated by the sigmoid of the second half."""
+    rank = len(shape_of(x))
+    dim = ops.normalize_dim(dim, rank, op="glu")
+    half = shape_of(x)[dim] // 2
+    if shape_of(x)[dim] % 2:
+        raise TransformUsageError(
+            f"glu(input, dim={dim}): expected an even size along dim {dim}, got shape "
+            f"{shape_of(x)}. Fix: split a dim of even size."
+        )
+    first = ops.getitem(x, (slice(None),) * dim + (slice(0, half),))
+    second = ops.getitem(x, (slice(None),) * dim + (slice(half, 2 * half),))
+    return ops.mul(first, ops.sigmoid(second))
+
+
+@torch_api.register(F.prelu, torch.prelu)
+def prelu(x, weight):
+    """x where x > 0, weight * x elsewhere; one weight per channel (dim 1), or one for all."""
+    _refuse_complex("prelu", x, weight)
+    if math.prod(shape_of(weight)) == 1:
+        weight = ops.reshape(weight, *([1] * len(shape_of(x))))
+    elif len(shape_of(x)) >= 2:
+        weight = _channel_view(ops.reshape(weight, -1), len(shape_of(x)))
+    return _prelu_kernel(x, weight)
+
+
+@aten_api.register(aten._prelu_kernel.default)
+def _prelu_kernel(x, weight):
+    return ops.where(ops.gt(x, 0), x, ops.mul(weight, x))
+
+
+@torch_api.register(F.bilinear, torch.bilinear)
+@aten_api.register(aten.bilinear.default)
+def bilinear(x1, x2, weight, bias=None):
+    """out[..., o] = x1 W[o] x2 + b[o]: one matmul of x1 against every W[o], then a product
+    with x2 summed over its features."""
+    _refuse_complex("bilinear", x1, x2, weight, bias)
+    lead = shape_of(x1)[:-1]
+    outputs, in1, in2 = shape_of(weight)
+    rows = math.prod(lead)
+    x1 = ops.reshape(x1, rows, in1)
+    x2 = ops.reshape(x2, rows, 1, in2)
+    mixed = ops.matmul(x1, ops.reshape(ops.permute(weight, 1, 0, 2), in1, outputs * in2))
+    out = ops.sum(ops.mul(ops.reshape(mixed, rows, outputs, in2), x2), -1)
+    if bias is not None:
+        out = ops.add(out, bias)
+    return ops.reshape(out, *lead, outputs)
+
+
+# NOTE [padding_idx]
+# An embedding with padding_idx reads the padding row like any other, but torch sends it no
+# gradient (embedding_backward skips it), while its forward-mode derivative carries the
+# row's tangent (the jvp is the embedding of the tangent). An identity primitive on the
+# rows read, given a mask of those at padding_idx, keeps both conventions: its vjp zeroes
+# the cotangent under the mask, its jvp passes the tangent through.
+embedding_padding_p = P.primitive("embedding_padding", lambda rows, is_padding: rows)
+
+
+def embedding_padding_vjp(rows, is_padding):
+    return (bind(embedding_padding_p, rows, is_padding),
+            lambda ct: (ops.where(is_padding, 0.0, ct), None))
+vjp_rules[embedding_padding_p] = embedding_padding_vjp
+
+
+def embedding_padding_jvp(primals, tangents):
+    (rows, is_padding), (rows_dot, _) = primals, tangents
+    return bind(embedding_padding_p, rows, is_padding), rows_dot
+jvp_rules[embedding_padding_p] = embedding_padding_jvp
+
+
+def embedding_padding_batch(values, bdims):
+    rows, is_padding = to_front(values, bdims, expand_unbatched=True)
+    return bind(embedding_padding_p, rows, is_padding), 0
+batching_rules[embedding_padding_p] = embedding_padding_batch
+
+
+def _embedding(weight, indices, padding_idx, max_norm, scale_grad_by_freq):
+    if max_norm is not None or scale_grad_by_freq:
+        what = "max_norm (which renormalizes the weight in place)" if max_norm is not None \
+            else "scale_grad_by_freq"
+        raise MissingRuleError(
+            f"embedding(..., {what}): not supported inside minifunctorch transforms. Fix: drop "
+            "it (renormalize the weight outside the transform if needed)."
+        )
+    _refuse_complex("embedding", weight)
+    rows, features = shape_of(weight)
+    flat = ops.reshape(indices, -1)
+    picked = ops.gather(weight, 0, ops.expand(ops.unsqueeze(flat, 1), shape_of(flat)[0],
+                                              features))
+    if padding_idx is not None:
+        is_padding = ops.eq(ops.unsqueeze(flat, 1), padding_idx % rows)
+        picked = bind(embedding_padding_p, picked, ops.expand(is_padding, *shape_of(picked)))
+    return ops.reshape(picked, *shape_of(indices), features)
+
+
+@torch_api.register(F.embedding)
+def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+              scale_grad_by_freq=False, sparse=False):
+    return _embedding(weight, indices, padding_idx, max_norm, scale_grad_by_freq)
+
+
+aten_api.register(aten.embedding.default)(
+    lambda weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False:
+    _embedding(weight, indices, None if padding_idx == -1 else padding_idx, None,
+               scale_grad_by_freq))
