@@ -1,2 +1,2417 @@
-"""Neural-network primitives: convolution, pooling, normalization, padding, losses. (Being
-written: see CONTRIBUTING.md, "A family of primitives".)"""
+"""Neural-network primitives: convolution, pooling, normalization, padding, losses.
+
+NOTE [Which nn ops are primitives]
+A few nn ops are kept as torch's own fused kernels, because torch.func runs exactly these
+kernels and their backward kernels, so a primitive made of each keeps a training loop
+bit-exact with torch.func:
+- convolution, and its backward split in three (grad_input, grad_weight, grad_bias), each
+  one output of ``aten.convolution_backward``;
+- avg_pool and adaptive_avg_pool, each with its backward kernel: two linear maps, each the
+  other's transpose;
+- batch norm (training and eval), its statistics, and ``native_batch_norm_backward``.
+Max pooling is an op with two outputs: its indices are a non-differentiable primitive and
+its values a gather of the flattened spatial dims, so derivatives come from gather.
+Everything else (padding modes, layer and group norm, the losses, interpolation, ...) is
+written with ``ops`` at the front door: readable, and every transform handles it for free.
+
+Each op opens both doors: the torch functions users call (``F.conv2d``, ``F.max_pool2d``,
+``F.cross_entropy``; front, torch_api.py) and the aten ops torch lowers to
+(``aten.convolution``, ``aten.max_pool2d_with_indices``; back, aten_api.py).
+"""
+import functools
+import math
+
+import torch
+import torch._decomp
+import torch.nn.functional as F
+
+from . import aten_api, elementwise, ops, torch_api
+from . import primitives as P
+from .autograd import vjp_rules, wants_cotangent
+from .batching import batch_size, batching_rules, move_bdim, to_front
+from .errors import InPlaceError, MissingRuleError, TransformUsageError
+from .forward import add_tangents, jvp_rules, linear_jvp
+from .tensor import as_tensor, unwrap_tree
+from .values import Value, bind
+
+aten = torch.ops.aten
+shape_of = ops.shape_of
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+def _is_tensor(x):
+    return isinstance(x, (torch.Tensor, Value))
+
+
+def _ntuple(value, n, what, op):
+    """An int or a sequence as a tuple of ``n`` ints (a 1-sequence is repeated, as torch does)."""
+    if isinstance(value, (int, torch.SymInt)):
+        return (int(value),) * n
+    value = tuple(int(v) for v in value)
+    if len(value) == 1 and n > 1:
+        return value * n
+    if len(value) != n:
+        raise TransformUsageError(
+            f"{op}(..., {what}={value}): expected an int or {n} ints for {n} spatial dims, got "
+            f"{len(value)}. Fix: pass one value per spatial dim."
+        )
+    return value
+
+
+def _refuse_complex(op, *args):
+    for a in args:
+        if _is_tensor(a) and a.dtype.is_complex:
+            raise MissingRuleError(
+                f"{op}: complex tensors are not supported by the nn family yet. Fix: use real "
+                "tensors (split real and imaginary parts)."
+            )
+
+
+def _front(x, bdim):
+    """A batched payload with its batch dim in front."""
+    return move_bdim(x, bdim, 0)
+
+
+def _fold_leading(x, keep):
+    """``(B, *lead, *rest)`` -> ``(B * prod(lead), *rest)`` where ``rest`` is the last ``keep``
+    dims: the batch joins the leading (N) dim that pooling and convolution loop over."""
+    shape = shape_of(x)
+    return ops.reshape(x, math.prod(shape[:len(shape) - keep]), *shape[len(shape) - keep:])
+
+
+def _unfold_leading(x, lead):
+    """The inverse of ``_fold_leading``: ``(B * prod(lead), *rest)`` -> ``(*lead, *rest)``."""
+    return ops.reshape(x, *lead, *shape_of(x)[1:])
+
+
+def _channel_view(v, rank, dim=1):
+    """A per-channel vector of shape (C,) reshaped to broadcast along ``dim`` of a tensor of
+    rank ``rank`` (``(1, C, 1, 1)`` for an NCHW tensor)."""
+    shape = [1] * rank
+    shape[dim] = shape_of(v)[0]
+    return ops.reshape(v, *shape)
+
+
+# --- convolution -----------------------------------------------------------------------------------
+# The parameters of every convolution primitive, as aten.convolution takes them (tuples of
+# one int per spatial dim, transposed a bool, groups an int).
+def _convolution(x, weight, bias, *, stride, padding, dilation, transposed, output_padding,
+                 groups):
+    return aten.convolution(x, weight, bias, stride, padding, dilation, transposed,
+                            output_padding, groups)
+
+
+def _convolution_backward(ct, x, weight, bias_sizes, mask, params):
+    return aten.convolution_backward(ct, x, weight, bias_sizes, params["stride"],
+                                     params["padding"], params["dilation"],
+                                     params["transposed"], params["output_padding"],
+                                     params["groups"], mask)
+
+
+# The three outputs of aten.convolution_backward, one primitive each. The tensor that an
+# output does not read (the input for grad_input, the weight for grad_weight) is passed as
+# an uninitialized tensor of the right shape: the kernel never reads it.
+def _conv_backward_input(ct, weight, *, input_shape, **params):
+    unread = ct.new_empty(input_shape)
+    return _convolution_backward(ct, unread, weight, None, (True, False, False), params)[0]
+
+
+def _conv_backward_weight(ct, x, *, weight_shape, **params):
+    unread = ct.new_empty(weight_shape)
+    return _convolution_backward(ct, x, unread, None, (False, True, False), params)[1]
+
+
+def _conv_backward_bias(ct, *, input_shape, weight_shape, **params):
+    out_channels = ct.shape[1]
+    return _convolution_backward(ct, ct.new_empty(input_shape), ct.new_empty(weight_shape),
+                                 [out_channels], (False, False, True), params)[2]
+
+
+convolution_p = P.primitive("convolution", _convolution)
+conv_backward_input_p = P.primitive("convolution_backward_input", _conv_backward_input)
+conv_backward_weight_p = P.primitive("convolution_backward_weight", _conv_backward_weight)
+conv_backward_bias_p = P.primitive("convolution_backward_bias", _conv_backward_bias)
+
+
+def _conv(x, weight, bias=None, **params):
+    return bind(convolution_p, x, weight, bias, **params)
+
+
+def _conv_backward_input_of(ct, weight, input_shape, params):
+    return bind(conv_backward_input_p, ct, weight, input_shape=tuple(input_shape), **params)
+
+
+def _conv_backward_weight_of(ct, x, weight_shape, params):
+    return bind(conv_backward_weight_p, ct, x, weight_shape=tuple(weight_shape), **params)
+
+
+def _bias_broadcast(bias, out_shape):
+    """A per-channel bias (or its tangent) broadcast to a convolution's output shape."""
+    return ops.expand(_channel_view(bias, len(out_shape)), *out_shape)
+
+
+# NOTE [The derivatives of a convolution are convolutions]
+# A convolution is bilinear in (input, weight), plus the bias. Its vjp is
+# aten.convolution_backward: grad_input is the transposed convolution of the cotangent with
+# the weight, grad_weight a convolution of the input with the cotangent, grad_bias a sum.
+# For second order the three backward primitives need derivatives of their own, and they
+# follow from one identity: for any g, <grad_input(ct, w), g> = <ct, conv(g, w)> and
+# <grad_weight(ct, x), h> = <ct, conv(x, h)>. So
+#   vjp of grad_input(ct, w) with cotangent g:  ct_bar = conv(g, w),  w_bar = grad_weight(ct, g)
+#   vjp of grad_weight(ct, x) with cotangent h: ct_bar = conv(x, h),  x_bar = grad_input(ct, h)
+# and the jvps are bilinear. PyTorch's _convolution_double_backward (FunctionsManual.cpp)
+# computes the same three convolutions; JAX's conv_general_dilated transposes one into the
+# other the same way. The family closes: conv and its backward primitives are all anyone needs.
+def convolution_vjp(x, weight, bias, **params):
+    out = _conv(x, weight, bias, **params)
+    x_shape, w_shape = shape_of(x), shape_of(weight)
+
+    def backward(ct):
+        x_bar = w_bar = b_bar = None
+        if wants_cotangent(0, x):
+            x_bar = _conv_backward_input_of(ct, weight, x_shape, params)
+        if wants_cotangent(1, weight):
+            w_bar = _conv_backward_weight_of(ct, x, w_shape, params)
+        if bias is not None and wants_cotangent(2, bias):
+            b_bar = bind(conv_backward_bias_p, ct, input_shape=x_shape, weight_shape=w_shape,
+                         **params)
+        return x_bar, w_bar, b_bar
+    return out, backward
+vjp_rules[convolution_p] = convolution_vjp
+
+
+def convolution_jvp(primals, tangents, **params):
+    (x, weight, bias), (x_dot, w_dot, b_dot) = primals, tangents
+    out = _conv(x, weight, bias, **params)
+    out_dot = None
+    if x_dot is not None:
+        out_dot = _conv(x_dot, weight, None, **params)
+    if w_dot is not None:  # conv(x, w_dot, b_dot) = conv(x, w_dot) + b_dot, one kernel
+        out_dot = add_tangents(out_dot, _conv(x, w_dot, b_dot, **params))
+        b_dot = None
+    if b_dot is not None:
+        out_dot = add_tangents(out_dot, _bias_broadcast(b_dot, shape_of(out)))
+    return out, out_dot
+jvp_rules[convolution_p] = convolution_jvp
+
+
+def conv_backward_input_vjp(ct, weight, *, input_shape, **params):
+    out = _conv_backward_input_of(ct, weight, input_shape, params)
+    w_shape = shape_of(weight)
+
+    def backward(g):
+        ct_bar = _conv(g, weight, None, **params) if wants_cotangent(0, ct) else None
+        w_bar = _conv_backward_weight_of(ct, g, w_shape, params) \
+            if wants_cotangent(1, weight) else None
+        return ct_bar, w_bar
+    return out, backward
+vjp_rules[conv_backward_input_p] = conv_backward_input_vjp
+
+
+def conv_backward_input_jvp(primals, tangents, *, input_shape, **params):
+    (ct, weight), (ct_dot, w_dot) = primals, tangents
+    out = _conv_backward_input_of(ct, weight, input_shape, params)
+    out_dot = None
+    if ct_dot is not None:
+        out_dot = _conv_backward_input_of(ct_dot, weight, input_shape, params)
+    if w_dot is not None:
+        out_dot = add_tangents(out_dot, _conv_backward_input_of(ct, w_dot, input_shape, params))
+    return out, out_dot
+jvp_rules[conv_backward_input_p] = conv_backward_input_jvp
+
+
+def conv_backward_weight_vjp(ct, x, *, weight_shape, **params):
+    out = _conv_backward_weight_of(ct, x, weight_shape, params)
+    x_shape = shape_of(x)
+
+    def backward(h):
+        ct_bar = _conv(x, h, None, **params) if wants_cotangent(0, ct) else None
+        x_bar = _conv_backward_input_of(ct, h, x_shape, params) if wants_cotangent(1, x) else None
+        return ct_bar, x_bar
+    return out, backward
+vjp_rules[conv_backward_weight_p] = conv_backward_weight_vjp
+
+
+def conv_backward_weight_jvp(primals, tangents, *, weight_shape, **params):
+    (ct, x), (ct_dot, x_dot) = primals, tangents
+    out = _conv_backward_weight_of(ct, x, weight_shape, params)
+    out_dot = None
+    if ct_dot is not None:
+        out_dot = _conv_backward_weight_of(ct_dot, x, weight_shape, params)
+    if x_dot is not None:
+        out_dot = add_tangents(out_dot, _conv_backward_weight_of(ct, x_dot, weight_shape, params))
+    return out, out_dot
+jvp_rules[conv_backward_weight_p] = conv_backward_weight_jvp
+
+
+def conv_backward_bias_vjp(ct, **params):
+    out = bind(conv_backward_bias_p, ct, **params)
+    ct_shape = shape_of(ct)
+    return out, lambda g: (_bias_broadcast(g, ct_shape),)
+vjp_rules[conv_backward_bias_p] = conv_backward_bias_vjp
+jvp_rules[conv_backward_bias_p] = linear_jvp(conv_backward_bias_p)
+
+
+# NOTE [Batching a convolution: the groups trick]
+# A convolution already loops over two things a batch can join: the images (dim N) and the
+# groups. With B examples:
+# - only activations batched (the input, or the cotangent of grad_input), the weight shared:
+#   the examples are more images, (B, N, C, ...) -> (B*N, C, ...).
+# - the weight batched, the activation shared (an ensemble of models): the examples are more
+#   channels on the weight's side that the shared activation does not carry. For conv that
+#   is the output channels, (B, C_out, ...) -> (B*C_out, ...): one convolution computes every
+#   example's output channels side by side.
+# - both batched: the examples are more groups. Example b's input channels, weight and output
+#   channels become groups b*g .. b*g+g-1 of one convolution with B*g groups: a block-
+#   diagonal convolution, each example's block seeing only its own input and weight.
+# The last case is what makes per-sample gradients of a CNN fast: under vmap(grad), the
+# weight gradient grad_weight(ct, x) has both the cotangent and the input batched, and it
+# becomes ONE grouped convolution backward with B*g groups, whose result (B*C_out, ...) is
+# the B per-example weight gradients, with no loop and no (B, C_out, C_in, ...) intermediate
+# per pixel. functorch's convolution batching rules (BatchRulesConvolution.cpp) do the same;
+# Opacus's per-sample gradients use the unfold + einsum equivalent.
+# When a batch joins a channel axis of a grouped convolution, it must stay inside each group:
+# channels are laid out (group, example, channel in group), so that the g groups stay g
+# contiguous blocks.
+def _conv_weight_dim(axis, transposed):
+    """Which dim of the weight carries the channels of ``axis`` ('in' or 'out'): a convolution's
+    weight is (C_out, C_in/g, ...), a transposed one's (C_in, C_out/g, ...)."""
+    return 0 if (axis == "out") != transposed else 1
+
+
+def _fold_channels(x, groups):
+    """Activations (B, N, C, *sp) -> (N, B*C, *sp), channels laid out (group, example, c)."""
+    b, n, c, *spatial = shape_of(x)
+    x = ops.reshape(x, b, n, groups, c // groups, *spatial)
+    x = ops.permute(x, 1, 2, 0, 3, *range(4, 4 + len(spatial)))
+    return ops.reshape(x, n, b * c, *spatial)
+
+
+def _unfold_channels(x, b, groups):
+    """The inverse of ``_fold_channels``: (N, B*C, *sp) -> a payload and its batch dim."""
+    n, bc, *spatial = shape_of(x)
+    c = bc // b
+    if groups == 1:
+        return ops.reshape(x, n, b, c, *spatial), 1  # a view: no copy
+    x = ops.reshape(x, n, groups, b, c // groups, *spatial)
+    x = ops.permute(x, 2, 0, 1, 3, *range(4, 4 + len(spatial)))
+    return ops.reshape(x, b, n, c, *spatial), 0
+
+
+def _fold_weight(w, dim, groups):
+    """A batched weight (B, w0, w1, *k) with the batch joined to weight dim ``dim``, inside
+    each group: dim 0 -> (B*w0, w1, *k), dim 1 -> (w0, B*w1, *k)."""
+    b, w0, w1, *kernel = shape_of(w)
+    w = ops.reshape(w, b, groups, w0 // groups, w1, *kernel)
+    rest = tuple(range(4, 4 + len(kernel)))
+    if dim == 0:
+        w = ops.permute(w, 1, 0, 2, 3, *rest)
+        return ops.reshape(w, b * w0, w1, *kernel)
+    w = ops.permute(w, 1, 2, 0, 3, *rest)
+    return ops.reshape(w, w0, b * w1, *kernel)
+
+
+def _unfold_weight(w, dim, b, groups):
+    """The inverse of ``_fold_weight``: a payload with the batch dim in front."""
+    w0, w1, *kernel = shape_of(w)
+    rest = tuple(range(4, 4 + len(kernel)))
+    if dim == 0:
+        w0 //= b
+        w = ops.reshape(w, groups, b, w0 // groups, w1, *kernel)
+        w = ops.permute(w, 1, 0, 2, 3, *rest)
+    else:
+        w1 //= b
+        w = ops.reshape(w, groups, w0 // groups, b, w1, *kernel)
+        w = ops.permute(w, 2, 0, 1, 3, *rest)
+    return ops.reshape(w, b, w0, w1, *kernel)
+
+
+def _fold_bias(bias, bdim, b, groups):
+    """A per-output-channel bias, batched or shared, as (B*C_out,) laid out like the output
+    channels (group, example, c)."""
+    if bias is None:
+        return None
+    if bdim is None:
+        bias = ops.expand(ops.unsqueeze(bias, 0), b, *shape_of(bias))
+    else:
+        bias = _front(bias, bdim)
+    c = shape_of(bias)[1]
+    bias = ops.permute(ops.reshape(bias, b, groups, c // groups), 1, 0, 2)
+    return ops.reshape(bias, b * c)
+
+
+def _add_batched_bias(out, out_bdim, bias, bias_bdim):
+    """A convolution output plus a batched bias (B, C): broadcast along N and space."""
+    bias = _front(bias, bias_bdim)
+    b, c = shape_of(bias)
+    rank = len(shape_of(out)) - (out_bdim is not None)
+    bias = ops.reshape(bias, b, 1, c, *([1] * (rank - 2)))
+    if out_bdim is not None:
+        out = _front(out, out_bdim)
+    return ops.add(out, bias), 0
+
+
+def convolution_batch(values, bdims, **params):
+    (x, weight, bias), (x_bdim, w_bdim, b_bdim) = values, bdims
+    b = batch_size(values, bdims)
+    groups, transposed = params["groups"], params["transposed"]
+    if x_bdim is None and w_bdim is None:  # only the bias is batched
+        return _add_batched_bias(_conv(x, weight, None, **params), None, bias, b_bdim)
+    if w_bdim is None:  # the examples are more images
+        x = _front(x, x_bdim)
+        lead = shape_of(x)[:2]
+        folded = _fold_leading(x, len(shape_of(x)) - 2)
+        if b_bdim is None:
+            return _unfold_leading(_conv(folded, weight, bias, **params), lead), 0
+        out = _unfold_leading(_conv(folded, weight, None, **params), lead)
+        return _add_batched_bias(out, 0, bias, b_bdim)
+    weight = _front(weight, w_bdim)
+    if x_bdim is None:  # the examples are more output channels
+        weight = _fold_weight(weight, _conv_weight_dim("out", transposed), groups)
+        out = _conv(x, weight, _fold_bias(bias, b_bdim, b, groups), **params)
+        return _unfold_channels(out, b, groups)
+    # both batched: the examples are more groups
+    x = _fold_channels(_front(x, x_bdim), 1)
+    weight = _fold_weight(weight, 0, 1)
+    out = _conv(x, weight, _fold_bias(bias, b_bdim, b, 1), **{**params, "groups": b * groups})
+    return _unfold_channels(out, b, 1)
+batching_rules[convolution_p] = convolution_batch
+
+
+def conv_backward_input_batch(values, bdims, *, input_shape, **params):
+    (ct, weight), (ct_bdim, w_bdim) = values, bdims
+    b = batch_size(values, bdims)
+    groups, transposed = params["groups"], params["transposed"]
+    n, c_in, *spatial = input_shape
+    if w_bdim is None:  # the examples are more images
+        ct = _front(ct, ct_bdim)
+        lead = shape_of(ct)[:2]
+        out = _conv_backward_input_of(_fold_leading(ct, len(shape_of(ct)) - 2), weight,
+                                      (b * n, c_in, *spatial), params)
+        return _unfold_leading(out, lead), 0
+    weight = _front(weight, w_bdim)
+    if ct_bdim is None:  # the examples are more input channels
+        weight = _fold_weight(weight, _conv_weight_dim("in", transposed), groups)
+        out = _conv_backward_input_of(ct, weight, (n, b * c_in, *spatial), params)
+        return _unfold_channels(out, b, groups)
+    ct = _fold_channels(_front(ct, ct_bdim), 1)
+    weight = _fold_weight(weight, 0, 1)
+    out = _conv_backward_input_of(ct, weight, (n, b * c_in, *spatial),
+                                  {**params, "groups": b * groups})
+    return _unfold_channels(out, b, 1)
+batching_rules[conv_backward_input_p] = conv_backward_input_batch
+
+
+def conv_backward_weight_batch(values, bdims, *, weight_shape, **params):
+    (ct, x), (ct_bdim, x_bdim) = values, bdims
+    b = batch_size(values, bdims)
+    groups, transposed = params["groups"], params["transposed"]
+    if ct_bdim is None or x_bdim is None:
+        # one side batched: the examples are more channels on that side
+        axis = "in" if ct_bdim is None else "out"
+        dim = _conv_weight_dim(axis, transposed)
+        if ct_bdim is None:
+            x = _fold_channels(_front(x, x_bdim), groups)
+        else:
+            ct = _fold_channels(_front(ct, ct_bdim), groups)
+        shape = list(weight_shape)
+        shape[dim] *= b
+        out = _conv_backward_weight_of(ct, x, shape, params)
+        return _unfold_weight(out, dim, b, groups), 0
+    # both batched (per-sample gradients): one grouped convolution, B*g groups
+    ct = _fold_channels(_front(ct, ct_bdim), 1)
+    x = _fold_channels(_front(x, x_bdim), 1)
+    shape = (b * weight_shape[0], *weight_shape[1:])
+    out = _conv_backward_weight_of(ct, x, shape, {**params, "groups": b * groups})
+    return _unfold_weight(out, 0, b, 1), 0
+batching_rules[conv_backward_weight_p] = conv_backward_weight_batch
+
+
+def conv_backward_bias_batch(values, bdims, **params):
+    (ct,), (bdim,) = values, bdims
+    ct = _front(ct, bdim)
+    return ops.sum(ct, (1, *range(3, len(shape_of(ct))))), 0
+batching_rules[conv_backward_bias_p] = conv_backward_bias_batch
+
+
+# --- convolution: the doors ------------------------------------------------------------------------
+def _conv_params(op, spatial, stride, padding, dilation, transposed, output_padding, groups):
+    return dict(stride=_ntuple(stride, spatial, "stride", op),
+                padding=_ntuple(padding, spatial, "padding", op),
+                dilation=_ntuple(dilation, spatial, "dilation", op),
+                transposed=bool(transposed),
+                output_padding=_ntuple(output_padding, spatial, "output_padding", op),
+                groups=int(groups))
+
+
+@aten_api.register(aten.convolution.default)
+def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """``aten.convolution``: every convolution torch runs, in normalized form."""
+    _refuse_complex("convolution", x, weight, bias)
+    spatial = len(shape_of(weight)) - 2
+    params = _conv_params("convolution", spatial, stride, padding, dilation, transposed,
+                          output_padding, groups)
+    return _conv(x, weight, bias, **params)
+
+
+@aten_api.register(aten.convolution_backward.default)
+def convolution_backward(ct, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    spatial = len(shape_of(weight)) - 2
+    params = _conv_params("convolution_backward", spatial, stride, padding, dilation,
+                          transposed, output_padding, groups)
+    x_shape, w_shape = shape_of(x), shape_of(weight)
+    return (_conv_backward_input_of(ct, weight, x_shape, params) if output_mask[0] else None,
+            _conv_backward_weight_of(ct, x, w_shape, params) if output_mask[1] else None,
+            bind(conv_backward_bias_p, ct, input_shape=x_shape, weight_shape=w_shape, **params)
+            if output_mask[2] else None)
+
+
+def _same_padding(op, x, weight, stride, dilation, spatial):
+    """padding='same': the total padding d*(k-1) split in two, the odd one out on the right
+    (torch's _convolution_mode). Returns the (possibly right-padded) input and the symmetric
+    padding."""
+    if any(s != 1 for s in stride):
+        raise TransformUsageError(
+            f"{op}(..., padding='same', stride={stride}): padding='same' needs stride 1, as in "
+            "torch. Fix: pass explicit padding."
+        )
+    kernel = shape_of(weight)[2:]
+    left = [d * (k - 1) // 2 for d, k in zip(dilation, kernel)]
+    extra = [d * (k - 1) - 2 * l for d, k, l in zip(dilation, kernel, left)]
+    if any(extra):
+        pad = []
+        for e in reversed(extra):  # F.pad's order: last dim first
+            pad += [0, e]
+        x = constant_pad_nd(x, pad, 0)
+    return x, tuple(left)
+
+
+def _conv_front(spatial, transposed):
+    """F.conv{1,2,3}d or F.conv_transpose{1,2,3}d, with torch's signature."""
+    name = f"conv_transpose{spatial}d" if transposed else f"conv{spatial}d"
+
+    def call(x, weight, bias, stride, padding, output_padding, groups, dilation):
+        _refuse_complex(name, x, weight, bias)
+        rank = len(shape_of(x))
+        if rank not in (spatial + 1, spatial + 2):
+            raise TransformUsageError(
+                f"{name}(input, ...): expected a {spatial + 2}-D (batched) or {spatial + 1}-D "
+                f"(unbatched) input, got shape {shape_of(x)}. Fix: give an input with "
+                "(N,) C and the spatial dims."
+            )
+        unbatched = rank == spatial + 1
+        if unbatched:
+            x = ops.unsqueeze(x, 0)
+        stride = _ntuple(stride, spatial, "stride", name)
+        dilation = _ntuple(dilation, spatial, "dilation", name)
+        if isinstance(padding, str):
+            if transposed or padding not in ("same", "valid"):
+                raise TransformUsageError(
+                    f"{name}(..., padding={padding!r}): expected 'same' or 'valid' (and only "
+                    "for convolutions, not transposed ones), as in torch. Fix: pass ints."
+                )
+            if padding == "valid":
+                padding = 0
+            else:
+                x, padding = _same_padding(name, x, weight, stride, dilation, spatial)
+        params = _conv_params(name, spatial, stride, padding, dilation, transposed,
+                              output_padding, groups)
+        out = _conv(x, weight, bias, **params)
+        return ops.squeeze(out, 0) if unbatched else out
+
+    if transposed:
+        def conv_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0,
+                           groups=1, dilation=1):
+            return call(x, weight, bias, stride, padding, output_padding, groups, dilation)
+        conv_transpose.__name__ = name
+        return conv_transpose
+
+    def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        return call(x, weight, bias, stride, padding, 0, groups, dilation)
+    conv.__name__ = name
+    return conv
+
+
+for _spatial in (1, 2, 3):
+    torch_api.register(getattr(F, f"conv{_spatial}d"), getattr(torch, f"conv{_spatial}d"))(
+        _conv_front(_spatial, False))
+    torch_api.register(getattr(F, f"conv_transpose{_spatial}d"),
+                       getattr(torch, f"conv_transpose{_spatial}d"))(_conv_front(_spatial, True))
+
+
+# --- padding ---------------------------------------------------------------------------------------
+# ``pad`` is in F.pad's order: (left, right) of the last dim, then of the dim before, ...
+constant_pad_nd_p = P.primitive(
+    "constant_pad_nd", lambda x, *, pad, value: torch.constant_pad_nd(x, pad, value))
+
+
+def _padded_dims(pad, rank):
+    """(dim, before, after) for each padded dim, from F.pad's flat list."""
+    return [(rank - 1 - i, pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)]
+
+
+def constant_pad_nd_vjp(x, *, pad, value):
+    """NOTE [The transpose of padding is cropping]
+    Padding by p puts x inside a frame of constants, so its vjp keeps the middle of the
+    cotangent: a slice (a view). A negative pad crops, and the transpose of cropping is
+    padding with zeros; with pads of both signs the transpose is the pad by -p, which crops
+    where the forward padded and pads where it cropped (PyTorch's constant_pad_nd backward
+    is ``constant_pad_nd(grad, -pad)`` too)."""
+    out = bind(constant_pad_nd_p, x, pad=pad, value=value)
+    x_shape = shape_of(x)
+
+    def backward(ct):
+        if all(p >= 0 for p in pad):
+            index = [slice(None)] * len(x_shape)
+            for dim, before, _ in _padded_dims(pad, len(x_shape)):
+                index[dim] = slice(before, before + x_shape[dim])
+            return (ops.getitem(ct, tuple(index)),)
+        return (bind(constant_pad_nd_p, ct, pad=tuple(-p for p in pad), value=0),)
+    return out, backward
+vjp_rules[constant_pad_nd_p] = constant_pad_nd_vjp
+
+
+def constant_pad_nd_jvp(primals, tangents, *, pad, value):
+    (x,), (x_dot,) = primals, tangents
+    return (bind(constant_pad_nd_p, x, pad=pad, value=value),
+            bind(constant_pad_nd_p, x_dot, pad=pad, value=0))
+jvp_rules[constant_pad_nd_p] = constant_pad_nd_jvp
+
+
+def constant_pad_nd_batch(values, bdims, *, pad, value):
+    (x,), (bdim,) = values, bdims
+    # the pads touch the last len(pad) // 2 dims: with the batch dim in front, never it
+    return bind(constant_pad_nd_p, _front(x, bdim), pad=pad, value=value), 0
+batching_rules[constant_pad_nd_p] = constant_pad_nd_batch
+
+
+@aten_api.register(aten.constant_pad_nd.default)
+@torch_api.register(torch.constant_pad_nd)
+def constant_pad_nd(x, pad, value=0):
+    pad = tuple(int(p) for p in pad)
+    rank = len(shape_of(x))
+    if len(pad) % 2 or len(pad) // 2 > rank:
+        raise TransformUsageError(
+            f"constant_pad_nd(x, pad={pad}): expected an even number of pads, at most two per "
+            f"dim of the input's shape {shape_of(x)}. Fix: pass (left, right) pairs, last dim "
+            "first."
+        )
+    if not any(pad):
+        return x
+    return bind(constant_pad_nd_p, x, pad=pad, value=value)
+
+
+def _pad_positions(mode, size, before, after):
+    """The input positions a padded dim reads, for reflect, replicate and circular padding."""
+    positions = torch.arange(-before, size + after)
+    if mode == "reflect":
+        positions = positions.abs()
+        return torch.where(positions >= size, 2 * (size - 1) - positions, positions)
+    if mode == "replicate":
+        return positions.clamp(0, size - 1)
+    return positions.remainder(size)  # circular
+
+
+def _pad_by_gathering(x, pad, mode):
+    """NOTE [Reflect, replicate and circular padding are gathers]
+    Each of these modes makes every output element a copy of one input element: which one
+    is a fixed function of its position (a reflection, a clamp, a modulo). So each padded dim
+    is a gather along that dim with a constant index, and gather's rules give the
+    derivatives: the vjp scatter-adds the cotangent back, summing where a border element was
+    copied several times (what reflection_pad2d_backward computes). PyTorch's Python
+    decompositions of these ops index the same way."""
+    rank = len(shape_of(x))
+    for dim, before, after in _padded_dims(pad, rank):
+        size = shape_of(x)[dim]
+        positions = _pad_positions(mode, size, before, after)
+        if mode == "reflect" and (before >= size or after >= size):
+            raise TransformUsageError(
+                f"pad(x, {list(pad)}, mode='reflect'): a reflect pad must be smaller than the "
+                f"dim it pads (dim {dim} has size {size}). Fix: use smaller pads, or "
+                "mode='replicate'."
+            )
+        if mode == "circular" and (before > size or after > size):
+            raise TransformUsageError(
+                f"pad(x, {list(pad)}, mode='circular'): a circular pad can be at most the size "
+                f"of the dim it pads (dim {dim} has size {size}). Fix: use smaller pads."
+            )
+        shape = [1] * rank
+        shape[dim] = len(positions)
+        index_shape = list(shape_of(x))
+        index_shape[dim] = len(positions)
+        index = positions.to(x.device).reshape(shape).expand(index_shape)
+        x = ops.gather(x, dim, index)
+    return x
+
+
+_PAD_RANKS = {2: (2, 3), 4: (3, 4), 6: (4, 5)}
+
+
+@torch_api.register(F.pad)
+def pad(x, pad, mode="constant", value=None):
+    """F.pad with every mode."""
+    pad = tuple(int(p) for p in pad)
+    if mode == "constant":
+        return constant_pad_nd(x, pad, 0 if value is None else value)
+    if mode not in ("reflect", "replicate", "circular"):
+        raise TransformUsageError(
+            f"pad(x, {list(pad)}, mode={mode!r}): expected 'constant', 'reflect', 'replicate' "
+            "or 'circular'."
+        )
+    if value is not None and value != 0:
+        raise TransformUsageError(
+            f"pad(x, {list(pad)}, mode={mode!r}, value={value}): a fill value is only used by "
+            "mode='constant'. Fix: drop value."
+        )
+    rank = len(shape_of(x))
+    if rank not in _PAD_RANKS.get(len(pad), ()):
+        raise TransformUsageError(
+            f"pad(x, {list(pad)}, mode={mode!r}): torch pads the last 1, 2 or 3 dims of a "
+            f"2-5 D input in this mode (2, 4 or 6 pads for 2-3, 3-4 or 4-5 dims), got "
+            f"{len(pad)} pads for an input of shape {shape_of(x)}. Fix: reshape the input."
+        )
+    _refuse_complex(f"pad(mode={mode!r})", x)
+    return _pad_by_gathering(x, pad, mode)
+
+
+def _mode_pad(mode):
+    return lambda x, padding: _pad_by_gathering(x, tuple(int(p) for p in padding), mode)
+
+
+for _n in (1, 2, 3):
+    aten_api.register(getattr(aten, f"reflection_pad{_n}d").default)(_mode_pad("reflect"))
+    aten_api.register(getattr(aten, f"replication_pad{_n}d").default)(_mode_pad("replicate"))
+aten_api.register(aten._pad_circular.default)(_mode_pad("circular"))
+
+
+# --- pooling: max pooling ----------------------------------------------------------------------------
+# NOTE [Max pooling is indices, then a gather]
+# max_pool returns values and the indices of the chosen elements (flat positions within each
+# (n, c) plane). The indices are a primitive of their own, torch's kernel, and not
+# differentiable; the values are a gather of the flattened spatial dims at those indices.
+# Then gather's rules give every derivative: the vjp scatter-adds the cotangent at the
+# indices (what max_pool2d_with_indices_backward does), the jvp gathers the tangent, and
+# batching folds the batch into N. The forward values are exactly the kernel's.
+def _max_pool_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
+    pool = aten.max_pool2d_with_indices if len(kernel_size) == 2 else \
+        aten.max_pool3d_with_indices
+    return pool(x, kernel_size, stride, padding, dilation, ceil_mode)[1]
+
+
+def _adaptive_max_pool_indices(x, *, output_size):
+    pool = aten.adaptive_max_pool2d if len(output_size) == 2 else aten.adaptive_max_pool3d
+    return pool(x, output_size)[1]
+
+
+max_pool_indices_p = P.primitive("max_pool_indices", _max_pool_indices, differentiable=False)
+adaptive_max_pool_indices_p = P.primitive("adaptive_max_pool_indices",
+                                          _adaptive_max_pool_indices, differentiable=False)
+
+
+def _spatial_of(params):
+    return len(params.get("kernel_size") or params.get("output_size"))
+
+
+def _pool_batch(prim):
+    """Pooling loops over every dim before (C, *spatial): the batch joins them."""
+    def rule(values, bdims, **params):
+        (x,), (bdim,) = values, bdims
+        x = _front(x, bdim)
+        keep = _spatial_of(params) + 1
+        lead = shape_of(x)[:len(shape_of(x)) - keep]
+        return _unfold_leading(bind(prim, _fold_leading(x, keep), **params), lead), 0
+    return rule
+
+
+batching_rules[max_pool_indices_p] = _pool_batch(max_pool_indices_p)
+batching_rules[adaptive_max_pool_indices_p] = _pool_batch(adaptive_max_pool_indices_p)
+
+
+def _gather_spatial(x, indices, spatial):
+    """The values of x at flat spatial ``indices`` (max pooling's values)."""
+    x_shape, i_shape = shape_of(x), shape_of(indices)
+    lead = x_shape[:len(x_shape) - spatial]
+    flat_x = ops.reshape(x, *lead, math.prod(x_shape[len(x_shape) - spatial:]))
+    flat_i = ops.reshape(indices, *lead, math.prod(i_shape[len(i_shape) - spatial:]))
+    return ops.reshape(ops.gather(flat_x, -1, flat_i), *i_shape)
+
+
+def _check_pool_input(op, x, spatial):
+    rank = len(shape_of(x))
+    if rank not in (spatial + 1, spatial + 2):
+        raise TransformUsageError(
+            f"{op}(input, ...): expected a {spatial + 1}-D or {spatial + 2}-D input ((N,) C "
+            f"and {spatial} spatial dims), got shape {shape_of(x)}. Fix: reshape the input."
+        )
+    _refuse_complex(op, x)
+
+
+def _max_pool(op, spatial, x, kernel_size, stride, padding, dilation, ceil_mode):
+    """(values, indices) of max pooling over the last ``spatial`` dims (1d runs as 2d, with a
+    height of 1, as torch does)."""
+    _check_pool_input(op, x, spatial)
+    kernel_size = _ntuple(kernel_size, spatial, "kernel_size", op)
+    stride = kernel_size if stride is None or (not isinstance(stride, int) and not len(stride)) \
+        else _ntuple(stride, spatial, "stride", op)
+    padding = _ntuple(padding, spatial, "padding", op)
+    dilation = _ntuple(dilation, spatial, "dilation", op)
+    if spatial == 1:
+        values, indices = _max_pool("max_pool2d", 2, ops.unsqueeze(x, -2), (1, *kernel_size),
+                                    (1, *stride), (0, *padding), (1, *dilation), ceil_mode)
+        return ops.squeeze(values, -2), ops.squeeze(indices, -2)
+    indices = bind(max_pool_indices_p, x, kernel_size=kernel_size, stride=stride,
+                   padding=padding, dilation=dilation, ceil_mode=bool(ceil_mode))
+    return _gather_spatial(x, indices, spatial), indices
+
+
+def _adaptive_max_pool(op, spatial, x, output_size):
+    _check_pool_input(op, x, spatial)
+    in_spatial = shape_of(x)[-spatial:]
+    if isinstance(output_size, int):
+        output_size = (output_size,) * spatial
+    output_size = tuple(i if o is None else int(o) for o, i in zip(output_size, in_spatial))
+    if spatial == 1:
+        values, indices = _adaptive_max_pool("adaptive_max_pool2d", 2, ops.unsqueeze(x, -2),
+                                             (1, *output_size))
+        return ops.squeeze(values, -2), ops.squeeze(indices, -2)
+    indices = bind(adaptive_max_pool_indices_p, x, output_size=output_size)
+    return _gather_spatial(x, indices, spatial), indices
+
+
+def _max_pool_front(spatial):
+    name = f"max_pool{spatial}d"
+
+    def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                 return_indices=False):
+        values, indices = _max_pool(name, spatial, x, kernel_size, stride, padding, dilation,
+                                    ceil_mode)
+        return (values, indices) if return_indices else values
+
+    def with_indices(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                     return_indices=True):
+        return _max_pool(name, spatial, x, kernel_size, stride, padding, dilation, ceil_mode)
+
+    def adaptive(x, output_size, return_indices=False):
+        values, indices = _adaptive_max_pool(f"adaptive_{name}", spatial, x, output_size)
+        return (values, indices) if return_indices else values
+
+    def adaptive_with_indices(x, output_size, return_indices=True):
+        return _adaptive_max_pool(f"adaptive_{name}", spatial, x, output_size)
+
+    return max_pool, with_indices, adaptive, adaptive_with_indices
+
+
+for _n in (1, 2, 3):
+    _max, _max_indices, _adaptive, _adaptive_indices = _max_pool_front(_n)
+    torch_api.register(getattr(F, f"max_pool{_n}d"), getattr(torch, f"max_pool{_n}d"))(_max)
+    torch_api.register(getattr(F, f"max_pool{_n}d_with_indices"),
+                       getattr(torch, f"max_pool{_n}d_with_indices", None) or
+                       getattr(F, f"max_pool{_n}d_with_indices"))(_max_indices)
+    torch_api.register(getattr(F, f"adaptive_max_pool{_n}d"))(_adaptive)
+    torch_api.register(getattr(F, f"adaptive_max_pool{_n}d_with_indices"))(_adaptive_indices)
+    if _n > 1:
+        aten_api.register(getattr(aten, f"max_pool{_n}d_with_indices").default)(_max_indices)
+        aten_api.register(getattr(aten, f"adaptive_max_pool{_n}d").default)(_adaptive_indices)
+aten_api.register(aten.max_pool1d_with_indices.default)(_max_pool_front(1)[1])
+aten_api.register(aten.adaptive_max_pool1d.default)(_max_pool_front(1)[3])
+
+
+# --- pooling: average pooling ------------------------------------------------------------------------
+# NOTE [A linear kernel and its transpose]
+# avg_pool and adaptive_avg_pool are linear maps, and torch has a kernel for each and for its
+# transpose (its backward). Both kernels are primitives, each the other's vjp: the vjp of
+# avg_pool is avg_pool_backward, the vjp of avg_pool_backward is avg_pool. Their jvps are the
+# op itself on the tangent, and batching folds the batch into N. torch.func's vjp runs the
+# same backward kernel, so the gradients are bit-exact; second derivatives cost nothing more.
+def _linear_pair(name, forward_impl, backward_impl):
+    """Two primitives, ``name`` and ``name_backward``, each the other's transpose.
+    ``backward_impl(ct, x_like, **params)`` reads only the shape of ``x_like``."""
+    forward_p = P.primitive(name, forward_impl)
+    backward_p = P.primitive(
+        f"{name}_backward",
+        lambda ct, *, input_shape, **params: backward_impl(ct, ct.new_empty(input_shape),
+                                                           **params))
+
+    def forward_vjp(x, **params):
+        x_shape = shape_of(x)
+        return (bind(forward_p, x, **params),
+                lambda ct: (bind(backward_p, ct, input_shape=x_shape, **params),))
+
+    def backward_vjp(ct, *, input_shape, **params):
+        return (bind(backward_p, ct, input_shape=input_shape, **params),
+                lambda g: (bind(forward_p, g, **params),))
+
+    def forward_batch(values, bdims, **params):
+        (x,), (bdim,) = values, bdims
+        x = _front(x, bdim)
+        keep = _spatial_of(params) + 1
+        lead = shape_of(x)[:len(shape_of(x)) - keep]
+        return _unfold_leading(bind(forward_p, _fold_leading(x, keep), **params), lead), 0
+
+    def backward_batch(values, bdims, *, input_shape, **params):
+        (ct,), (bdim,) = values, bdims
+        ct = _front(ct, bdim)
+        keep = _spatial_of(params) + 1
+        lead = shape_of(ct)[:len(shape_of(ct)) - keep]
+        folded_shape = (math.prod(lead),) + tuple(input_shape[len(input_shape) - keep:])
+        out = bind(backward_p, _fold_leading(ct, keep), input_shape=folded_shape, **params)
+        return _unfold_leading(out, lead), 0
+
+    vjp_rules[forward_p] = forward_vjp
+    vjp_rules[backward_p] = backward_vjp
+    jvp_rules[forward_p] = linear_jvp(forward_p)
+    jvp_rules[backward_p] = linear_jvp(backward_p)
+    batching_rules[forward_p] = forward_batch
+    batching_rules[backward_p] = backward_batch
+    return forward_p, backward_p
+
+
+def _avg_pool_impl(x, *, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                   divisor_override):
+    pool = aten.avg_pool2d if len(kernel_size) == 2 else aten.avg_pool3d
+    return pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def _avg_pool_backward_impl(ct, x, *, kernel_size, stride, padding, ceil_mode,
+                            count_include_pad, divisor_override):
+    pool = aten.avg_pool2d_backward if len(kernel_size) == 2 else aten.avg_pool3d_backward
+    return pool(ct, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                divisor_override)
+
+
+def _adaptive_avg_pool_impl(x, *, output_size):
+    pool = aten._adaptive_avg_pool2d if len(output_size) == 2 else aten._adaptive_avg_pool3d
+    return pool(x, output_size)
+
+
+def _adaptive_avg_pool_backward_impl(ct, x, *, output_size):
+    pool = aten._adaptive_avg_pool2d_backward if len(output_size) == 2 else \
+        aten._adaptive_avg_pool3d_backward
+    return pool(ct, x)
+
+
+avg_pool_p, avg_pool_backward_p = _linear_pair("avg_pool", _avg_pool_impl,
+                                               _avg_pool_backward_impl)
+adaptive_avg_pool_p, adaptive_avg_pool_backward_p = _linear_pair(
+    "adaptive_avg_pool", _adaptive_avg_pool_impl, _adaptive_avg_pool_backward_impl)
+
+
+def _avg_pool(op, spatial, x, kernel_size, stride=None, padding=0, ceil_mode=False,
+              count_include_pad=True, divisor_override=None):
+    _check_pool_input(op, x, spatial)
+    kernel_size = _ntuple(kernel_size, spatial, "kernel_size", op)
+    stride = kernel_size if stride is None or (not isinstance(stride, int) and not len(stride)) \
+        else _ntuple(stride, spatial, "stride", op)
+    padding = _ntuple(padding, spatial, "padding", op)
+    if spatial == 1:  # torch runs avg_pool1d as avg_pool2d with a height of 1
+        out = _avg_pool("avg_pool2d", 2, ops.unsqueeze(x, -2), (1, *kernel_size), (1, *stride),
+                        (0, *padding), ceil_mode, count_include_pad, divisor_override)
+        return ops.squeeze(out, -2)
+    return bind(avg_pool_p, x, kernel_size=kernel_size, stride=stride, padding=padding,
+                ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad),
+                divisor_override=None if divisor_override is None else int(divisor_override))
+
+
+def _adaptive_avg_pool(op, spatial, x, output_size):
+    _check_pool_input(op, x, spatial)
+    in_spatial = shape_of(x)[-spatial:]
+    if isinstance(output_size, int):
+        output_size = (output_size,) * spatial
+    output_size = tuple(i if o is None else int(o) for o, i in zip(output_size, in_spatial))
+    if spatial == 1:
+        out = _adaptive_avg_pool("adaptive_avg_pool2d", 2, ops.unsqueeze(x, -2),
+                                 (1, *output_size))
+        return ops.squeeze(out, -2)
+    if all(o == 1 for o in output_size):
+        # torch's adaptive_avg_pool2d/3d compute a 1x1 output as a mean, and so do we
+        return ops.mean(x, tuple(range(-spatial, 0)), keepdim=True)
+    return bind(adaptive_avg_pool_p, x, output_size=output_size)
+
+
+def _avg_pool_front(spatial):
+    name = f"avg_pool{spatial}d"
+
+    def avg_pool(x, kernel_size, stride=None, padding=0, ceil_mode=False,
+                 count_include_pad=True, divisor_override=None):
+        return _avg_pool(name, spatial, x, kernel_size, stride, padding, ceil_mode,
+                         count_include_pad, divisor_override)
+
+    def adaptive(x, output_size):
+        return _adaptive_avg_pool(f"adaptive_{name}", spatial, x, output_size)
+    return avg_pool, adaptive
+
+
+for _n in (1, 2, 3):
+    _avg, _adaptive = _avg_pool_front(_n)
+    torch_api.register(getattr(F, f"avg_pool{_n}d"), getattr(torch, f"avg_pool{_n}d", None) or
+                       getattr(F, f"avg_pool{_n}d"))(_avg)
+    aten_api.register(getattr(aten, f"avg_pool{_n}d").default)(_avg)
+    torch_api.register(getattr(F, f"adaptive_avg_pool{_n}d"),
+                       getattr(torch, f"adaptive_avg_pool{_n}d", None) or
+                       getattr(F, f"adaptive_avg_pool{_n}d"))(_adaptive)
+    aten_api.register(getattr(aten, f"adaptive_avg_pool{_n}d").default)(_adaptive)
+aten_api.register(aten._adaptive_avg_pool2d.default)(
+    lambda x, output_size: _adaptive_avg_pool("_adaptive_avg_pool2d", 2, x, output_size))
+aten_api.register(aten._adaptive_avg_pool3d.default)(
+    lambda x, output_size: _adaptive_avg_pool("_adaptive_avg_pool3d", 3, x, output_size))
+
+
+def _pool_backward_door(backward_p, spatial):
+    def door(ct, x, *args):
+        return bind(backward_p, ct, input_shape=shape_of(x), **_pool_backward_params(
+            backward_p, spatial, args))
+    return door
+
+
+def _pool_backward_params(backward_p, spatial, args):
+    if backward_p is avg_pool_backward_p:
+        kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override = args
+        return dict(kernel_size=_ntuple(kernel_size, spatial, "kernel_size", "avg_pool"),
+                    stride=_ntuple(stride or kernel_size, spatial, "stride", "avg_pool"),
+                    padding=_ntuple(padding, spatial, "padding", "avg_pool"),
+                    ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad),
+                    divisor_override=divisor_override)
+    return {}
+
+
+for _n in (2, 3):
+    aten_api.register(getattr(aten, f"avg_pool{_n}d_backward").default)(
+        _pool_backward_door(avg_pool_backward_p, _n))
+
+
+def _adaptive_avg_pool_backward_door(spatial):
+    def door(ct, x):
+        return bind(adaptive_avg_pool_backward_p, ct, input_shape=shape_of(x),
+                    output_size=tuple(shape_of(ct)[-spatial:]))
+    return door
+
+
+aten_api.register(aten._adaptive_avg_pool2d_backward.default)(_adaptive_avg_pool_backward_door(2))
+aten_api.register(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_pool_backward_door(3))
+
+
+# --- normalization: batch norm -----------------------------------------------------------------------
+# NOTE [Batch norm: the fused kernels as primitives]
+# torch.func runs native_batch_norm forward and native_batch_norm_backward, so these kernels
+# are primitives here too, one per output (a primitive returns one tensor):
+# - batch_norm_train(x, w, b) and batch_norm_eval(x, w, b, running_mean, running_var): the
+#   output;
+# - batch_norm_stats(x): the saved mean and inverse standard deviation, stacked as (2, C).
+#   They are differentiable (a mean, and (var + eps)^-1/2), because the backward reads them:
+#   a second derivative flows through them back to x;
+# - batch_norm_backward_input and batch_norm_backward_params (grad_weight and grad_bias,
+#   stacked as (2, C)), outputs of native_batch_norm_backward. Their own derivatives (second
+#   order) are those of torch's Python decomposition of native_batch_norm_backward
+#   (torch._decomp), differentiated by the engine itself: an exact formula, written once by
+#   PyTorch, in the same ops as everything else.
+# The running statistics are not part of any of this: they are buffers that training mode
+# updates in place with the batch statistics, outside of autograd (NOTE [Running statistics]).
+def _bn_train(x, weight, bias, *, eps):
+    return aten.native_batch_norm(x, weight, bias, None, None, True, 0.0, eps)[0]
+
+
+def _bn_eval(x, weight, bias, running_mean, running_var, *, eps):
+    return aten.native_batch_norm(x, weight, bias, running_mean, running_var, False, 0.0, eps)[0]
+
+
+def _bn_stats(x, *, eps):
+    _, mean, invstd = aten.native_batch_norm(x, None, None, None, None, True, 0.0, eps)
+    return torch.stack([mean, invstd])
+
+
+def _bn_backward_arguments(x, weight, stat0, stat1, training):
+    """native_batch_norm_backward's statistics arguments: the saved mean and invstd in
+    training mode, the running mean and variance in eval mode."""
+    if training:
+        return (weight, None, None, stat0, stat1)
+    return (weight, stat0, stat1, None, None)
+
+
+def _bn_backward_input(ct, x, weight, stat0, stat1, *, training, eps):
+    return aten.native_batch_norm_backward(
+        ct, x, *_bn_backward_arguments(x, weight, stat0, stat1, training), training, eps,
+        [True, False, False])[0]
+
+
+def _bn_backward_params(ct, x, stat0, stat1, *, training, eps):
+    _, grad_weight, grad_bias = aten.native_batch_norm_backward(
+        ct, x, *_bn_backward_arguments(x, None, stat0, stat1, training), training, eps,
+        [False, True, True])
+    return torch.stack([grad_weight, grad_bias])
+
+
+batch_norm_train_p = P.primitive("batch_norm_train", _bn_train)
+batch_norm_eval_p = P.primitive("batch_norm_eval", _bn_eval)
+batch_norm_stats_p = P.primitive("batch_norm_stats", _bn_stats)
+batch_norm_backward_input_p = P.primitive("batch_norm_backward_input", _bn_backward_input)
+batch_norm_backward_params_p = P.primitive("batch_norm_backward_params", _bn_backward_params)
+
+
+def _reduced_dims(x):
+    """Every dim of an (N, C, *spatial) tensor but the channels."""
+    return (0, *range(2, len(shape_of(x))))
+
+
+def _bn_statistics(x, eps):
+    stats = bind(batch_norm_stats_p, x, eps=eps)
+    return ops.getitem(stats, 0), ops.getitem(stats, 1)
+
+
+def _refuse_running_stat_derivative(op):
+    raise MissingRuleError(
+        f"{op}: batch_norm is not differentiable with respect to running_mean or "
+        "running_var (statistics that training updates outside of autograd), as in torch. "
+        "Fix: pass them as plain tensors, not as inputs to differentiate."
+    )
+
+
+def batch_norm_train_vjp(x, weight, bias, *, eps):
+    out = bind(batch_norm_train_p, x, weight, bias, eps=eps)
+
+    def backward(ct):
+        mean, invstd = _bn_statistics(x, eps)
+        x_bar = w_bar = b_bar = None
+        if wants_cotangent(0, x):
+            x_bar = bind(batch_norm_backward_input_p, ct, x, weight, mean, invstd,
+                         training=True, eps=eps)
+        want_w = weight is not None and wants_cotangent(1, weight)
+        want_b = bias is not None and wants_cotangent(2, bias)
+        if want_w or want_b:
+            params = bind(batch_norm_backward_params_p, ct, x, mean, invstd, training=True,
+                          eps=eps)
+            w_bar = ops.getitem(params, 0) if want_w else None
+            b_bar = ops.getitem(params, 1) if want_b else None
+        return x_bar, w_bar, b_bar
+    return out, backward
+vjp_rules[batch_norm_train_p] = batch_norm_train_vjp
+
+
+def batch_norm_eval_vjp(x, weight, bias, running_mean, running_var, *, eps):
+    out = bind(batch_norm_eval_p, x, weight, bias, running_mean, running_var, eps=eps)
+
+    def backward(ct):
+        if wants_cotangent(3, running_mean) or wants_cotangent(4, running_var):
+            _refuse_running_stat_derivative("grad(batch_norm)")
+        x_bar = w_bar = b_bar = None
+        if wants_cotangent(0, x):
+            x_bar = bind(batch_norm_backward_input_p, ct, x, weight, running_mean, running_var,
+                         training=False, eps=eps)
+        want_w = weight is not None and wants_cotangent(1, weight)
+        want_b = bias is not None and wants_cotangent(2, bias)
+        if want_w or want_b:
+            params = bind(batch_norm_backward_params_p, ct, x, running_mean, running_var,
+                          training=False, eps=eps)
+            w_bar = ops.getitem(params, 0) if want_w else None
+            b_bar = ops.getitem(params, 1) if want_b else None
+        return x_bar, w_bar, b_bar, None, None
+    return out, backward
+vjp_rules[batch_norm_eval_p] = batch_norm_eval_vjp
+
+
+def _affine_tangent(out_dot, x_hat, weight, w_dot, b_dot, rank):
+    """The tangent of x_hat * w + b, given the tangent of x_hat (or None)."""
+    if out_dot is not None and weight is not None:
+        out_dot = ops.mul(out_dot, _channel_view(weight, rank))
+    if w_dot is not None:
+        out_dot = add_tangents(out_dot, ops.mul(x_hat, _channel_view(w_dot, rank)))
+    if b_dot is not None:
+        b_term = _channel_view(b_dot, rank)
+        out_dot = ops.add(b_term, ops.zeros_like(x_hat)) if out_dot is None else \
+            ops.add(out_dot, b_term)
+    return out_dot
+
+
+def batch_norm_train_jvp(primals, tangents, *, eps):
+    """With x_hat = (x - mean) * invstd, the tangent of x_hat is
+    invstd * (x_dot - mean(x_dot) - x_hat * mean(x_hat * x_dot)) (the means over N and
+    space), and the affine part adds x_hat * w_dot + b_dot: FunctionsManual's batch_norm_jvp."""
+    (x, weight, bias), (x_dot, w_dot, b_dot) = primals, tangents
+    out = bind(batch_norm_train_p, x, weight, bias, eps=eps)
+    rank, dims = len(shape_of(x)), _reduced_dims(x)
+    mean, invstd = _bn_statistics(x, eps)
+    invstd = _channel_view(invstd, rank)
+    x_hat = ops.mul(ops.sub(x, _channel_view(mean, rank)), invstd)
+    x_hat_dot = None
+    if x_dot is not None:
+        centered = ops.sub(x_dot, ops.mean(x_dot, dims, keepdim=True))
+        projection = ops.mul(x_hat, ops.mean(ops.mul(x_hat, x_dot), dims, keepdim=True))
+        x_hat_dot = ops.mul(ops.sub(centered, projection), invstd)
+    return out, _affine_tangent(x_hat_dot, x_hat, weight, w_dot, b_dot, rank)
+jvp_rules[batch_norm_train_p] = batch_norm_train_jvp
+
+
+def batch_norm_eval_jvp(primals, tangents, *, eps):
+    """Eval mode is an affine map of x; like torch.func, the tangents of the running
+    statistics are ignored."""
+    (x, weight, bias, running_mean, running_var), (x_dot, w_dot, b_dot, _, _) = primals, tangents
+    out = bind(batch_norm_eval_p, x, weight, bias, running_mean, running_var, eps=eps)
+    rank = len(shape_of(x))
+    invstd = _channel_view(elementwise.rsqrt(ops.add(running_var, eps)), rank)
+    x_hat = ops.mul(ops.sub(x, _channel_view(running_mean, rank)), invstd)
+    x_hat_dot = None if x_dot is None else ops.mul(x_dot, invstd)
+    if x_hat_dot is None and w_dot is None and b_dot is None:
+        return out, None
+    return out, _affine_tangent(x_hat_dot, x_hat, weight, w_dot, b_dot, rank)
+jvp_rules[batch_norm_eval_p] = batch_norm_eval_jvp
+
+
+def batch_norm_stats_vjp(x, *, eps):
+    """d mean / dx = 1/n and d invstd / dx = -invstd^3 (x - mean) / n, per channel."""
+    out = bind(batch_norm_stats_p, x, eps=eps)
+    rank = len(shape_of(x))
+    n = ops.shape_of(x)[0] * math.prod(shape_of(x)[2:])
+
+    def backward(ct):
+        mean, invstd = ops.getitem(out, 0), ops.getitem(out, 1)
+        ct_mean, ct_invstd = ops.getitem(ct, 0), ops.getitem(ct, 1)
+        scale = ops.mul(ops.mul(ct_invstd, ops.power(invstd, 3)), -1.0 / n)
+        x_bar = ops.add(_channel_view(ops.div(ct_mean, n), rank),
+                        ops.mul(_channel_view(scale, rank),
+                                ops.sub(x, _channel_view(mean, rank))))
+        return (x_bar,)
+    return out, backward
+vjp_rules[batch_norm_stats_p] = batch_norm_stats_vjp
+
+
+def batch_norm_stats_jvp(primals, tangents, *, eps):
+    (x,), (x_dot,) = primals, tangents
+    out = bind(batch_norm_stats_p, x, eps=eps)
+    rank, dims = len(shape_of(x)), _reduced_dims(x)
+    mean, invstd = ops.getitem(out, 0), ops.getitem(out, 1)
+    mean_dot = ops.mean(x_dot, dims)
+    centered = ops.sub(x, _channel_view(mean, rank))
+    invstd_dot = ops.mul(ops.mean(ops.mul(centered, x_dot), dims),
+                         ops.neg(ops.power(invstd, 3)))
+    return out, ops.stack([mean_dot, invstd_dot])
+jvp_rules[batch_norm_stats_p] = batch_norm_stats_jvp
+
+
+def _bn_backward_reference(prim, training, eps):
+    """The primitive's output, from torch's Python decomposition of
+    native_batch_norm_backward: a function of tensors, for the engine to differentiate."""
+    decomposition = torch._decomp.decomposition_table[aten.native_batch_norm_backward.default]
+    if prim is batch_norm_backward_input_p:
+        def reference(ct, x, weight, stat0, stat1):
+            return decomposition(ct, x, *_bn_backward_arguments(x, weight, stat0, stat1,
+                                                                 training),
+                                 training, eps, [True, False, False])[0]
+    else:
+        def reference(ct, x, stat0, stat1):
+            _, grad_weight, grad_bias = decomposition(
+                ct, x, *_bn_backward_arguments(x, None, stat0, stat1, training), training, eps,
+                [False, True, True])
+            return torch.stack([grad_weight, grad_bias])
+    return reference
+
+
+def _with_selected(args, positions, reference):
+    """``reference`` as a function of the arguments at ``positions``, the others fixed."""
+    shown = [as_tensor(a) for a in args]
+
+    def f(*selected):
+        full = list(shown)
+        for position, value in zip(positions, selected):
+            full[position] = value
+        return reference(*full)
+    return f, [shown[i] for i in positions]
+
+
+def _bn_backward_rules(prim):
+    def vjp(*args, training, eps):
+        out = bind(prim, *args, training=training, eps=eps)
+
+        def backward(ct):
+            from .transforms import vjp as vjp_transform
+            positions = [i for i, a in enumerate(args)
+                         if a is not None and wants_cotangent(i, a)]
+            if not positions:
+                return (None,) * len(args)
+            f, selected = _with_selected(args, positions,
+                                         _bn_backward_reference(prim, training, eps))
+            _, pullback = vjp_transform(f, *selected)
+            cts = unwrap_tree(pullback(as_tensor(ct)))
+            result = [None] * len(args)
+            for position, c in zip(positions, cts):
+                result[position] = c
+            return tuple(result)
+        return out, backward
+
+    def jvp(primals, tangents, *, training, eps):
+        from .transforms import jvp as jvp_transform
+        out = bind(prim, *primals, training=training, eps=eps)
+        positions = [i for i, t in enumerate(tangents) if t is not None]
+        f, selected = _with_selected(primals, positions,
+                                     _bn_backward_reference(prim, training, eps))
+        _, out_dot = jvp_transform(f, tuple(selected),
+                                   tuple(as_tensor(tangents[i]) for i in positions))
+        return out, unwrap_tree(out_dot)
+
+    vjp_rules[prim] = vjp
+    jvp_rules[prim] = jvp
+
+
+_bn_backward_rules(batch_norm_backward_input_p)
+_bn_backward_rules(batch_norm_backward_params_p)
+
+
+# NOTE [Batching batch norm: examples become channels]
+# Batch norm normalizes each channel over N and space. Under vmap each example must get its
+# own statistics, so the batch joins the channels: (B, N, C, ...) -> (N, B*C, ...), the
+# per-channel vectors (weight, bias, statistics) become (B*C,), and one kernel call
+# normalizes B*C channels. An argument that is not batched is broadcast along the batch
+# first. functorch's batch norm rules do the same. In eval mode the forward is an affine map
+# of each element, so a batch of inputs with shared statistics can simply be more images.
+_BN_KINDS = {  # per argument: an activation (N, C, ...) or a per-channel vector (C,)
+    batch_norm_train_p: ("act", "chan", "chan"),
+    batch_norm_eval_p: ("act", "chan", "chan", "chan", "chan"),
+    batch_norm_stats_p: ("act",),
+    batch_norm_backward_input_p: ("act", "act", "chan", "chan", "chan"),
+    batch_norm_backward_params_p: ("act", "act", "chan", "chan"),
+}
+
+
+def _bn_fold(value, bdim, kind, b):
+    if value is None:
+        return None
+    if bdim is None:
+        value = ops.expand(ops.unsqueeze(value, 0), b, *shape_of(value))
+    else:
+        value = _front(value, bdim)
+    if kind == "chan":
+        return ops.reshape(value, b * shape_of(value)[1])
+    return _fold_channels(value, 1)
+
+
+def _bn_batch(prim):
+    kinds = _BN_KINDS[prim]
+
+    def rule(values, bdims, **params):
+        b = batch_size(values, bdims)
+        elementwise_in_n = prim is batch_norm_eval_p or (
+            prim is batch_norm_backward_input_p and not params["training"])
+        if elementwise_in_n and all(bdim is None for bdim, kind in zip(bdims, kinds)
+                                    if kind == "chan"):
+            # an affine map of each element: the examples are more images
+            folded, lead = [], None
+            for value, bdim, kind in zip(values, bdims, kinds):
+                if kind == "act":
+                    value = ops.expand(ops.unsqueeze(value, 0), b, *shape_of(value)) \
+                        if bdim is None else _front(value, bdim)
+                    lead = shape_of(value)[:2]
+                    value = _fold_leading(value, len(shape_of(value)) - 2)
+                folded.append(value)
+            return _unfold_leading(bind(prim, *folded, **params), lead), 0
+        folded = [_bn_fold(v, bdim, kind, b) for v, bdim, kind in zip(values, bdims, kinds)]
+        out = bind(prim, *folded, **params)
+        if prim in (batch_norm_stats_p, batch_norm_backward_params_p):
+            return ops.reshape(out, 2, b, shape_of(out)[1] // b), 1
+        return _unfold_channels(out, b, 1)
+    return rule
+
+
+for _prim in _BN_KINDS:
+    batching_rules[_prim] = _bn_batch(_prim)
+
+
+# --- batch norm: the doors ---------------------------------------------------------------------------
+def _batched_level(value):
+    """The vmap level that batches ``value`` (or a value under it), if any."""
+    from .batching import BatchedValue
+    while isinstance(value, Value):
+        if isinstance(value, BatchedValue):
+            return value.dispatcher
+        value = value.payload
+    return None
+
+
+def _update_running_stats(op, x, running_mean, running_var, momentum, eps):
+    """NOTE [Running statistics]
+    In training mode batch norm also updates its running statistics in place:
+    running = (1 - momentum) * running + momentum * batch statistic (the variance unbiased).
+    They are buffers, not values of a transform: torch.func updates them with the plain
+    batch statistics, outside of autograd, and so do we, with torch's own kernel on the
+    concrete input. Under vmap a batched input has one set of statistics per example, which
+    one buffer cannot hold: torch.func raises, and so do we, naming the fixes it names."""
+    for name, stat in (("running_mean", running_mean), ("running_var", running_var)):
+        if isinstance(stat, Value):
+            raise InPlaceError(
+                f"{op}(..., training=True): {name} is a value of a transform here (an input "
+                "of grad, jvp or vmap), and training mode would update it in place, which is "
+                "not supported. Fix: pass the running statistics as plain buffers (not as "
+                "transform inputs), use track_running_stats=False, or call in eval mode."
+            )
+    level = _batched_level(x)
+    if level is not None:
+        raise InPlaceError(
+            f"{level.call}: batch_norm in training mode got a batched input, but it updates "
+            "running_mean and running_var in place, and one unbatched buffer cannot hold a "
+            "statistic per example (torch.func refuses this too). Fix: build the module with "
+            "track_running_stats=False, or patch a model with "
+            "torch.func.replace_all_batch_norm_modules_(model), or run it in eval mode."
+        )
+    concrete = x.concrete() if isinstance(x, Value) else x
+    with torch.no_grad():
+        aten.native_batch_norm(concrete, None, None, running_mean, running_var, True,
+                               momentum, eps)
+
+
+def _batch_norm(op, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    _refuse_complex(op, x, weight, bias)
+    shape = shape_of(x)
+    if len(shape) < 2:
+        raise TransformUsageError(
+            f"{op}(input, ...): expected an input with at least 2 dims (N, C, ...), got shape "
+            f"{shape}. Fix: add a batch dim."
+        )
+    eps = float(eps)
+    if training or running_mean is None or running_var is None:
+        if math.prod(shape) // shape[1] == 1:
+            raise TransformUsageError(
+                f"{op}(input, ..., training=True): expected more than 1 value per channel, "
+                f"got input shape {shape}. Fix: use a batch of more than one example."
+            )
+        if running_mean is not None or running_var is not None:
+            if training:
+                _update_running_stats(op, x, running_mean, running_var, momentum, eps)
+        return bind(batch_norm_train_p, x, weight, bias, eps=eps)
+    return bind(batch_norm_eval_p, x, weight, bias, running_mean, running_var, eps=eps)
+
+
+@torch_api.register(F.batch_norm)
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    if not training and (running_mean is None or running_var is None):
+        raise TransformUsageError(
+            "batch_norm(input, running_mean, running_var, training=False): eval mode normalizes "
+            "with the running statistics, but they are None. Fix: pass them, or "
+            "training=True."
+        )
+    return _batch_norm("batch_norm", x, weight, bias, running_mean, running_var, training,
+                       momentum, eps)
+
+
+torch_api.register(torch.batch_norm)(
+    lambda x, weight, bias, running_mean, running_var, training, momentum, eps,
+    cudnn_enabled=True: _batch_norm("batch_norm", x, weight, bias, running_mean, running_var,
+                                    training, momentum, eps))
+
+
+def _saved_stats(x, training, eps):
+    """native_batch_norm's second and third outputs: the batch statistics in training mode,
+    empty tensors in eval mode (on CPU)."""
+    if training:
+        return _bn_statistics(x, eps)
+    empty = torch.empty(0, dtype=x.dtype, device=x.device)
+    return empty, empty
+
+
+@aten_api.register(aten.native_batch_norm.default)
+def _native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    out = _batch_norm("native_batch_norm", x, weight, bias, running_mean, running_var, training,
+                      momentum, eps)
+    return (out, *_saved_stats(x, training or running_mean is None, float(eps)))
+
+
+@aten_api.register(aten._native_batch_norm_legit.no_stats)
+def _native_batch_norm_no_stats(x, weight, bias, training, momentum, eps):
+    return _native_batch_norm(x, weight, bias, None, None, True, momentum, eps)
+
+
+@aten_api.register(aten._native_batch_norm_legit_no_training.default)
+def _native_batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    return _native_batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)
+
+
+@aten_api.register(aten._batch_norm_no_update.default)
+def _batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    training = running_mean is None or running_var is None
+    out, mean, invstd = _native_batch_norm(x, weight, bias, None if training else running_mean,
+                                           None if training else running_var, training,
+                                           momentum, eps)
+    return out, mean, invstd, torch.empty(0, dtype=torch.uint8, device=x.device)
+
+
+@aten_api.register(aten._native_batch_norm_legit_functional.default)
+def _native_batch_norm_functional(x, weight, bias, running_mean, running_var, training,
+                                  momentum, eps):
+    """The functional form: the updated running statistics are returned, not written."""
+    if not training:
+        out, mean, invstd = _native_batch_norm(x, weight, bias, running_mean, running_var,
+                                               False, momentum, eps)
+        return out, mean, invstd, running_mean, running_var
+    out = _batch_norm("_native_batch_norm_legit_functional", x, weight, bias, None, None, True,
+                      momentum, eps)
+    mean, invstd = _bn_statistics(x, float(eps))
+    n = math.prod(shape_of(x)) // shape_of(x)[1]
+    variance = ops.mul(ops.sub(ops.pow(invstd, -2), eps), n / (n - 1))
+    new_mean = ops.add(ops.mul(running_mean, 1 - momentum), ops.mul(mean, momentum))
+    new_var = ops.add(ops.mul(running_var, 1 - momentum), ops.mul(variance, momentum))
+    return out, mean, invstd, new_mean, new_var
+
+
+@aten_api.register(aten.native_batch_norm_backward.default)
+def _native_batch_norm_backward(ct, x, weight, running_mean, running_var, save_mean,
+                                save_invstd, training, eps, output_mask):
+    stat0, stat1 = (save_mean, save_invstd) if training else (running_mean, running_var)
+    eps = float(eps)
+    grad_input = bind(batch_norm_backward_input_p, ct, x, weight, stat0, stat1,
+                      training=bool(training), eps=eps) if output_mask[0] else None
+    grad_weight = grad_bias = None
+    if output_mask[1] or output_mask[2]:
+        params = bind(batch_norm_backward_params_p, ct, x, stat0, stat1,
+                      training=bool(training), eps=eps)
+        grad_weight = ops.getitem(params, 0) if output_mask[1] else None
+        grad_bias = ops.getitem(params, 1) if output_mask[2] else None
+    return grad_input, grad_weight, grad_bias
+
+
+# --- normalization: layer norm, group norm, and the rest ---------------------------------------------
+# NOTE [Layer and group norm at the front door]
+# torch runs layer_norm and group_norm as fused kernels; their decompositions go through
+# var_mean and friends. Written here with mean, sub, mul and rsqrt they are a handful of ops
+# whose rules and batching rules are all native: per-example statistics under vmap come for
+# free, because the statistics are reductions over dims that one example owns.
+def _normalize_over(x, dims, eps):
+    """(x - mean) * rsqrt(var + eps) over ``dims``, and the mean and rstd (keepdim)."""
+    mean = ops.mean(x, dims, keepdim=True)
+    centered = ops.sub(x, mean)
+    variance = ops.mean(ops.mul(centered, centered), dims, keepdim=True)
+    rstd = elementwise.rsqrt(ops.add(variance, eps))
+    return ops.mul(centered, rstd), mean, rstd
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    _refuse_complex("layer_norm", x, weight, bias)
+    normalized_shape = _ntuple(normalized_shape, 1, "normalized_shape", "layer_norm") \
+        if isinstance(normalized_shape, int) else tuple(int(s) for s in normalized_shape)
+    shape = shape_of(x)
+    k = len(normalized_shape)
+    if k == 0 or tuple(shape[len(shape) - k:]) != normalized_shape:
+        raise TransformUsageError(
+            f"layer_norm(input, normalized_shape={list(normalized_shape)}): expected the "
+            f"input's last dims to be {list(normalized_shape)}, got shape {shape}. Fix: pass "
+            "the shape of the dims to normalize over."
+        )
+    out, mean, rstd = _normalize_over(x, tuple(range(len(shape) - k, len(shape))), eps)
+    if weight is not None:
+        out = ops.mul(out, weight)
+    if bias is not None:
+        out = ops.add(out, bias)
+    return out, mean, rstd
+
+
+@torch_api.register(F.layer_norm)
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return _layer_norm(x, normalized_shape, weight, bias, eps)[0]
+
+
+torch_api.register(torch.layer_norm)(
+    lambda x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True:
+    layer_norm(x, normalized_shape, weight, bias, eps))
+aten_api.register(aten.native_layer_norm.default)(
+    lambda x, normalized_shape, weight, bias, eps:
+    _layer_norm(x, normalized_shape, weight, bias, eps))
+
+
+def _group_norm(x, num_groups, weight, bias, eps):
+    _refuse_complex("group_norm", x, weight, bias)
+    shape = shape_of(x)
+    if len(shape) < 2 or shape[1] % num_groups:
+        raise TransformUsageError(
+            f"group_norm(input, num_groups={num_groups}): expected an input (N, C, ...) whose "
+            f"channels divide into the groups, got shape {shape}. Fix: pick num_groups that "
+            "divides C."
+        )
+    n, c = shape[0], shape[1]
+    grouped = ops.reshape(x, n, num_groups, math.prod(shape[1:]) // num_groups)
+    out, mean, rstd = _normalize_over(grouped, (2,), eps)
+    out = ops.reshape(out, *shape)
+    if weight is not None:
+        out = ops.mul(out, _channel_view(weight, len(shape)))
+    if bias is not None:
+        out = ops.add(out, _channel_view(bias, len(shape)))
+    return out, ops.reshape(mean, n, num_groups), ops.reshape(rstd, n, num_groups)
+
+
+@torch_api.register(F.group_norm)
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    return _group_norm(x, int(num_groups), weight, bias, eps)[0]
+
+
+torch_api.register(torch.group_norm)(
+    lambda x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True:
+    group_norm(x, num_groups, weight, bias, eps))
+aten_api.register(aten.native_group_norm.default)(
+    lambda x, weight, bias, n, c, hxw, group, eps: _group_norm(x, int(group), weight, bias, eps))
+
+
+@torch_api.register(F.rms_norm, torch.rms_norm)
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else \
+        tuple(normalized_shape)
+    shape = shape_of(x)
+    dims = tuple(range(len(shape) - len(normalized_shape), len(shape)))
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    out = ops.mul(x, elementwise.rsqrt(ops.add(ops.mean(ops.mul(x, x), dims, keepdim=True),
+                                               eps)))
+    return out if weight is None else ops.mul(out, weight)
+
+
+def _vector_norm(x, p, dim, keepdim=False):
+    """The p-norm over ``dim``, with torch's derivative at a zero vector (0, not nan): where
+    the norm is 0 the root is taken of 1 instead, so no infinite slope is ever formed."""
+    if p == float("inf"):
+        return ops.amax(ops.abs(x), dim, keepdim)
+    if p == 2:
+        total = ops.sum(ops.mul(x, x), dim, keepdim)
+    else:
+        total = ops.sum(ops.pow(ops.abs(x), p), dim, keepdim)
+    is_zero = ops.eq(total, 0)
+    safe = ops.where(is_zero, 1.0, total)
+    root = ops.sqrt(safe) if p == 2 else ops.pow(safe, 1.0 / p)
+    return ops.where(is_zero, 0.0, root)
+
+
+def _clamp_min_no_grad(x, minimum):
+    """max(x, minimum) whose derivative is 1 everywhere, as torch's cosine_similarity clamps
+    its norms under no_grad: the value is clamped, the gradient is the unclamped one's."""
+    return ops.where(ops.lt(x, minimum), ops.add(ops.sub(x, ops.detach(x)), minimum), x)
+
+
+@torch_api.register(F.normalize)
+def normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
+    if out is not None:
+        raise InPlaceError("normalize(..., out=...): out= is not supported inside transforms. "
+                           "Fix: use the returned value.")
+    norm = _vector_norm(x, p, ops.normalize_dim(dim, len(shape_of(x)), op="normalize"),
+                        keepdim=True)
+    return ops.div(x, ops.expand_as(elementwise.clamp_min(norm, eps), x))
+
+
+@torch_api.register(F.cosine_similarity, torch.cosine_similarity)
+def cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    shape = torch.broadcast_shapes(shape_of(x1), shape_of(x2))
+    x1, x2 = ops.expand(x1, *shape), ops.expand(x2, *shape)
+    dim = ops.normalize_dim(dim, len(shape), op="cosine_similarity")
+    n1 = _clamp_min_no_grad(_vector_norm(x1, 2, dim, keepdim=True), eps)
+    n2 = _clamp_min_no_grad(_vector_norm(x2, 2, dim, keepdim=True), eps)
+    return ops.sum(ops.mul(ops.div(x1, n1), ops.div(x2, n2)), dim)
+
+
+@torch_api.register(F.pairwise_distance, torch.pairwise_distance)
+def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    rank = max(len(shape_of(x1)), len(shape_of(x2)))
+    difference = ops.add(ops.sub(x1, x2), eps)
+    if rank == 0:
+        return ops.abs(difference)
+    return _vector_norm(difference, p, rank - 1, keepdim)
+
+
+# --- losses ------------------------------------------------------------------------------------------
+# NOTE [Losses at the front door]
+# torch's losses are fused kernels (nll_loss_forward, binary_cross_entropy, huber_loss, ...)
+# or Python composites. The common ones are written here from their definitions, with
+# torch's full signatures: a few ops each, every derivative and batching rule native, and
+# each term readable in a tape. The rest are torch composites of ops the engine knows, or
+# have torch._decomp decompositions, and reach the engine through the back door.
+def _reduction(size_average, reduce, reduction):
+    """The reduction string, honouring the deprecated size_average and reduce arguments."""
+    if size_average is not None or reduce is not None:
+        return torch.nn._reduction.legacy_get_string(size_average, reduce, emit_warning=False)
+    return reduction
+
+
+def _reduce(loss, reduction, op):
+    if reduction == "mean":
+        return ops.mean(loss)
+    if reduction == "sum":
+        return ops.sum(loss)
+    if reduction == "none":
+        return loss
+    raise TransformUsageError(
+        f"{op}(..., reduction={reduction!r}): expected 'mean', 'sum' or 'none'. Fix: pass one "
+        "of them."
+    )
+
+
+def _weighted_reduce(loss, weights, reduction, op):
+    """A loss with per-element weights: 'mean' divides by the total weight (torch's rule
+    for nll_loss and for the weighted mse and l1 losses)."""
+    if reduction == "mean":
+        return ops.div(ops.sum(loss), ops.sum(weights))
+    return _reduce(loss, reduction, op)
+
+
+def _class_dim(x):
+    return 0 if len(shape_of(x)) == 1 else 1
+
+
+def _check_target(op, x, target):
+    shape, t_shape = shape_of(x), shape_of(target)
+    expected = shape[1:] if len(shape) == 1 else (shape[0],) + tuple(shape[2:])
+    if len(shape) == 1:
+        expected = ()
+    if tuple(t_shape) != tuple(expected):
+        raise TransformUsageError(
+            f"{op}(input, target): expected class indices of shape {tuple(expected)} for an "
+            f"input of shape {shape}, got {t_shape}. Fix: targets are (N, d1, ...) for an "
+            "input (N, C, d1, ...)."
+        )
+    if target.dtype.is_floating_point:
+        raise TransformUsageError(
+            f"{op}(input, target): expected integer class indices, got dtype {target.dtype}. "
+            "Fix: pass a long tensor (or class probabilities to cross_entropy)."
+        )
+
+
+def _target_weights(target, weight, ignore_index, dtype):
+    """The weight of each target's class (1 without class weights), 0 where the target is
+    ignore_index; and the targets with ignored ones replaced by class 0, safe to gather."""
+    kept = ops.ne(target, ignore_index)
+    safe = ops.where(kept, target, 0)
+    if weight is None:
+        return ops.convert(kept, dtype), safe
+    flat = ops.gather(weight, 0, ops.reshape(safe, -1))
+    return ops.where(kept, ops.reshape(flat, *shape_of(target)), 0.0), safe
+
+
+def _nll_loss(log_probs, target, weight, ignore_index, reduction, op="nll_loss"):
+    """NOTE [ignore_index]
+    Targets equal to ignore_index contribute nothing: their loss is 0, their weight is 0 in
+    the mean's denominator, and their gradient is 0. The picked log-probability is gathered
+    with the ignored targets replaced by a valid class (ignore_index is often -100, which no
+    gather may read); the zero weight then removes it."""
+    _check_target(op, log_probs, target)
+    class_dim = _class_dim(log_probs)
+    weights, safe = _target_weights(target, weight, ignore_index, log_probs.dtype)
+    picked = ops.squeeze(ops.gather(log_probs, class_dim, ops.unsqueeze(safe, class_dim)),
+                         class_dim)
+    return _weighted_reduce(ops.mul(ops.neg(picked), weights), weights, reduction, op)
+
+
+@torch_api.register(F.nll_loss)
+def nll_loss(x, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+             reduction="mean"):
+    _refuse_complex("nll_loss", x)
+    return _nll_loss(x, target, weight, int(ignore_index),
+                     _reduction(size_average, reduce, reduction))
+
+
+@aten_api.register(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def _nll_loss_forward(x, target, weight, reduction, ignore_index):
+    """(loss, total_weight), with reduction as torch's enum (0 none, 1 mean, 2 sum)."""
+    reduction = ("none", "mean", "sum")[reduction]
+    weights, _ = _target_weights(target, weight, int(ignore_index), x.dtype)
+    loss = _nll_loss(x, target, weight, int(ignore_index), reduction)
+    total = ops.sum(weights) if reduction != "none" else ops.sum(ops.mul(weights, 0.0))
+    return loss, ops.detach(total)
+
+
+aten_api.register(aten.nll_loss_nd.default, aten.nll_loss.default, aten.nll_loss2d.default)(
+    lambda x, target, weight=None, reduction=1, ignore_index=-100:
+    _nll_loss(x, target, weight, int(ignore_index), ("none", "mean", "sum")[reduction]))
+
+
+@torch_api.register(F.cross_entropy)
+def cross_entropy(x, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                  reduction="mean", label_smoothing=0.0):
+    """Cross-entropy from logits, with class indices or class probabilities.
+
+    With label smoothing e, the target distribution is (1 - e) * one_hot + e / C, so the loss
+    is (1 - e) * nll + e / C * (the sum of -log p over the classes, weighted)."""
+    _refuse_complex("cross_entropy", x)
+    reduction = _reduction(size_average, reduce, reduction)
+    class_dim = _class_dim(x)
+    classes = shape_of(x)[class_dim]
+    log_probs = ops.log_softmax(x, class_dim)
+    rank = len(shape_of(x))
+    weight_view = None if weight is None else _channel_view(weight, rank, class_dim)
+    if target.dtype.is_floating_point:  # class probabilities
+        if shape_of(target) != shape_of(x):
+            raise TransformUsageError(
+                f"cross_entropy(input, target): class probabilities must have the input's "
+                f"shape {shape_of(x)}, got {shape_of(target)}. Fix: pass one probability per "
+                "class, or class indices."
+            )
+        if label_smoothing:
+            target = ops.add(ops.mul(target, 1 - label_smoothing), label_smoothing / classes)
+        terms = ops.mul(log_probs, target)
+        if weight_view is not None:
+            terms = ops.mul(terms, weight_view)
+        return _reduce(ops.neg(ops.sum(terms, class_dim)), reduction, "cross_entropy")
+    loss = _nll_loss(log_probs, target, weight, int(ignore_index), reduction, "cross_entropy")
+    if not label_smoothing:
+        return loss
+    weights, _ = _target_weights(target, weight, int(ignore_index), x.dtype)
+    every_class = log_probs if weight_view is None else ops.mul(log_probs, weight_view)
+    smooth = ops.where(ops.ne(target, ignore_index), ops.neg(ops.sum(every_class, class_dim)),
+                       0.0)
+    if reduction == "mean":
+        smooth = ops.div(ops.sum(smooth), ops.sum(weights))
+    elif reduction == "sum":
+        smooth = ops.sum(smooth)
+    return ops.add(ops.mul(loss, 1 - label_smoothing),
+                   ops.mul(smooth, label_smoothing / classes))
+
+
+def _check_same_shape(op, x, target):
+    if shape_of(x) != shape_of(target):
+        raise TransformUsageError(
+            f"{op}(input, target): expected a target of the input's shape {shape_of(x)}, got "
+            f"{shape_of(target)}. Fix: give one target per input element."
+        )
+
+
+@torch_api.register(F.binary_cross_entropy)
+def binary_cross_entropy(x, target, weight=None, size_average=None, reduce=None,
+                         reduction="mean"):
+    """-(t log x + (1 - t) log(1 - x)), each log clamped at -100 as torch does."""
+    _refuse_complex("binary_cross_entropy", x, target)
+    _check_same_shape("binary_cross_entropy", x, target)
+    log_x = elementwise.clamp(ops.log(x), -100.0)
+    log_1mx = elementwise.clamp(elementwise.log1p(ops.neg(x)), -100.0)
+    loss = ops.neg(ops.add(ops.mul(target, log_x), ops.mul(ops.sub(1, target), log_1mx)))
+    if weight is not None:
+        loss = ops.mul(loss, weight)
+    return _reduce(loss, _reduction(size_average, reduce, reduction), "binary_cross_entropy")
+
+
+@torch_api.register(F.binary_cross_entropy_with_logits)
+def binary_cross_entropy_with_logits(x, target, weight=None, size_average=None, reduce=None,
+                                     reduction="mean", pos_weight=None):
+    """(1 - t) x - w_pos log sigmoid(x), with w_pos = 1 + (pos_weight - 1) t: the log-sum-exp
+    form, exact for large |x| (torch's formula)."""
+    _refuse_complex("binary_cross_entropy_with_logits", x, target)
+    _check_same_shape("binary_cross_entropy_with_logits", x, target)
+    log_sigmoid = elementwise._log_sigmoid(x)
+    if pos_weight is not None:
+        log_sigmoid = ops.mul(ops.add(ops.mul(ops.sub(pos_weight, 1), target), 1), log_sigmoid)
+    loss = ops.sub(ops.mul(ops.sub(1, target), x), log_sigmoid)
+    if weight is not None:
+        loss = ops.mul(loss, weight)
+    return _reduce(loss, _reduction(size_average, reduce, reduction),
+                   "binary_cross_entropy_with_logits")
+
+
+def _pointwise_loss(op, x, target, reduction, weight, elementwise_loss):
+    _refuse_complex(op, x, target)
+    shape = torch.broadcast_shapes(shape_of(x), shape_of(target))
+    loss = elementwise_loss(ops.sub(ops.expand(x, *shape), ops.expand(target, *shape)))
+    if weight is None:
+        return _reduce(loss, reduction, op)
+    if shape_of(weight) != shape_of(x):
+        raise TransformUsageError(
+            f"{op}(input, target, weight=...): expected weights of the input's shape "
+            f"{shape_of(x)}, got {shape_of(weight)}. Fix: give one weight per element."
+        )
+    return _weighted_reduce(ops.mul(loss, weight), weight, reduction, op)
+
+
+@torch_api.register(F.mse_loss)
+def mse_loss(x, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    return _pointwise_loss("mse_loss", x, target, _reduction(size_average, reduce, reduction),
+                           weight, ops.square)
+
+
+@torch_api.register(F.l1_loss)
+def l1_loss(x, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    # (torch's F.l1_loss does not pass weight on to __torch_function__: a weighted l1_loss of
+    # a transformed input never reaches here with its weight. See the report.)
+    return _pointwise_loss("l1_loss", x, target, _reduction(size_average, reduce, reduction),
+                           weight, ops.abs)
+
+
+def _smooth_l1(beta):
+    """0.5 d^2 / beta where |d| < beta, |d| - 0.5 beta elsewhere (beta 0: |d|)."""
+    def loss(d):
+        absolute = ops.abs(d)
+        if beta == 0:
+            return absolute
+        return ops.where(ops.lt(absolute, beta), ops.mul(ops.square(d), 0.5 / beta),
+                         ops.sub(absolute, 0.5 * beta))
+    return loss
+
+
+def _huber(delta):
+    """0.5 d^2 where |d| < delta, delta (|d| - 0.5 delta) elsewhere."""
+    def loss(d):
+        absolute = ops.abs(d)
+        return ops.where(ops.lt(absolute, delta), ops.mul(ops.square(d), 0.5),
+                         ops.mul(ops.sub(absolute, 0.5 * delta), delta))
+    return loss
+
+
+@torch_api.register(F.smooth_l1_loss)
+def smooth_l1_loss(x, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    if beta < 0:
+        raise TransformUsageError(f"smooth_l1_loss(..., beta={beta}): expected beta >= 0.")
+    return _pointwise_loss("smooth_l1_loss", x, target,
+                           _reduction(size_average, reduce, reduction), None, _smooth_l1(beta))
+
+
+@torch_api.register(F.huber_loss)
+def huber_loss(x, target, reduction="mean", delta=1.0, weight=None):
+    if delta <= 0:
+        raise TransformUsageError(f"huber_loss(..., delta={delta}): expected delta > 0.")
+    loss = _pointwise_loss("huber_loss", x, target, "none", None, _huber(delta))
+    if weight is not None:
+        loss = ops.mul(loss, weight)  # torch's weighted huber loss averages over elements
+    return _reduce(loss, reduction, "huber_loss")
+
+
+for _name, _loss in (("mse_loss", ops.square), ("l1_loss", ops.abs)):
+    aten_api.register(getattr(aten, _name).default)(
+        (lambda name, loss: lambda x, target, reduction=1:
+         _pointwise_loss(name, x, target, ("none", "mean", "sum")[reduction], None, loss))(
+            _name, _loss))
+aten_api.register(aten.smooth_l1_loss.default)(
+    lambda x, target, reduction=1, beta=1.0: _pointwise_loss(
+        "smooth_l1_loss", x, target, ("none", "mean", "sum")[reduction], None, _smooth_l1(beta)))
+aten_api.register(aten.huber_loss.default)(
+    lambda x, target, reduction=1, delta=1.0: _pointwise_loss(
+        "huber_loss", x, target, ("none", "mean", "sum")[reduction], None, _huber(delta)))
+
+
+@torch_api.register(F.kl_div)
+def kl_div(x, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    """The pointwise KL divergence t (log t - x) (x and, with log_target, t are logs);
+    'batchmean' divides the sum by the batch size."""
+    _refuse_complex("kl_div", x, target)
+    if log_target:
+        loss = ops.mul(ops.exp(target), ops.sub(target, x))
+    else:
+        loss = ops.sub(elementwise.xlogy(target, target), ops.mul(target, x))
+    reduction = _reduction(size_average, reduce, reduction)
+    if reduction == "batchmean":
+        total = ops.sum(loss)
+        return ops.div(total, shape_of(x)[0]) if shape_of(x) else total
+    return _reduce(loss, reduction, "kl_div")
+
+
+@torch_api.register(F.softmin)
+def softmin(x, dim=None, _stacklevel=3, dtype=None):
+    if dim is None:
+        raise TransformUsageError("softmin(x): expected an explicit dim, got None. Fix: pass "
+                                  "dim=-1 (or the dim to normalize over).")
+    if dtype is not None:
+        x = ops.convert(x, dtype)
+    return ops.softmax(ops.neg(x), dim)
+
+
+def _multilabel_margin(x, target, reduction):
+    """For each sample: the sum over its target classes j (those before the first -1) and
+    over the other classes i of max(0, 1 - (x[j] - x[i])), divided by C.
+
+    (torch._decomp's decomposition of multilabel_margin_loss_forward also counts the
+    positions after the first -1, so it disagrees with torch's kernel: this op is written
+    here rather than borrowed.)"""
+    _refuse_complex("multilabel_margin_loss", x)
+    if shape_of(x) != shape_of(target) or len(shape_of(x)) not in (1, 2):
+        raise TransformUsageError(
+            f"multilabel_margin_loss(input, target): expected a (C,) or (N, C) input and a "
+            f"target of its shape, got {shape_of(x)} and {shape_of(target)}. Fix: pad each "
+            "sample's target classes with -1."
+        )
+    vector = len(shape_of(x)) == 1
+    if vector:
+        x, target = ops.unsqueeze(x, 0), ops.unsqueeze(target, 0)
+    classes = shape_of(x)[1]
+    positions = torch.arange(classes, device=x.device)
+    # a target slot counts if it comes before the sample's first -1
+    first_end = ops.amin(ops.where(ops.eq(target, -1), positions, classes), -1, keepdim=True)
+    counts = ops.lt(positions, first_end)
+    picked = ops.gather(x, 1, ops.where(counts, target, 0))  # x[y_j]
+    # class i is a target of its sample if a counted slot names it
+    names_i = ops.eq(ops.unsqueeze(ops.where(counts, target, -1), -1), positions)
+    is_target = ops.gt(ops.sum(names_i, 1), 0)
+    margins = elementwise.clamp_min(
+        ops.add(ops.sub(1, ops.unsqueeze(picked, -1)), ops.unsqueeze(x, 1)), 0)
+    keep = elementwise.logical_and(ops.unsqueeze(counts, -1),
+                                   elementwise.logical_not(ops.unsqueeze(is_target, 1)))
+    loss = ops.div(ops.sum(ops.where(keep, margins, 0.0), (1, 2)), classes)
+    if reduction == "none" and vector:
+        loss = ops.squeeze(loss, 0)
+    is_target = ops.convert(ops.squeeze(is_target, 0) if vector else is_target, x.dtype)
+    return _reduce(loss, reduction, "multilabel_margin_loss"), is_target
+
+
+@torch_api.register(F.multilabel_margin_loss)
+def multilabel_margin_loss(x, target, size_average=None, reduce=None, reduction="mean"):
+    return _multilabel_margin(x, target, _reduction(size_average, reduce, reduction))[0]
+
+
+aten_api.register(aten.multilabel_margin_loss_forward.default)(
+    lambda x, target, reduction: _multilabel_margin(x, target,
+                                                    ("none", "mean", "sum")[reduction]))
+
+
+# --- interpolation -----------------------------------------------------------------------------------
+# NOTE [Interpolation is one linear map per dim]
+# Every mode of F.interpolate but 'area' is separable: the output is the input mapped along
+# each spatial dim in turn by a fixed matrix M (out x in), whose rows hold the 1, 2 or 4
+# weights of the taps (nearest, linear, cubic), clamped at the borders. Rather than restate
+# torch's rules for source coordinates (align_corners, scale factors, the -0.5 shifts), the
+# matrix is read off the op's own kernel: upsampling an identity matrix laid along that dim
+# (the other spatial dims of size 1, where the kernel is the identity) gives M's columns.
+# (The same kernel, not a 1-d one: torch's kernels differ in details, such as the 2-d nearest
+# kernel's exact halving when the output is twice the input.) Linear and cubic modes then apply M with a matmul along the dim, so every derivative and
+# batching rule is matmul's; nearest modes, whose rows pick one input each, gather instead
+# (exact, and an inf stays in its own cell). 'area' is adaptive average pooling.
+# (A matmul mixes every input of a row: an inf or nan input spreads along its dim, where
+# torch's kernel would keep it in its own taps.)
+@functools.lru_cache(maxsize=256)
+def _interpolation_matrix(kernel, align_corners, spatial, dim, in_size, out_size, scale, dtype,
+                          device):
+    """M transposed, (in, out), for spatial dim ``dim`` of the upsampling ``kernel`` (an aten
+    op): the kernel applied to an identity laid along that dim, every other spatial dim of
+    size 1 (where the kernel is the identity). For nearest modes, the source of each output.
+
+    The antialiasing kernels are the exception: with a width of 1 they do not compute the
+    identity along the width, so their matrices are read along the width for every dim (they
+    treat each dim with the same formula)."""
+    if kernel in (aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default):
+        dim = spatial - 1
+    shape = [in_size, 1] + [1] * spatial
+    shape[2 + dim] = in_size
+    basis = torch.eye(in_size, dtype=dtype, device=device).reshape(shape)
+    sizes = [1] * spatial
+    sizes[dim] = out_size
+    scales = [None] * spatial
+    scales[dim] = scale
+    if align_corners is None:
+        columns = kernel(basis, sizes, *scales)
+    else:
+        columns = kernel(basis, sizes, align_corners, *scales)
+    columns = columns.reshape(in_size, out_size)
+    if align_corners is None:  # nearest: one source per output
+        return columns.argmax(0)
+    return columns
+
+
+def _interpolate(kernel, x, output_size, align_corners, scales):
+    """Upsampling with an aten ``kernel`` (its .default overload), one dim at a time."""
+    op = kernel.overloadpacket.__name__
+    _refuse_complex(op, x)
+    spatial = len(output_size)
+    shape = shape_of(x)
+    if len(shape) != spatial + 2:
+        raise TransformUsageError(
+            f"{op}(input, ...): expected an (N, C) input with {spatial} spatial dims, got shape "
+            f"{shape}. Fix: add the batch and channel dims."
+        )
+    for i, (size, scale) in enumerate(zip(output_size, scales)):
+        dim = 2 + i
+        columns = _interpolation_matrix(kernel, align_corners, spatial, i, shape_of(x)[dim],
+                                        int(size), None if scale is None else float(scale),
+                                        x.dtype, x.device)
+        if align_corners is None:  # nearest: a gather along the dim
+            if torch.equal(columns, torch.arange(len(columns), device=columns.device)):
+                continue
+            index_shape = [1] * len(shape_of(x))
+            index_shape[dim] = len(columns)
+            target = list(shape_of(x))
+            target[dim] = len(columns)
+            x = ops.gather(x, dim, columns.reshape(index_shape).expand(target))
+        else:
+            x = ops.transpose(ops.matmul(ops.transpose(x, dim, -1), columns), dim, -1)
+    return x
+
+
+def _upsample_door(packet, spatial, with_align_corners):
+    kernel = packet.default
+
+    def default(x, output_size, *args):
+        align_corners, scales = (args[0], args[1:]) if with_align_corners else (None, args)
+        scales = list(scales) + [None] * (spatial - len(scales))
+        return _interpolate(kernel, x, tuple(int(s) for s in output_size),
+                            None if align_corners is None else bool(align_corners), scales)
+
+    def vec(x, output_size, *args):
+        align_corners, scale_factors = args if with_align_corners else (None, args[0])
+        if output_size is None:
+            output_size = [int(size * scale) for size, scale in
+                           zip(shape_of(x)[2:], scale_factors)]
+            scales = list(scale_factors)
+        else:
+            scales = [None] * spatial
+        return _interpolate(kernel, x, tuple(int(s) for s in output_size),
+                            None if align_corners is None else bool(align_corners), scales)
+    return default, vec
+
+
+for _name, _spatial, _align in (
+        ("upsample_nearest1d", 1, False), ("upsample_nearest2d", 2, False),
+        ("upsample_nearest3d", 3, False), ("_upsample_nearest_exact1d", 1, False),
+        ("_upsample_nearest_exact2d", 2, False), ("_upsample_nearest_exact3d", 3, False),
+        ("upsample_linear1d", 1, True), ("upsample_bilinear2d", 2, True),
+        ("upsample_trilinear3d", 3, True), ("upsample_bicubic2d", 2, True),
+        ("_upsample_bilinear2d_aa", 2, True), ("_upsample_bicubic2d_aa", 2, True)):
+    _packet = getattr(aten, _name)
+    _default, _vec = _upsample_door(_packet, _spatial, _align)
+    aten_api.register(_packet.default)(_default)
+    aten_api.register(_packet.vec)(_vec)
+
+
+# --- grid_sample -------------------------------------------------------------------------------------
+# NOTE [grid_sample is gathers]
+# Each output of grid_sample reads a few input pixels (2^d corners for bilinear, one for
+# nearest, 16 for bicubic) at positions computed from the grid, and weighs them by
+# functions of the grid. The positions are integers (floor, round): not differentiable. The
+# pixels are a gather of the flattened spatial dims; the weights are ops of the grid. So the
+# derivative with respect to the input is gather's (a scatter-add, as torch's backward
+# kernel), and the one with respect to the grid flows through the weights, as in torch.
+def _unnormalize(coordinate, size, align_corners):
+    """[-1, 1] grid coordinates to pixel coordinates."""
+    if align_corners:
+        return ops.mul(ops.add(coordinate, 1), (size - 1) / 2)
+    return ops.div(ops.sub(ops.mul(ops.add(coordinate, 1), size), 1), 2)
+
+
+def _reflect(coordinate, twice_low, twice_high):
+    """Reflect coordinates into [twice_low / 2, twice_high / 2] (torch's reflect_coordinates)."""
+    if twice_low == twice_high:
+        return ops.zeros_like(coordinate)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    distance = ops.abs(ops.sub(coordinate, low))
+    extra = elementwise.fmod(distance, span)
+    flips = elementwise.floor(ops.div(distance, span))
+    even = ops.eq(elementwise.remainder(flips, 2), 0)
+    return ops.where(even, ops.add(extra, low), ops.sub(span + low, extra))
+
+
+def _apply_padding(coordinate, size, padding_mode, align_corners):
+    if padding_mode == "border":
+        return elementwise.clamp(coordinate, 0, size - 1)
+    if padding_mode == "reflection":
+        if align_corners:
+            coordinate = _reflect(coordinate, 0, 2 * (size - 1))
+        else:
+            coordinate = _reflect(coordinate, -1, 2 * size - 1)
+        return elementwise.clamp(coordinate, 0, size - 1)
+    return coordinate
+
+
+def _cubic_coefficients(t):
+    """The four weights of cubic convolution (A = -0.75) at fraction t, as torch uses."""
+    a = -0.75
+
+    def near(s):  # |s| <= 1
+        return ops.add(ops.mul(ops.sub(ops.mul(s, a + 2), a + 3), ops.mul(s, s)), 1)
+
+    def far(s):  # 1 < |s| < 2
+        return ops.sub(ops.mul(ops.add(ops.mul(ops.sub(ops.mul(s, a), 5 * a), s), 8 * a), s),
+                       4 * a)
+    return [far(ops.add(t, 1)), near(t), near(ops.sub(1, t)), far(ops.sub(2, t))]
+
+
+def _grid_sample(x, grid, mode, padding_mode, align_corners):
+    _refuse_complex("grid_sample", x, grid)
+    spatial = len(shape_of(x)) - 2
+    n, c, *in_sizes = shape_of(x)
+    out_sizes = shape_of(grid)[1:-1]
+    if spatial not in (2, 3) or len(shape_of(grid)) != spatial + 2 or \
+            shape_of(grid)[-1] != spatial or shape_of(grid)[0] != n:
+        raise TransformUsageError(
+            f"grid_sample(input, grid): expected a 4-D or 5-D input (N, C, ...) and a grid "
+            f"(N, ..., {spatial}) with as many spatial dims, got shapes {shape_of(x)} and "
+            f"{shape_of(grid)}. Fix: match the grid to the input."
+        )
+    if mode == "bicubic" and spatial != 2:
+        raise TransformUsageError("grid_sample(..., mode='bicubic'): only 4-D inputs, as in "
+                                  "torch. Fix: use mode='bilinear'.")
+    flat_x = ops.reshape(x, n, c, math.prod(in_sizes))
+    points = math.prod(out_sizes)
+    # the grid's last dim is (x, y[, z]): coordinate k indexes spatial dim spatial - 1 - k
+    coordinates = []
+    for dim in range(spatial):
+        coordinate = ops.reshape(ops.getitem(grid, (Ellipsis, spatial - 1 - dim)), n, 1, points)
+        coordinates.append(_unnormalize(coordinate, in_sizes[dim], align_corners))
+
+    def read(positions):
+        """The input at integer positions (one per dim), 0 outside the input."""
+        inside, flat = None, None
+        for dim, position in enumerate(positions):
+            size = in_sizes[dim]
+            ok = elementwise.logical_and(ops.ge(position, 0), ops.le(position, size - 1))
+            inside = ok if inside is None else elementwise.logical_and(inside, ok)
+            safe = ops.convert(elementwise.clamp(position, 0, size - 1), torch.long)
+            flat = safe if flat is None else ops.add(ops.mul(flat, size), safe)
+        values = ops.gather(flat_x, 2, ops.expand(flat, n, c, points))
+        return ops.where(inside, values, 0.0)
+
+    if mode == "bicubic":
+        taps = []
+        for dim, coordinate in enumerate(coordinates):
+            start = elementwise.floor(coordinate)
+            weights = _cubic_coefficients(ops.sub(coordinate, start))
+            positions = [_apply_padding(ops.add(start, k - 1), in_sizes[dim], padding_mode,
+                                        align_corners) for k in range(4)]
+            taps.append(list(zip(positions, weights)))
+        out = None
+        for y_position, y_weight in taps[0]:
+            for x_position, x_weight in taps[1]:
+                term = ops.mul(read([y_position, x_position]), ops.mul(y_weight, x_weight))
+                out = term if out is None else ops.add(out, term)
+    else:
+        coordinates = [_apply_padding(coordinate, size, padding_mode, align_corners)
+                       for coordinate, size in zip(coordinates, in_sizes)]
+        if mode == "nearest":
+            out = read([elementwise.round(coordinate) for coordinate in coordinates])
+        else:  # bilinear (trilinear for 5-D inputs): the 2^d corners around each point
+            corners = []
+            for coordinate in coordinates:
+                low = elementwise.floor(coordinate)
+                high_weight = ops.sub(coordinate, low)
+                corners.append([(low, ops.sub(1, high_weight)), (ops.add(low, 1), high_weight)])
+            out = None
+            for corner in _product(corners):
+                weight = functools.reduce(ops.mul, [w for _, w in corner])
+                term = ops.mul(read([p for p, _ in corner]), weight)
+                out = term if out is None else ops.add(out, term)
+    return ops.reshape(out, n, c, *out_sizes)
+
+
+def _product(choices):
+    """Every way to pick one item from each list (itertools.product, as lists)."""
+    result = [[]]
+    for options in choices:
+        result = [picked + [option] for picked in result for option in options]
+    return result
+
+
+_GRID_MODES = ("bilinear", "nearest", "bicubic")
+_GRID_PADDINGS = ("zeros", "border", "reflection")
+
+
+@torch_api.register(F.grid_sample)
+def grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
+    if mode not in _GRID_MODES or padding_mode not in _GRID_PADDINGS:
+        raise TransformUsageError(
+            f"grid_sample(..., mode={mode!r}, padding_mode={padding_mode!r}): expected a mode "
+            f"in {_GRID_MODES} and a padding_mode in {_GRID_PADDINGS}."
+        )
+    return _grid_sample(x, grid, mode, padding_mode, bool(align_corners))
+
+
+aten_api.register(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default,
+                  aten.grid_sampler.default)(
+    lambda x, grid, mode, padding_mode, align_corners: _grid_sample(
+        x, grid, _GRID_MODES[mode], _GRID_PADDINGS[padding_mode], bool(align_corners)))
+
+
+# --- unfold and fold (im2col and col2im) -------------------------------------------------------------
+def _im2col_index(padded_size, kernel_size, dilation, stride, device):
+    """The flat position in the padded image of each (kernel offset, block) pair, and the
+    number of blocks along each dim."""
+    (height, width), (kh, kw), (dh, dw), (sh, sw) = padded_size, kernel_size, dilation, stride
+    blocks_h = (height - dh * (kh - 1) - 1) // sh + 1
+    blocks_w = (width - dw * (kw - 1) - 1) // sw + 1
+    rows = (torch.arange(kh, device=device) * dh)[:, None] + \
+        (torch.arange(blocks_h, device=device) * sh)[None, :]  # (kh, blocks_h)
+    cols = (torch.arange(kw, device=device) * dw)[:, None] + \
+        (torch.arange(blocks_w, device=device) * sw)[None, :]  # (kw, blocks_w)
+    positions = rows[:, None, :, None] * width + cols[None, :, None, :]  # kh, kw, bh, bw
+    return positions.reshape(-1), (blocks_h, blocks_w)
+
+
+def _unfold_params(op, kernel_size, dilation, padding, stride):
+    return (_ntuple(kernel_size, 2, "kernel_size", op), _ntuple(dilation, 2, "dilation", op),
+            _ntuple(padding, 2, "padding", op), _ntuple(stride, 2, "stride", op))
+
+
+@torch_api.register(F.unfold)
+def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
+    """NOTE [unfold is a gather, fold a scatter-add]
+    unfold (im2col) copies each kernel-sized block of the (zero-padded) image into a
+    column: every output element is one input element, at a position that depends only on
+    the shapes. So it is a gather with a constant index, and fold (col2im), its transpose,
+    the scatter-add with the same index: each derivative is the other op."""
+    _refuse_complex("unfold", x)
+    kernel_size, dilation, padding, stride = _unfold_params("unfold", kernel_size, dilation,
+                                                            padding, stride)
+    unbatched = len(shape_of(x)) == 3
+    if unbatched:
+        x = ops.unsqueeze(x, 0)
+    if len(shape_of(x)) != 4:
+        raise TransformUsageError(f"unfold(input, ...): expected a 3-D or 4-D input, got shape "
+                                  f"{shape_of(x)}.")
+    x = constant_pad_nd(x, (padding[1], padding[1], padding[0], padding[0]))
+    n, c, height, width = shape_of(x)
+    index, blocks = _im2col_index((height, width), kernel_size, dilation, stride, x.device)
+    columns = ops.gather(ops.reshape(x, n, c, height * width), 2,
+                         index.expand(n, c, len(index)))
+    out = ops.reshape(columns, n, c * kernel_size[0] * kernel_size[1], blocks[0] * blocks[1])
+    return ops.squeeze(out, 0) if unbatched else out
+
+
+@torch_api.register(F.fold)
+def fold(x, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    _refuse_complex("fold", x)
+    output_size = _ntuple(output_size, 2, "output_size", "fold")
+    kernel_size, dilation, padding, stride = _unfold_params("fold", kernel_size, dilation,
+                                                            padding, stride)
+    unbatched = len(shape_of(x)) == 2
+    if unbatched:
+        x = ops.unsqueeze(x, 0)
+    n, ck, length = shape_of(x)
+    k = kernel_size[0] * kernel_size[1]
+    height, width = output_size[0] + 2 * padding[0], output_size[1] + 2 * padding[1]
+    index, blocks = _im2col_index((height, width), kernel_size, dilation, stride, x.device)
+    if ck % k or length != blocks[0] * blocks[1]:
+        raise TransformUsageError(
+            f"fold(input, output_size={output_size}, kernel_size={kernel_size}): expected an "
+            f"input (N, C*{k}, {blocks[0] * blocks[1]}), got shape {shape_of(x)}. Fix: match "
+            "the input to the blocks of the output."
+        )
+    c = ck // k
+    columns = ops.reshape(x, n, c, k * length)
+    image = bind(P.scatter_add_p, columns, index.expand(n, c, len(index)), dim=2,
+                 shape=(n, c, height * width))
+    image = ops.reshape(image, n, c, height, width)
+    image = ops.getitem(image, (slice(None), slice(None),
+                                slice(padding[0], padding[0] + output_size[0]),
+                                slice(padding[1], padding[1] + output_size[1])))
+    return ops.squeeze(image, 0) if unbatched else image
+
+
+aten_api.register(aten.im2col.default)(
+    lambda x, kernel_size, dilation, padding, stride: unfold(x, kernel_size, dilation, padding,
+                                                             stride))
+aten_api.register(aten.col2im.default)(
+    lambda x, output_size, kernel_size, dilation, padding, stride: fold(
+        x, output_size, kernel_size, dilation, padding, stride))
+
+
+# --- small layers: pixel shuffle, glu, prelu, bilinear, embedding ----------------------------------
+@torch_api.register(F.pixel_shuffle, torch.pixel_shuffle)
+@aten_api.register(aten.pixel_shuffle.default)
+def pixel_shuffle(x, upscale_factor):
+    """(*, C*r*r, H, W) -> (*, C, H*r, W*r): a reshape, a permute and a reshape."""
+    r = int(upscale_factor)
+    *lead, crr, height, width = shape_of(x)
+    rank = len(lead)
+    x = ops.reshape(x, *lead, crr // (r * r), r, r, height, width)
+    x = ops.permute(x, *range(rank), rank, rank + 3, rank + 1, rank + 4, rank + 2)
+    return ops.reshape(x, *lead, crr // (r * r), height * r, width * r)
+
+
+@torch_api.register(F.pixel_unshuffle, torch.pixel_unshuffle)
+@aten_api.register(aten.pixel_unshuffle.default)
+def pixel_unshuffle(x, downscale_factor):
+    r = int(downscale_factor)
+    *lead, c, height, width = shape_of(x)
+    rank = len(lead)
+    x = ops.reshape(x, *lead, c, height // r, r, width // r, r)
+    x = ops.permute(x, *range(rank), rank, rank + 2, rank + 4, rank + 1, rank + 3)
+    return ops.reshape(x, *lead, c * r * r, height // r, width // r)
+
+
+@torch_api.register(F.glu)
+@aten_api.register(aten.glu.default)
+def glu(x, dim=-1):
+    """The first half of ``dim`` gated by the sigmoid of the second half."""
+    rank = len(shape_of(x))
+    dim = ops.normalize_dim(dim, rank, op="glu")
+    half = shape_of(x)[dim] // 2
+    if shape_of(x)[dim] % 2:
+        raise TransformUsageError(
+            f"glu(input, dim={dim}): expected an even size along dim {dim}, got shape "
+            f"{shape_of(x)}. Fix: split a dim of even size."
+        )
+    first = ops.getitem(x, (slice(None),) * dim + (slice(0, half),))
+    second = ops.getitem(x, (slice(None),) * dim + (slice(half, 2 * half),))
+    return ops.mul(first, ops.sigmoid(second))
+
+
+@torch_api.register(F.prelu, torch.prelu)
+def prelu(x, weight):
+    """x where x > 0, weight * x elsewhere; one weight per channel (dim 1), or one for all."""
+    _refuse_complex("prelu", x, weight)
+    if math.prod(shape_of(weight)) == 1:
+        weight = ops.reshape(weight, *([1] * len(shape_of(x))))
+    elif len(shape_of(x)) >= 2:
+        weight = _channel_view(ops.reshape(weight, -1), len(shape_of(x)))
+    return _prelu_kernel(x, weight)
+
+
+@aten_api.register(aten._prelu_kernel.default)
+def _prelu_kernel(x, weight):
+    return ops.where(ops.gt(x, 0), x, ops.mul(weight, x))
+
+
+@torch_api.register(F.bilinear, torch.bilinear)
+@aten_api.register(aten.bilinear.default)
+def bilinear(x1, x2, weight, bias=None):
+    """out[..., o] = x1 W[o] x2 + b[o]: one matmul of x1 against every W[o], then a product
+    with x2 summed over its features."""
+    _refuse_complex("bilinear", x1, x2, weight, bias)
+    lead = shape_of(x1)[:-1]
+    outputs, in1, in2 = shape_of(weight)
+    rows = math.prod(lead)
+    x1 = ops.reshape(x1, rows, in1)
+    x2 = ops.reshape(x2, rows, 1, in2)
+    mixed = ops.matmul(x1, ops.reshape(ops.permute(weight, 1, 0, 2), in1, outputs * in2))
+    out = ops.sum(ops.mul(ops.reshape(mixed, rows, outputs, in2), x2), -1)
+    if bias is not None:
+        out = ops.add(out, bias)
+    return ops.reshape(out, *lead, outputs)
+
+
+# NOTE [padding_idx]
+# An embedding with padding_idx reads the padding row like any other, but torch sends it no
+# gradient (embedding_backward skips it), while its forward-mode derivative carries the
+# row's tangent (the jvp is the embedding of the tangent). An identity primitive on the
+# rows read, given a mask of those at padding_idx, keeps both conventions: its vjp zeroes
+# the cotangent under the mask, its jvp passes the tangent through.
+embedding_padding_p = P.primitive("embedding_padding", lambda rows, is_padding: rows)
+
+
+def embedding_padding_vjp(rows, is_padding):
+    return (bind(embedding_padding_p, rows, is_padding),
+            lambda ct: (ops.where(is_padding, 0.0, ct), None))
+vjp_rules[embedding_padding_p] = embedding_padding_vjp
+
+
+def embedding_padding_jvp(primals, tangents):
+    (rows, is_padding), (rows_dot, _) = primals, tangents
+    return bind(embedding_padding_p, rows, is_padding), rows_dot
+jvp_rules[embedding_padding_p] = embedding_padding_jvp
+
+
+def embedding_padding_batch(values, bdims):
+    rows, is_padding = to_front(values, bdims, expand_unbatched=True)
+    return bind(embedding_padding_p, rows, is_padding), 0
+batching_rules[embedding_padding_p] = embedding_padding_batch
+
+
+def _embedding(weight, indices, padding_idx, max_norm, scale_grad_by_freq):
+    if max_norm is not None or scale_grad_by_freq:
+        what = "max_norm (which renormalizes the weight in place)" if max_norm is not None \
+            else "scale_grad_by_freq"
+        raise MissingRuleError(
+            f"embedding(..., {what}): not supported inside minifunctorch transforms. Fix: drop "
+            "it (renormalize the weight outside the transform if needed)."
+        )
+    _refuse_complex("embedding", weight)
+    rows, features = shape_of(weight)
+    flat = ops.reshape(indices, -1)
+    picked = ops.gather(weight, 0, ops.expand(ops.unsqueeze(flat, 1), shape_of(flat)[0],
+                                              features))
+    if padding_idx is not None:
+        is_padding = ops.eq(ops.unsqueeze(flat, 1), padding_idx % rows)
+        picked = bind(embedding_padding_p, picked, ops.expand(is_padding, *shape_of(picked)))
+    return ops.reshape(picked, *shape_of(indices), features)
+
+
+@torch_api.register(F.embedding)
+def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+              scale_grad_by_freq=False, sparse=False):
+    return _embedding(weight, indices, padding_idx, max_norm, scale_grad_by_freq)
+
+
+aten_api.register(aten.embedding.default)(
+    lambda weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False:
+    _embedding(weight, indices, None if padding_idx == -1 else padding_idx, None,
+               scale_grad_by_freq))
