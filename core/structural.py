@@ -1,3 +1,1306 @@
-"""Reductions, scans, sorting and reshaping: prod, var, norms, cumsum/cumprod, sort, topk,
-max/min with indices, flip, roll, repeat, split, unbind. (Being written: see CONTRIBUTING.md,
-"A family of primitives".)"""
+"""Reductions, scans, sorting and shape ops: prod, var/std, norms, max/min with indices, sort,
+topk, median, cumsum/cumprod/logcumsumexp, flip, roll, repeat, split, unbind, stacks, ...
+
+Few new primitives: many of these ops are compositions of the engine's shape primitives
+(``split`` is slices, ``movedim`` a permute, ``repeat`` a reshape, an expand and a reshape),
+and are written here once as ops so that the front door (torch_api.py) reaches them without
+torch's slow lowering to aten ops. A primitive is added where an op has a derivative of its
+own (prod, var, std, vector_norm, cumsum, cumprod, logcumsumexp, flip, roll) or produces
+indices (argmax, sort, topk, ...).
+
+NOTE [Values through their indices]
+``torch.max(x, dim)``, ``sort``, ``topk``, ``kthvalue``, ``median(x, dim)``, ``mode``,
+``cummax`` and ``cummin`` return values and the indices they came from. Each is written as a
+non-differentiable primitive that produces the indices (torch's own kernel, so ties and nans
+pick the same index as torch) and ``gather`` for the values. Derivatives then come from
+gather's rules: the cotangent of a value goes to the element its index names, which is what
+PyTorch's derivatives.yaml says for all of them (``value_selecting_reduction_backward``,
+and a scatter_add for cummax/cummin), and the batching rule of an index primitive is one
+call along the moved dim. JAX does the same: ``lax.sort`` carries the indices as an extra
+operand, and ``argmax`` is not differentiable.
+Two reductions do not send the gradient to one index: ``torch.max(x)`` (all elements) and
+``torch.median(x)`` share it evenly among tied elements (``evenly_distribute_backward``).
+``max(x)`` is ``amax``, whose rule shares ties; ``median(x)`` has a small primitive of its
+own with the same rule.
+
+NOTE [Products with zeros]
+The derivative of ``prod(x)`` with respect to ``x_k`` is the product of the other elements.
+Dividing the result by ``x_k`` is wrong where ``x_k`` is 0; PyTorch therefore multiplies an
+exclusive cumulative product from the left by one from the right
+(``prod_safe_zeros_backward``), which is exact with any number of zeros, and takes that path
+whenever its input is a tensor subclass, so under torch.func. Here it is the only path.
+``cumprod`` has the same problem once more: PyTorch divides when there is no zero, handles
+the first zero specially, and falls back to an O(n^2) formula for double backward. JAX instead
+differentiates through an associative scan. Here the derivatives of cumprod are written as
+first-order linear recurrences (``out_dot_k = x_k out_dot_{k-1} + x_dot_k out_{k-1}``, and
+its transpose for the vjp) solved by recursive doubling (``_linear_recurrence``): log2(n)
+steps of shifts, multiplies and adds. No division, so exact with zeros, and built from
+differentiable ops, so exact at every order (the hessian of prod at a point with two zeros).
+"""
+import builtins
+import math
+
+import torch
+
+from . import aten_api, elementwise, ops, torch_api
+from . import primitives as P
+from . import tensor as tensor_module
+from .autograd import vjp_rules
+from .batching import batching_rules, move_bdim, physical_dim
+from .elementwise import _refuse_complex
+from .errors import TransformUsageError
+from .forward import jvp_rules, linear_jvp
+from .values import Value, bind
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+# --- helpers -------------------------------------------------------------------------------------
+def _is_tensor(x):
+    return isinstance(x, (torch.Tensor, Value))
+
+
+def _rank(x):
+    return len(ops.shape_of(x))
+
+
+def _int(value):
+    """A size or index argument as a Python int (torch passes 0-d tensors for SymInts)."""
+    return int(aten_api.concrete(value)) if _is_tensor(value) else int(value)
+
+
+def _int_tuple(args):
+    """``f(x, 1, 2)``, ``f(x, (1, 2))`` and ``f(x, [1, 2])`` as ``(1, 2)``."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
+        args = args[0]
+    return tuple(_int(a) for a in args)
+
+
+def _always(args):
+    return True
+
+
+def _keepdim(ct, shape, dim, keepdim):
+    """A reduction's cotangent (or result) with the reduced dims put back as size 1."""
+    return ct if keepdim else ops.reshape(ct, *ops.keepdim_shape(shape, dim))
+
+
+def _slice(x, dim, start, stop, step=1):
+    return ops.getitem(x, (slice(None),) * dim + (slice(start, stop, step),))
+
+
+def _shift(x, dim, offset, fill):
+    """``x`` moved by ``offset`` places along ``dim`` (toward the end when positive), the
+    places left empty filled with ``fill``: ``_shift([a, b, c], 0, 1, 1) = [1, a, b]``."""
+    n = ops.shape_of(x)[dim]
+    k = builtins.abs(offset)
+    if k >= n:
+        return ops.full_like(x, fill)
+    pad = ops.full_like(_slice(x, dim, 0, k), fill)
+    if offset > 0:
+        return ops.cat([pad, _slice(x, dim, 0, n - k)], dim)
+    return ops.cat([_slice(x, dim, k, n), pad], dim)
+
+
+def _reduction_batch(prim):
+    """Batching rule of a reduction over ``dim`` (a non-empty tuple): the matching physical
+    dims are reduced in place."""
+    def rule(values, bdims, *, dim, keepdim, **params):
+        (x,), (bdim,) = values, bdims
+        out = bind(prim, x, dim=tuple(physical_dim(d, bdim) for d in dim), keepdim=keepdim,
+                   **params)
+        return out, bdim if keepdim else bdim - builtins.sum(1 for d in dim if d < bdim)
+    return rule
+
+
+def _along_dim_batch(prim):
+    """Batching rule of an op along one ``dim`` whose result has the input's rank (scans,
+    sorts, indices with keepdim): the op runs along the physical dim, the batch dim stays."""
+    def rule(values, bdims, *, dim, **params):
+        (x,), (bdim,) = values, bdims
+        return bind(prim, x, dim=physical_dim(dim, bdim), **params), bdim
+    return rule
+
+
+def _dims_batch(prim):
+    """Batching rule of an op over a tuple of ``dims`` that keeps the shape (flip, roll)."""
+    def rule(values, bdims, *, dims, **params):
+        (x,), (bdim,) = values, bdims
+        return bind(prim, x, dims=tuple(physical_dim(d, bdim) for d in dims), **params), bdim
+    return rule
+
+
+def _reduce(prim, x, dim, keepdim, op, **params):
+    """Bind a reduction primitive over ``dim`` (None: every dim). A 0-d tensor is reduced as
+    a tensor of one element, so that primitives never see an empty dim tuple (torch reads
+    ``dim=()`` as every dim, which under vmap would include the batch dim)."""
+    if _rank(x) == 0:
+        return bind(prim, ops.reshape(x, 1), dim=(0,), keepdim=False, **params)
+    dims = ops.normalize_dims(dim, _rank(x), op=op)
+    return bind(prim, x, dim=dims, keepdim=keepdim, **params)
+
+
+def _along(prim, x, dim, op, **params):
+    """Bind a primitive that works along one dim and keeps the shape (a 0-d tensor is seen
+    as a tensor of one element)."""
+    if _rank(x) == 0:
+        ops.normalize_dim(dim, 0, op=op)
+        return ops.reshape(bind(prim, ops.reshape(x, 1), dim=0, **params))
+    return bind(prim, x, dim=ops.normalize_dim(dim, _rank(x), op=op), **params)
+
+
+def _return(name, values, indices):
+    """torch's named tuple (``torch.return_types.max(values=..., indices=...)``)."""
+    return getattr(torch.return_types, name)((values, indices))
+
+
+# =================================================================================================
+# Reductions
+# =================================================================================================
+# --- prod ----------------------------------------------------------------------------------------
+def _prod_impl(x, *, dim, keepdim):
+    if len(dim) == 1:
+        return torch.prod(x, dim[0], keepdim=keepdim)
+    if len(dim) == x.dim() and not keepdim:
+        return torch.prod(x)
+    out = x
+    for d in dim:
+        out = torch.prod(out, d, keepdim=True)
+    return out if keepdim else out.squeeze(dim)
+
+
+prod_p = P.primitive("prod", _prod_impl)
+
+
+def _exclusive_cumprod(x, dim, *, reverse=False):
+    """``out_k = prod_{i<k} x_i`` (``i>k`` when reversed): no division, exact with zeros."""
+    if not reverse:
+        return cumprod(_shift(x, dim, 1, 1), dim)
+    return flip(cumprod(flip(_shift(x, dim, -1, 1), dim), dim), dim)
+
+
+def _products_of_the_others(x, dim):
+    """For each element, the product of the other elements of its slice over ``dim`` (the
+    derivative of prod): exclusive products from the left times from the right."""
+    shape = ops.shape_of(x)
+    kept = [d for d in range(len(shape)) if d not in dim]
+    order = kept + list(dim)
+    y = ops.permute(x, *order)
+    y = ops.reshape(y, *(shape[d] for d in kept), math.prod(shape[d] for d in dim))
+    last = len(kept)
+    others = ops.mul(_exclusive_cumprod(y, last), _exclusive_cumprod(y, last, reverse=True))
+    others = ops.reshape(others, *(shape[d] for d in order))
+    return ops.permute(others, *sorted(range(len(order)), key=order.__getitem__))
+
+
+def prod_vjp(x, *, dim, keepdim):
+    _refuse_complex(prod_p, x)
+    x_shape = ops.shape_of(x)
+    out = bind(prod_p, x, dim=dim, keepdim=keepdim)
+
+    def backward(ct):
+        return (ops.mul(_keepdim(ct, x_shape, dim, keepdim), _products_of_the_others(x, dim)),)
+    return out, backward
+vjp_rules[prod_p] = prod_vjp
+
+
+def prod_jvp(primals, tangents, *, dim, keepdim):
+    (x,), (x_dot,) = primals, tangents
+    _refuse_complex(prod_p, x)
+    out = bind(prod_p, x, dim=dim, keepdim=keepdim)
+    return out, ops.sum(ops.mul(x_dot, _products_of_the_others(x, dim)), dim, keepdim)
+jvp_rules[prod_p] = prod_jvp
+batching_rules[prod_p] = _reduction_batch(prod_p)
+
+
+@torch_api.register(*torch_api.torch_functions("prod"))
+@aten_api.register(aten.prod.default, aten.prod.dim_int)
+def prod(x, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = ops.convert(x, dtype)
+    if dim is None:
+        return _reduce(prod_p, x, None, False, "prod")
+    return _reduce(prod_p, x, _int(dim), keepdim, "prod")
+
+
+# --- var and std ---------------------------------------------------------------------------------
+# NOTE [var and std]
+# var is its own primitive, with derivatives.yaml's formula 2 (x - mean) / (N - correction).
+# std is one too, rather than sqrt(var): at a slice of equal elements (std = 0) sqrt's
+# derivative is infinite, and PyTorch's std_backward sets the gradient to 0 there
+# (``masked_fill_(result == 0, 0)``). As in PyTorch the mask is applied to an unguarded
+# quotient: the first derivative is 0 at such a slice, and a second derivative, which does
+# not exist there, comes out as torch.func's does (nan in reverse over reverse mode, where
+# the 0 of the mask meets the infinite derivative of the quotient).
+var_p = P.primitive(
+    "var", lambda x, *, dim, correction, keepdim: torch.var(x, dim, correction=correction,
+                                                           keepdim=keepdim))
+std_p = P.primitive(
+    "std", lambda x, *, dim, correction, keepdim: torch.std(x, dim, correction=correction,
+                                                           keepdim=keepdim))
+
+
+def _degrees_of_freedom(x, dim, correction):
+    """N - correction, as torch divides by it (a float; 0 or less gives inf or nan)."""
+    return builtins.max(math.prod(ops.shape_of(x)[d] for d in dim) - correction, 0)
+
+
+def _centered(x, dim):
+    return ops.sub(x, ops.mean(x, dim, keepdim=True))
+
+
+def _reciprocal(n):
+    return math.inf if n == 0 else 1.0 / n
+
+
+def _masked_quotient(value, denominator, mask):
+    """``value / denominator``, then 0 where ``mask`` is true (PyTorch's masked_fill_)."""
+    return ops.where(mask, 0.0, ops.div(value, denominator))
+
+
+def var_vjp(x, *, dim, correction, keepdim):
+    _refuse_complex(var_p, x)
+    x_shape = ops.shape_of(x)
+    out = bind(var_p, x, dim=dim, correction=correction, keepdim=keepdim)
+    scale = 2 * _reciprocal(_degrees_of_freedom(x, dim, correction))
+
+    def backward(ct):
+        return (ops.mul(ops.mul(_keepdim(ct, x_shape, dim, keepdim), _centered(x, dim)), scale),)
+    return out, backward
+vjp_rules[var_p] = var_vjp
+
+
+def _var_tangent(x, x_dot, dim, correction, keepdim):
+    scale = 2 * _reciprocal(_degrees_of_freedom(x, dim, correction))
+    return ops.mul(ops.sum(ops.mul(_centered(x, dim), x_dot), dim, keepdim), scale)
+
+
+def var_jvp(primals, tangents, *, dim, correction, keepdim):
+    (x,), (x_dot,) = primals, tangents
+    _refuse_complex(var_p, x)
+    out = bind(var_p, x, dim=dim, correction=correction, keepdim=keepdim)
+    return out, _var_tangent(x, x_dot, dim, correction, keepdim)
+jvp_rules[var_p] = var_jvp
+
+
+def std_vjp(x, *, dim, correction, keepdim):
+    _refuse_complex(std_p, x)
+    x_shape = ops.shape_of(x)
+    out = bind(std_p, x, dim=dim, correction=correction, keepdim=keepdim)
+    scale = 2 * _reciprocal(_degrees_of_freedom(x, dim, correction))
+
+    def backward(ct):
+        std = _keepdim(out, x_shape, dim, keepdim)
+        ct_var = _masked_quotient(_keepdim(ct, x_shape, dim, keepdim), ops.mul(std, 2),
+                                  ops.eq(std, 0))
+        return (ops.mul(ops.mul(ct_var, _centered(x, dim)), scale),)
+    return out, backward
+vjp_rules[std_p] = std_vjp
+
+
+def std_jvp(primals, tangents, *, dim, correction, keepdim):
+    (x,), (x_dot,) = primals, tangents
+    _refuse_complex(std_p, x)
+    out = bind(std_p, x, dim=dim, correction=correction, keepdim=keepdim)
+    var_dot = _var_tangent(x, x_dot, dim, correction, keepdim)
+    return out, _masked_quotient(var_dot, ops.mul(out, 2), ops.eq(out, 0))
+jvp_rules[std_p] = std_jvp
+batching_rules[var_p] = _reduction_batch(var_p)
+batching_rules[std_p] = _reduction_batch(std_p)
+
+
+def _var_arguments(dim, unbiased, correction):
+    """torch's three spellings: ``var(x, unbiased)``, ``var(x, dim, unbiased, keepdim)`` and
+    ``var(x, dim, *, correction, keepdim)``, as (dim, correction)."""
+    if isinstance(dim, bool):  # var(x, False): the second argument is unbiased
+        dim, unbiased = None, dim
+    if correction is None:
+        correction = 0 if unbiased is False else 1
+    if _is_tensor(correction):
+        correction = aten_api.concrete(correction).item()
+    return dim, correction
+
+
+@torch_api.register(*torch_api.torch_functions("var"))
+@aten_api.register(aten.var.default, aten.var.dim, aten.var.correction)
+def var(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    dim, correction = _var_arguments(dim, unbiased, correction)
+    return _reduce(var_p, x, dim, keepdim, "var", correction=correction)
+
+
+@torch_api.register(*torch_api.torch_functions("std"))
+@aten_api.register(aten.std.default, aten.std.dim, aten.std.correction)
+def std(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    dim, correction = _var_arguments(dim, unbiased, correction)
+    return _reduce(std_p, x, dim, keepdim, "std", correction=correction)
+
+
+@torch_api.register(torch.var_mean)
+@aten_api.register(aten.var_mean.default, aten.var_mean.dim, aten.var_mean.correction)
+def var_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    dim, correction = _var_arguments(dim, unbiased, correction)
+    return (_reduce(var_p, x, dim, keepdim, "var_mean", correction=correction),
+            ops.mean(x, dim, keepdim))
+
+
+@torch_api.register(torch.std_mean)
+@aten_api.register(aten.std_mean.default, aten.std_mean.dim, aten.std_mean.correction)
+def std_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    dim, correction = _var_arguments(dim, unbiased, correction)
+    return (_reduce(std_p, x, dim, keepdim, "std_mean", correction=correction),
+            ops.mean(x, dim, keepdim))
+
+
+# --- vector norms --------------------------------------------------------------------------------
+# NOTE [Norms and their subgradients]
+# vector_norm is one primitive with ``ord`` as a parameter. Its rules follow PyTorch's
+# norm_backward and norm_jvp case by case, including where the norm is not differentiable
+# and PyTorch picks a subgradient: 0 where the norm is 0 (every ord), sign(x) for ord 1
+# (0 at x = 0), for ord +-inf the cotangent shared evenly among the elements whose |x|
+# equals the norm, 0 for ord 0 (a count), and for ord < 1 zero at x = 0. Each mask is
+# applied, as there, after an unguarded division, so that second derivatives at those
+# points (where none exists) come out as torch.func's (NOTE [var and std]).
+vector_norm_p = P.primitive(
+    "vector_norm", lambda x, *, ord, dim, keepdim: torch.linalg.vector_norm(x, ord, dim, keepdim))
+
+
+def _norm_ties(x, norm, dim):
+    """For ord +-inf: the elements whose |x| is the norm (or nan), and their count."""
+    abs_x = ops.abs(x)
+    ties = elementwise.logical_or(ops.eq(abs_x, norm), elementwise.isnan(abs_x))
+    return ties, ops.sum(ties, dim, keepdim=True)
+
+
+def _powered_abs(x, exponent, ord):
+    """|x|^exponent, set to 0 at x = 0 for ord < 1 (where it would be infinite)."""
+    powered = ops.power(ops.abs(x), exponent)
+    return ops.where(ops.eq(x, 0), 0.0, powered) if ord < 1 else powered
+
+
+def vector_norm_vjp(x, *, ord, dim, keepdim):
+    _refuse_complex(vector_norm_p, x)
+    x_shape = ops.shape_of(x)
+    out = bind(vector_norm_p, x, ord=ord, dim=dim, keepdim=keepdim)
+
+    def backward(ct):
+        if ord == 0:
+            return (None,)
+        ct = _keepdim(ct, x_shape, dim, keepdim)
+        norm = _keepdim(out, x_shape, dim, keepdim)
+        if ord == 1:
+            return (ops.mul(ops.sign(x), ct),)
+        if ord == 2:
+            return (ops.mul(ct, _masked_quotient(x, norm, ops.eq(norm, 0))),)
+        if math.isinf(ord):
+            ties, count = _norm_ties(x, norm, dim)
+            return (ops.mul(ops.sign(x), ops.mul(ops.div(ct, count), ties)),)
+        if ord < 2:
+            scaled = ops.mul(ops.sign(x), _powered_abs(x, ord - 1, ord))
+        else:
+            scaled = ops.mul(x, ops.power(ops.abs(x), ord - 2))
+        if ord < 1:
+            return (ops.mul(ops.mul(scaled, ct), ops.pow(norm, 1 - ord)),)
+        return (ops.mul(scaled, _masked_quotient(ct, ops.power(norm, ord - 1),
+                                                 ops.eq(norm, 0))),)
+    return out, backward
+vjp_rules[vector_norm_p] = vector_norm_vjp
+
+
+def vector_norm_jvp(primals, tangents, *, ord, dim, keepdim):
+    (x,), (x_dot,) = primals, tangents
+    _refuse_complex(vector_norm_p, x)
+    out = bind(vector_norm_p, x, ord=ord, dim=dim, keepdim=keepdim)
+    if ord == 0:
+        return out, None
+    if ord == 1:
+        return out, ops.sum(ops.mul(ops.sign(x), x_dot), dim, keepdim)
+    if ord == 2:
+        return out, _masked_quotient(ops.sum(ops.mul(x, x_dot), dim, keepdim), out,
+                                     ops.eq(out, 0))
+    if math.isinf(ord):
+        ties, count = _norm_ties(x, _keepdim(out, ops.shape_of(x), dim, keepdim), dim)
+        shared = ops.div(ops.mul(ops.mul(ops.sign(x), x_dot), ties), count)
+        return out, ops.sum(shared, dim, keepdim)
+    if ord < 2:
+        scaled = ops.mul(_powered_abs(x, ord - 1, ord), ops.mul(ops.sign(x), x_dot))
+    else:
+        scaled = ops.mul(ops.power(ops.abs(x), ord - 2), ops.mul(x, x_dot))
+    total = ops.sum(scaled, dim, keepdim)
+    if ord < 1:
+        return out, ops.mul(total, ops.pow(out, 1 - ord))
+    return out, _masked_quotient(total, ops.power(out, ord - 1), ops.eq(out, 0))
+jvp_rules[vector_norm_p] = vector_norm_jvp
+batching_rules[vector_norm_p] = _reduction_batch(vector_norm_p)
+
+
+def _ord(ord):
+    ord = aten_api.concrete(ord).item() if _is_tensor(ord) else ord
+    return float(ord)
+
+
+@torch_api.register(torch.linalg.vector_norm)
+@aten_api.register(aten.linalg_vector_norm.default)
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = ops.convert(x, dtype)
+    return _reduce(vector_norm_p, x, dim, keepdim, "vector_norm", ord=_ord(ord))
+
+
+@torch_api.register(torch.norm, torch.Tensor.norm)
+def norm(x, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    """torch.norm: a vector norm, except for 'nuc' (and 'fro' over more than two dims),
+    which go to torch.linalg.matrix_norm through the doors, as torch.norm does."""
+    if isinstance(dim, int):
+        dim = (dim,)
+    if not isinstance(p, str):
+        return vector_norm(x, 2.0 if p is None else p, dim, keepdim, dtype=dtype)
+    if p == "fro" and (dim is None or len(dim) <= 2):
+        return vector_norm(x, 2.0, dim, keepdim, dtype=dtype)
+    dim = tuple(range(_rank(x))) if dim is None else dim
+    return tensor_module.call_with_tensors(torch.linalg.matrix_norm, x, p, dim, keepdim,
+                                           dtype=dtype)
+
+
+@aten_api.register(aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype,
+                   aten.norm.ScalarOpt_dtype)
+def _aten_norm(x, p=2, dim=None, keepdim=False, *, dtype=None):
+    return vector_norm(x, 2.0 if p is None else p, dim, keepdim, dtype=dtype)
+
+
+@torch_api.register(*torch_api.torch_functions("dist"))
+def dist(x, y, p=2):
+    return vector_norm(ops.sub(x, y), p)
+
+
+# --- the prims reductions that torch._refs decompositions produce --------------------------------
+def _prims_reduction(reduce):
+    """A prims reduction: ``dims`` None reduces every dim, ``[]`` none (unlike torch.sum)."""
+    def op(x, dims, *args, output_dtype=None):
+        if dims is not None and len(dims) == 0:
+            out = x
+        else:
+            out = reduce(x, None if dims is None else tuple(dims), *args)
+        return out if output_dtype is None else ops.convert(out, output_dtype)
+    return op
+
+
+aten_api.register(prims.sum.default)(_prims_reduction(lambda x, dims: ops.sum(x, dims)))
+aten_api.register(prims.prod.default)(_prims_reduction(lambda x, dims: prod_over(x, dims)))
+aten_api.register(prims.amax.default)(_prims_reduction(
+    lambda x, dims: ops.amax(x, () if dims is None else dims)))
+aten_api.register(prims.amin.default)(_prims_reduction(
+    lambda x, dims: ops.amin(x, () if dims is None else dims)))
+
+
+def prod_over(x, dims=None, keepdim=False):
+    """prod over several dims at once (prims.prod; torch.prod takes one dim)."""
+    return _reduce(prod_p, x, dims, keepdim, "prod")
+
+
+@aten_api.register(prims.var.default)
+def _prims_var(x, dims, correction=1, *, output_dtype=None):
+    if dims is not None and len(dims) == 0:
+        # the variance of each element alone
+        out = _reduce(var_p, ops.unsqueeze(x, -1), -1, False, "var", correction=correction)
+    else:
+        out = _reduce(var_p, x, dims, False, "var", correction=correction)
+    return out if output_dtype is None else ops.convert(out, output_dtype)
+
+
+def _xor_sum_impl(x, *, dim, keepdim):
+    """Bitwise xor over ``dim`` (torch has no eager kernel): the parity of each bit."""
+    if x.dtype == torch.bool:
+        return torch.sum(x, dim, keepdim=keepdim).remainder(2).bool()
+    bits = torch.iinfo(x.dtype).bits
+    places = torch.arange(bits, device=x.device, dtype=x.dtype)
+    set_bits = torch.bitwise_and(torch.bitwise_right_shift(x.unsqueeze(-1), places), 1)
+    parity = torch.sum(set_bits, dim, keepdim=keepdim).remainder(2).to(x.dtype)
+    return torch.sum(torch.bitwise_left_shift(parity, places), -1).to(x.dtype)
+
+
+xor_sum_p = P.primitive("xor_sum", _xor_sum_impl, differentiable=False)
+batching_rules[xor_sum_p] = _reduction_batch(xor_sum_p)
+aten_api.register(prims.xor_sum.default)(_prims_reduction(
+    lambda x, dims: _reduce(xor_sum_p, x, dims, False, "xor_sum")))
+
+
+# =================================================================================================
+# Values with indices (NOTE [Values through their indices])
+# =================================================================================================
+def _indices_primitive(name, impl):
+    """A non-differentiable primitive computing indices along ``dim`` (with the dim kept)."""
+    prim = P.primitive(name, impl, differentiable=False)
+    batching_rules[prim] = _along_dim_batch(prim)
+    return prim
+
+
+argmax_p = _indices_primitive("argmax", lambda x, *, dim: torch.argmax(x, dim, keepdim=True))
+argmin_p = _indices_primitive("argmin", lambda x, *, dim: torch.argmin(x, dim, keepdim=True))
+max_indices_p = _indices_primitive(
+    "max_indices", lambda x, *, dim: torch.max(x, dim, keepdim=True).indices)
+min_indices_p = _indices_primitive(
+    "min_indices", lambda x, *, dim: torch.min(x, dim, keepdim=True).indices)
+sort_indices_p = _indices_primitive(
+    "sort_indices", lambda x, *, dim, descending, stable: torch.sort(
+        x, dim=dim, descending=descending, stable=stable).indices)
+topk_indices_p = _indices_primitive(
+    "topk_indices", lambda x, *, k, dim, largest, sorted: torch.topk(
+        x, k, dim, largest=largest, sorted=sorted).indices)
+kthvalue_indices_p = _indices_primitive(
+    "kthvalue_indices", lambda x, *, k, dim: torch.kthvalue(x, k, dim, keepdim=True).indices)
+median_indices_p = _indices_primitive(
+    "median_indices", lambda x, *, dim: torch.median(x, dim, keepdim=True).indices)
+nanmedian_indices_p = _indices_primitive(
+    "nanmedian_indices", lambda x, *, dim: torch.nanmedian(x, dim, keepdim=True).indices)
+mode_indices_p = _indices_primitive(
+    "mode_indices", lambda x, *, dim: torch.mode(x, dim, keepdim=True).indices)
+cummax_indices_p = _indices_primitive(
+    "cummax_indices", lambda x, *, dim: torch.cummax(x, dim).indices)
+cummin_indices_p = _indices_primitive(
+    "cummin_indices", lambda x, *, dim: torch.cummin(x, dim).indices)
+
+
+def _select_along(prim, x, dim, keepdim, op, **params):
+    """(values, indices) of a selection along ``dim``: the indices from ``prim`` (which keeps
+    the dim), the values gathered with them."""
+    scalar = _rank(x) == 0
+    dim = ops.normalize_dim(_int(dim), _rank(x), op=op)
+    if scalar:
+        x = ops.reshape(x, 1)
+    indices = bind(prim, x, dim=dim, **params)
+    values = ops.gather(x, dim, indices)
+    if scalar:
+        return ops.reshape(values), ops.reshape(indices)
+    if not keepdim:
+        values, indices = ops.squeeze(values, dim), ops.squeeze(indices, dim)
+    return values, indices
+
+
+def _max_or_min(name, extremum, elementwise_op, indices_prim):
+    def op(x, dim=None, keepdim=False, *, other=None):
+        if other is not None:
+            return elementwise_op(x, other)
+        if dim is None:
+            return extremum(x)
+        if _is_tensor(dim):  # torch.max(x, y)
+            return elementwise_op(x, dim)
+        return _return(name, *_select_along(indices_prim, x, dim, keepdim, name))
+    op.__name__ = name
+    return op
+
+
+max = _max_or_min("max", ops.amax, elementwise.maximum, max_indices_p)
+min = _max_or_min("min", ops.amin, elementwise.minimum, min_indices_p)
+torch_api.register(*torch_api.torch_functions("max"))(max)
+torch_api.register(*torch_api.torch_functions("min"))(min)
+aten_api.register(aten.max.default, aten.max.dim, aten.max.other)(max)
+aten_api.register(aten.min.default, aten.min.dim, aten.min.other)(min)
+
+
+def _arg_extremum(name, prim):
+    def op(x, dim=None, keepdim=False):
+        if dim is not None:
+            return _select_along(prim, x, dim, keepdim, name)[1]
+        flat = bind(prim, ops.reshape(x, -1), dim=0)
+        return ops.reshape(flat, *([1] * _rank(x))) if keepdim else ops.reshape(flat)
+    op.__name__ = name
+    return op
+
+
+argmax = _arg_extremum("argmax", argmax_p)
+argmin = _arg_extremum("argmin", argmin_p)
+torch_api.register(*torch_api.torch_functions("argmax"))(argmax)
+torch_api.register(*torch_api.torch_functions("argmin"))(argmin)
+aten_api.register(aten.argmax.default)(argmax)
+aten_api.register(aten.argmin.default)(argmin)
+
+
+@torch_api.register(*torch_api.torch_functions("sort"))
+def sort(x, dim=-1, descending=False, stable=False):
+    return _return("sort", *_select_along(sort_indices_p, x, dim, True, "sort",
+                                          descending=bool(descending), stable=bool(stable)))
+
+
+@aten_api.register(aten.sort.default, aten.sort.stable)
+def _aten_sort(x, dim=-1, descending=False, *, stable=False):
+    return tuple(sort(x, dim, descending, stable))
+
+
+@torch_api.register(*torch_api.torch_functions("argsort"))
+def argsort(x, dim=-1, descending=False, stable=False):
+    return _select_along(sort_indices_p, x, dim, True, "argsort",
+                         descending=bool(descending), stable=bool(stable))[1]
+
+
+aten_api.register(aten.argsort.default, aten.argsort.stable)(
+    lambda x, dim=-1, descending=False, *, stable=False: argsort(x, dim, descending, stable))
+
+
+@torch_api.register(*torch_api.torch_functions("msort"))
+@aten_api.register(aten.msort.default)
+def msort(x):
+    return sort(x, 0).values
+
+
+@torch_api.register(*torch_api.torch_functions("topk"))
+@aten_api.register(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    return _return("topk", *_select_along(topk_indices_p, x, dim, True, "topk", k=_int(k),
+                                          largest=bool(largest), sorted=bool(sorted)))
+
+
+@torch_api.register(*torch_api.torch_functions("kthvalue"))
+@aten_api.register(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    return _return("kthvalue", *_select_along(kthvalue_indices_p, x, dim, keepdim, "kthvalue",
+                                              k=_int(k)))
+
+
+@torch_api.register(*torch_api.torch_functions("mode"))
+@aten_api.register(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    return _return("mode", *_select_along(mode_indices_p, x, dim, keepdim, "mode"))
+
+
+def _cumulative_extremum(name, prim):
+    def op(x, dim):
+        return _return(name, *_select_along(prim, x, dim, True, name))
+    op.__name__ = name
+    return op
+
+
+cummax = _cumulative_extremum("cummax", cummax_indices_p)
+cummin = _cumulative_extremum("cummin", cummin_indices_p)
+torch_api.register(*torch_api.torch_functions("cummax"))(cummax)
+torch_api.register(*torch_api.torch_functions("cummin"))(cummin)
+aten_api.register(aten.cummax.default)(cummax)
+aten_api.register(aten.cummin.default)(cummin)
+
+
+# --- median: with a dim, a value through its index; of all elements, ties share ------------------
+def _median_of_all_impl(x, *, dim, ignore_nan):
+    return (torch.nanmedian if ignore_nan else torch.median)(x, dim).values
+
+
+# The median along ``dim`` (ops flatten the tensor into it), with even tie sharing:
+# torch.median(x) and torch.nanmedian(x), whose derivative is evenly_distribute_backward.
+median_of_all_p = P.primitive("median_of_all", _median_of_all_impl)
+
+
+def _ties(x, out, dim):
+    """The elements equal to ``out`` (nans count as equal to a nan result), and their count."""
+    kept = ops.unsqueeze(out, dim)
+    ties = elementwise.logical_or(
+        ops.eq(x, kept), elementwise.logical_and(elementwise.isnan(x), elementwise.isnan(kept)))
+    return ties, ops.sum(ties, dim, keepdim=True)
+
+
+def median_of_all_vjp(x, *, dim, ignore_nan):
+    out = bind(median_of_all_p, x, dim=dim, ignore_nan=ignore_nan)
+
+    def backward(ct):
+        ties, count = _ties(x, out, dim)
+        return (ops.div(ops.mul(ops.unsqueeze(ct, dim), ties), count),)
+    return out, backward
+vjp_rules[median_of_all_p] = median_of_all_vjp
+
+
+def median_of_all_jvp(primals, tangents, *, dim, ignore_nan):
+    (x,), (x_dot,) = primals, tangents
+    out = bind(median_of_all_p, x, dim=dim, ignore_nan=ignore_nan)
+    ties, count = _ties(x, out, dim)
+    return out, ops.div(ops.sum(ops.mul(x_dot, ties), dim), ops.squeeze(count, dim))
+jvp_rules[median_of_all_p] = median_of_all_jvp
+
+
+def median_of_all_batch(values, bdims, *, dim, ignore_nan):
+    (x,), (bdim,) = values, bdims
+    x = move_bdim(x, bdim, 0)
+    return bind(median_of_all_p, x, dim=dim + 1, ignore_nan=ignore_nan), 0
+batching_rules[median_of_all_p] = median_of_all_batch
+
+
+def _median(name, indices_prim, ignore_nan):
+    def op(x, dim=None, keepdim=False):
+        if dim is None:
+            return bind(median_of_all_p, ops.reshape(x, -1), dim=0, ignore_nan=ignore_nan)
+        return _return(name, *_select_along(indices_prim, x, dim, keepdim, name))
+    op.__name__ = name
+    return op
+
+
+median = _median("median", median_indices_p, False)
+nanmedian = _median("nanmedian", nanmedian_indices_p, True)
+torch_api.register(*torch_api.torch_functions("median"))(median)
+torch_api.register(*torch_api.torch_functions("nanmedian"))(nanmedian)
+aten_api.register(aten.median.default, aten.median.dim)(median)
+aten_api.register(aten.nanmedian.default, aten.nanmedian.dim)(nanmedian)
+
+
+# =================================================================================================
+# Scans
+# =================================================================================================
+cumsum_p = P.primitive("cumsum", lambda x, *, dim: torch.cumsum(x, dim))
+cumprod_p = P.primitive("cumprod", lambda x, *, dim: torch.cumprod(x, dim))
+logcumsumexp_p = P.primitive("logcumsumexp", lambda x, *, dim: torch.logcumsumexp(x, dim))
+
+
+def _reverse_cumsum(x, dim):
+    return flip(cumsum(flip(x, dim), dim), dim)
+
+
+def cumsum_vjp(x, *, dim):
+    # the transpose of a running sum is a running sum from the end
+    return bind(cumsum_p, x, dim=dim), lambda ct: (_reverse_cumsum(ct, dim),)
+vjp_rules[cumsum_p] = cumsum_vjp
+jvp_rules[cumsum_p] = linear_jvp(cumsum_p)
+
+
+def _linear_recurrence(a, b, dim, *, reverse=False):
+    """``s_k = b_k + a_k s_{k-1}`` along ``dim`` (``s_{k+1}`` when reversed), from s = 0, by
+    recursive doubling (Hillis and Steele): after the step of width w, ``b_k`` holds the
+    recurrence over the w elements ending at k and ``a_k`` the product of their a's, and
+    combining neighbours w apart doubles the width. log2(n) steps, no division."""
+    n = ops.shape_of(b)[dim]
+    width = 1
+    while width < n:
+        offset = -width if reverse else width
+        b = ops.add(b, ops.mul(a, _shift(b, dim, offset, 0)))
+        if 2 * width < n:
+            a = ops.mul(a, _shift(a, dim, offset, 0))
+        width *= 2
+    return b
+
+
+def cumprod_vjp(x, *, dim):
+    _refuse_complex(cumprod_p, x)
+    out = bind(cumprod_p, x, dim=dim)
+
+    def backward(ct):
+        # x_bar_k = (prod_{i<k} x_i) r_k with r_k = ct_k + x_{k+1} r_{k+1}
+        # (NOTE [Products with zeros])
+        r = _linear_recurrence(_shift(x, dim, -1, 0), ct, dim, reverse=True)
+        return (ops.mul(r, _shift(out, dim, 1, 1)),)
+    return out, backward
+vjp_rules[cumprod_p] = cumprod_vjp
+
+
+def cumprod_jvp(primals, tangents, *, dim):
+    (x,), (x_dot,) = primals, tangents
+    _refuse_complex(cumprod_p, x)
+    out = bind(cumprod_p, x, dim=dim)
+    # out_dot_k = x_k out_dot_{k-1} + x_dot_k out_{k-1}
+    return out, _linear_recurrence(x, ops.mul(x_dot, _shift(out, dim, 1, 1)), dim)
+jvp_rules[cumprod_p] = cumprod_jvp
+
+
+def logcumsumexp_vjp(x, *, dim):
+    _refuse_complex(logcumsumexp_p, x)
+    out = bind(logcumsumexp_p, x, dim=dim)
+
+    def backward(ct):
+        # x_bar_k = sum_{j>=k} ct_j exp(x_k - out_j). As PyTorch does (after TensorFlow), the
+        # positive and the negative cotangents are summed apart in log space, each a
+        # logcumsumexp from the end, so that no exp overflows.
+        lowest = torch.finfo(ct.dtype).min
+        log_abs = ops.log(ops.where(ops.ne(ct, 0), ops.abs(ct), 1.0))
+
+        def part(mask):
+            log_part = ops.sub(ops.where(mask, log_abs, lowest), out)
+            reverse = flip(logcumsumexp(flip(log_part, dim), dim), dim)
+            return ops.exp(ops.add(reverse, x))
+        return (ops.sub(part(ops.gt(ct, 0)), part(ops.lt(ct, 0))),)
+    return out, backward
+vjp_rules[logcumsumexp_p] = logcumsumexp_vjp
+
+
+def logcumsumexp_jvp(primals, tangents, *, dim):
+    (x,), (x_dot,) = primals, tangents
+    _refuse_complex(logcumsumexp_p, x)
+    out = bind(logcumsumexp_p, x, dim=dim)
+    # out_dot_j = sum_{i<=j} x_dot_i exp(x_i - out_j), with exp(x - max) for range, and 0
+    # where the running sum underflows (PyTorch's logcumsumexp_jvp)
+    weights = ops.exp(ops.sub(x, ops.detach(ops.amax(x, dim, keepdim=True))))
+    total = cumsum(weights, dim)
+    underflow = ops.lt(total, 1e-13)
+    weighted = cumsum(ops.mul(weights, x_dot), dim)
+    return out, ops.where(underflow, 0.0, ops.div(weighted, ops.where(underflow, 1.0, total)))
+jvp_rules[logcumsumexp_p] = logcumsumexp_jvp
+
+for _prim in (cumsum_p, cumprod_p, logcumsumexp_p):
+    batching_rules[_prim] = _along_dim_batch(_prim)
+
+
+@torch_api.register(*torch_api.torch_functions("cumsum"))
+@aten_api.register(aten.cumsum.default)
+def cumsum(x, dim, *, dtype=None):
+    if dtype is not None:
+        x = ops.convert(x, dtype)
+    return _along(cumsum_p, x, _int(dim), "cumsum")
+
+
+@torch_api.register(*torch_api.torch_functions("cumprod"))
+@aten_api.register(aten.cumprod.default)
+def cumprod(x, dim, *, dtype=None):
+    if dtype is not None:
+        x = ops.convert(x, dtype)
+    return _along(cumprod_p, x, _int(dim), "cumprod")
+
+
+@torch_api.register(*torch_api.torch_functions("logcumsumexp"))
+@aten_api.register(aten.logcumsumexp.default)
+def logcumsumexp(x, dim):
+    return _along(logcumsumexp_p, x, _int(dim), "logcumsumexp")
+
+
+# =================================================================================================
+# Shape
+# =================================================================================================
+# --- flip and roll: permutations of the elements, so linear, with an easy transpose -------------
+flip_p = P.primitive("flip", lambda x, *, dims: torch.flip(x, dims))
+roll_p = P.primitive("roll", lambda x, *, shifts, dims: torch.roll(x, shifts, dims))
+
+
+def flip_vjp(x, *, dims):
+    return bind(flip_p, x, dims=dims), lambda ct: (bind(flip_p, ct, dims=dims),)
+vjp_rules[flip_p] = flip_vjp
+
+
+def roll_vjp(x, *, shifts, dims):
+    back = tuple(-s for s in shifts)
+    return (bind(roll_p, x, shifts=shifts, dims=dims),
+            lambda ct: (bind(roll_p, ct, shifts=back, dims=dims),))
+vjp_rules[roll_p] = roll_vjp
+jvp_rules[flip_p] = linear_jvp(flip_p)
+jvp_rules[roll_p] = linear_jvp(roll_p)
+batching_rules[flip_p] = _dims_batch(flip_p)
+batching_rules[roll_p] = _dims_batch(roll_p)
+
+
+@torch_api.register(*torch_api.torch_functions("flip"))
+@aten_api.register(aten.flip.default, prims.rev.default)
+def flip(x, *dims):
+    dims = ops.normalize_dims(_int_tuple(dims), _rank(x), op="flip")
+    dims = tuple(d for d in dims if ops.shape_of(x)[d] > 1)
+    return bind(flip_p, x, dims=dims) if dims else x
+
+
+torch_api.register(*torch_api.torch_functions("fliplr"))(lambda x: flip(x, 1))
+torch_api.register(*torch_api.torch_functions("flipud"))(lambda x: flip(x, 0))
+
+
+@torch_api.register(*torch_api.torch_functions("roll"))
+@aten_api.register(aten.roll.default)
+def roll(x, shifts, dims=None):
+    shifts = _int_tuple((shifts,)) if not isinstance(shifts, (tuple, list)) else _int_tuple(shifts)
+    if dims is None or (isinstance(dims, (tuple, list)) and len(dims) == 0):
+        if len(shifts) != 1:
+            raise TransformUsageError(
+                f"roll(x, shifts={shifts}): without dims, expected one shift (the tensor is "
+                f"rolled flattened), got {len(shifts)}. Fix: pass dims, one per shift."
+            )
+        shape = ops.shape_of(x)
+        return ops.reshape(roll(ops.reshape(x, -1), shifts, 0), *shape)
+    dims = _int_tuple((dims,)) if not isinstance(dims, (tuple, list)) else _int_tuple(dims)
+    if len(dims) != len(shifts):
+        raise TransformUsageError(
+            f"roll(x, shifts={shifts}, dims={dims}): expected one shift per dim, got "
+            f"{len(shifts)} shifts and {len(dims)} dims. Fix: give them the same length."
+        )
+    shape = ops.shape_of(x)
+    total = {}
+    for shift, dim in zip(shifts, dims):
+        dim = ops.normalize_dim(dim, len(shape), op="roll")
+        total[dim] = total.get(dim, 0) + shift
+    moved = {d: s % shape[d] for d, s in sorted(total.items()) if shape and shape[d]
+             and s % shape[d]}
+    if not moved:
+        return x
+    return bind(roll_p, x, shifts=tuple(moved.values()), dims=tuple(moved))
+
+
+@torch_api.register(torch.rot90, torch.Tensor.rot90)
+@aten_api.register(aten.rot90.default)
+def rot90(x, k=1, dims=(0, 1)):
+    rank = _rank(x)
+    d0, d1 = (ops.normalize_dim(d, rank, op="rot90") for d in dims)
+    if len(dims) != 2 or d0 == d1:
+        raise TransformUsageError(
+            f"rot90(x, k={k}, dims={tuple(dims)}): expected two different dims, got "
+            f"{tuple(dims)}. Fix: name the plane of the rotation with two dims."
+        )
+    k = k % 4
+    if k == 1:
+        return ops.transpose(flip(x, d1), d0, d1)
+    if k == 2:
+        return flip(x, d0, d1)
+    if k == 3:
+        return ops.transpose(flip(x, d0), d0, d1)
+    return x
+
+
+# --- repeats: reshapes and expands ---------------------------------------------------------------
+@torch_api.register(torch.Tensor.repeat)
+@aten_api.register(aten.repeat.default)
+def repeat(x, *sizes):
+    """``x.repeat(r0, r1, ...)``: each dim of size s becomes (r, s) by an expand of a size-1
+    dim, then one reshape merges them (the vjp sums the copies, expand's rule)."""
+    sizes = _int_tuple(sizes)
+    shape = ops.shape_of(x)
+    if len(sizes) < len(shape):
+        raise TransformUsageError(
+            f"repeat(x, {sizes}): expected at least {len(shape)} repeats for a tensor of shape "
+            f"{shape}, got {len(sizes)}. Fix: give one repeat per dim."
+        )
+    padded = (1,) * (len(sizes) - len(shape)) + shape
+    spread = [size for s in padded for size in (1, s)]
+    copies = [size for r, s in zip(sizes, padded) for size in (r, s)]
+    out = ops.expand(ops.reshape(x, *spread), *copies)
+    return ops.reshape(out, *(r * s for r, s in zip(sizes, padded)))
+
+
+@torch_api.register(*torch_api.torch_functions("tile"))
+def tile(x, *dims):
+    dims = _int_tuple(dims)
+    return repeat(x, *((1,) * (_rank(x) - len(dims)) + dims))
+
+
+def _take(x, dim, index):
+    """``x.index_select(dim, index)`` for a plain 1-D index tensor: a gather with the index
+    broadcast along the other dims."""
+    shape = list(ops.shape_of(x))
+    shape[dim] = index.numel()
+    view = [1] * len(shape)
+    view[dim] = -1
+    return ops.gather(x, dim, index.to(x.device).reshape(view).expand(shape))
+
+
+@torch_api.register(*torch_api.torch_functions("repeat_interleave"))
+@aten_api.register(aten.repeat_interleave.self_int, aten.repeat_interleave.self_Tensor)
+def repeat_interleave(x, repeats=None, dim=None, *, output_size=None):
+    if repeats is None:
+        # torch.repeat_interleave(repeats): integer work with no derivative
+        return torch.repeat_interleave(aten_api.concrete(x))
+    if dim is None:
+        x, dim = ops.reshape(x, -1), 0
+    dim = ops.normalize_dim(_int(dim), _rank(x), op="repeat_interleave")
+    if _is_tensor(repeats):
+        repeats = aten_api.concrete(repeats)
+        if repeats.numel() != 1:
+            size = ops.shape_of(x)[dim]
+            index = torch.repeat_interleave(torch.arange(size, device=repeats.device), repeats)
+            return _take(x, dim, index)
+        repeats = repeats.item()
+    shape = ops.shape_of(x)
+    spread = ops.unsqueeze(x, dim + 1)
+    spread = ops.expand(spread, *shape[:dim + 1], int(repeats), *shape[dim + 1:])
+    return ops.reshape(spread, *shape[:dim], shape[dim] * int(repeats), *shape[dim + 1:])
+
+
+@torch_api.register(*torch_api.torch_functions("diagflat"))
+@aten_api.register(aten.diagflat.default)
+def diagflat(x, offset=0):
+    return ops.diag_embed(ops.reshape(x, -1), offset, 0, 1)
+
+
+# --- views: slices, selections and permutations of one tensor ------------------------------------
+@torch_api.register(*torch_api.torch_functions("narrow"), view=_always)
+@aten_api.register(aten.narrow.default, aten.narrow.Tensor)
+def narrow(x, dim, start, length):
+    dim = ops.normalize_dim(_int(dim), _rank(x), op="narrow")
+    start, length = _int(start), _int(length)
+    size = ops.shape_of(x)[dim]
+    start = start + size if start < 0 else start
+    if not (0 <= start and length >= 0 and start + length <= size):
+        raise TransformUsageError(
+            f"narrow(x, {dim}, {start}, {length}): expected start + length <= {size} (the "
+            f"size of dim {dim}), got start={start} and length={length}. Fix: narrow within "
+            "the dim."
+        )
+    return _slice(x, dim, start, start + length)
+
+
+@torch_api.register(*torch_api.torch_functions("select"), view=_always)
+def select(x, dim, index):
+    dim = ops.normalize_dim(_int(dim), _rank(x), op="select")
+    return ops.getitem(x, (slice(None),) * dim + (_int(index),))
+
+
+def _pieces(x, dim, sizes, op):
+    """Consecutive slices of ``sizes`` along ``dim``."""
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(_slice(x, dim, start, start + size))
+        start += size
+    return tuple(pieces)
+
+
+@torch_api.register(torch.split, torch.Tensor.split, view=_always)
+@aten_api.register(aten.split.Tensor, aten.split.sizes)
+def split(x, split_size_or_sections, dim=0):
+    dim = ops.normalize_dim(_int(dim), _rank(x), op="split")
+    if isinstance(split_size_or_sections, (list, tuple)):
+        return split_with_sizes(x, split_size_or_sections, dim)
+    size = ops.shape_of(x)[dim]
+    step = _int(split_size_or_sections)
+    if step <= 0 and size:
+        raise TransformUsageError(
+            f"split(x, {step}, dim={dim}): expected a positive split size, got {step}. Fix: "
+            "pass the size of each piece."
+        )
+    sizes = [builtins.min(step, size - start) for start in range(0, size, step)] if size else [0]
+    return _pieces(x, dim, sizes, "split")
+
+
+@torch_api.register(torch.split_with_sizes, torch.Tensor.split_with_sizes, view=_always)
+@aten_api.register(aten.split_with_sizes.default)
+def split_with_sizes(x, split_sizes, dim=0):
+    dim = ops.normalize_dim(_int(dim), _rank(x), op="split_with_sizes")
+    sizes = _int_tuple(split_sizes)
+    size = ops.shape_of(x)[dim]
+    if builtins.sum(sizes) != size or builtins.min(sizes, default=0) < 0:
+        raise TransformUsageError(
+            f"split(x, {list(sizes)}, dim={dim}): expected sizes that sum to {size} (the size "
+            f"of dim {dim}), got a sum of {builtins.sum(sizes)}. Fix: make the sizes add up."
+        )
+    return _pieces(x, dim, sizes, "split_with_sizes")
+
+
+@torch_api.register(*torch_api.torch_functions("chunk"), view=_always)
+@aten_api.register(aten.chunk.default)
+def chunk(x, chunks, dim=0):
+    dim = ops.normalize_dim(_int(dim), _rank(x), op="chunk")
+    chunks = _int(chunks)
+    if chunks <= 0:
+        raise TransformUsageError(f"chunk(x, {chunks}): expected a positive number of chunks, "
+                                  f"got {chunks}. Fix: pass chunks >= 1.")
+    size = ops.shape_of(x)[dim]
+    if size == 0:
+        return (x,) * chunks
+    return split(x, -(-size // chunks), dim)
+
+
+@torch_api.register(*torch_api.torch_functions("tensor_split"), view=_always)
+@aten_api.register(aten.tensor_split.sections, aten.tensor_split.indices,
+                   aten.tensor_split.tensor_indices_or_sections)
+def tensor_split(x, indices_or_sections, dim=0):
+    dim = ops.normalize_dim(_int(dim), _rank(x), op="tensor_split")
+    size = ops.shape_of(x)[dim]
+    if _is_tensor(indices_or_sections):
+        value = aten_api.concrete(indices_or_sections)
+        indices_or_sections = value.item() if value.dim() == 0 else value.tolist()
+    if isinstance(indices_or_sections, (list, tuple)):
+        bounds = [builtins.min(builtins.max(_int(i), 0), size) if _int(i) >= 0
+                  else builtins.max(size + _int(i), 0) for i in indices_or_sections]
+        starts = [0] + bounds
+        stops = bounds + [size]
+        return tuple(_slice(x, dim, a, builtins.max(a, b)) for a, b in zip(starts, stops))
+    sections = _int(indices_or_sections)
+    if sections <= 0:
+        raise TransformUsageError(
+            f"tensor_split(x, {sections}): expected a positive number of sections, got "
+            f"{sections}. Fix: pass sections >= 1."
+        )
+    small, extra = divmod(size, sections)
+    return _pieces(x, dim, [small + 1] * extra + [small] * (sections - extra), "tensor_split")
+
+
+def _split_along(name, dim, min_rank):
+    def op(x, indices_or_sections):
+        rank = _rank(x)
+        if rank < min_rank:
+            raise TransformUsageError(
+                f"{name}(x, ...): expected a tensor with at least {min_rank} dims, got shape "
+                f"{ops.shape_of(x)}. Fix: use tensor_split with a dim."
+            )
+        along = 0 if (name == "hsplit" and rank == 1) else dim
+        if not isinstance(indices_or_sections, (list, tuple)) and \
+                ops.shape_of(x)[along] % _int(indices_or_sections):
+            raise TransformUsageError(
+                f"{name}(x, {indices_or_sections}): the size {ops.shape_of(x)[along]} of dim "
+                f"{along} is not divisible by {indices_or_sections}. Fix: use tensor_split."
+            )
+        return tensor_split(x, indices_or_sections, along)
+    op.__name__ = name
+    return op
+
+
+torch_api.register(*torch_api.torch_functions("hsplit"), view=_always)(
+    _split_along("hsplit", 1, 1))
+torch_api.register(*torch_api.torch_functions("vsplit"), view=_always)(
+    _split_along("vsplit", 0, 2))
+torch_api.register(*torch_api.torch_functions("dsplit"), view=_always)(
+    _split_along("dsplit", 2, 3))
+
+
+@torch_api.register(*torch_api.torch_functions("unbind"), view=_always)
+@aten_api.register(aten.unbind.int)
+def unbind(x, dim=0):
+    dim = ops.normalize_dim(_int(dim), _rank(x), op="unbind")
+    lead = (slice(None),) * dim
+    return tuple(ops.getitem(x, lead + (i,)) for i in range(ops.shape_of(x)[dim]))
+
+
+def _dim_list(dims, rank, op):
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    return [ops.normalize_dim(d, rank, op=op) for d in dims]
+
+
+@torch_api.register(*torch_api.torch_functions("movedim"), *torch_api.torch_functions("moveaxis"),
+                    view=_always)
+def movedim(x, source, destination):
+    rank = _rank(x)
+    source = _dim_list(source, rank, "movedim")
+    destination = _dim_list(destination, rank, "movedim")
+    if len(source) != len(destination) or len(set(source)) != len(source) or \
+            len(set(destination)) != len(destination):
+        raise TransformUsageError(
+            f"movedim(x, {source}, {destination}): expected as many distinct sources as "
+            "distinct destinations. Fix: name each dim once, in both lists."
+        )
+    order = [None] * rank
+    for s, d in zip(source, destination):
+        order[d] = s
+    rest = iter(d for d in range(rank) if d not in source)
+    order = [next(rest) if o is None else o for o in order]
+    return ops.permute(x, *order)
+
+
+torch_api.register(*torch_api.torch_functions("swapaxes"), *torch_api.torch_functions("swapdims"),
+                   view=_always)(ops.transpose)
+
+
+@torch_api.register(*torch_api.torch_functions("unflatten"), view=_always)
+def unflatten(x, dim, sizes):
+    shape = ops.shape_of(x)
+    dim = ops.normalize_dim(_int(dim), len(shape), op="unflatten")
+    sizes = list(_int_tuple(sizes))
+    if -1 in sizes:
+        known = math.prod(s for s in sizes if s != -1)
+        sizes[sizes.index(-1)] = shape[dim] // known if known else 0
+    if math.prod(sizes) != shape[dim]:
+        raise TransformUsageError(
+            f"unflatten(x, {dim}, {tuple(sizes)}): the sizes multiply to {math.prod(sizes)}, "
+            f"but dim {dim} has size {shape[dim]}. Fix: give sizes whose product is "
+            f"{shape[dim]}."
+        )
+    return ops.reshape(x, *shape[:dim], *sizes, *shape[dim + 1:])
+
+
+@torch_api.register(torch.Tensor.unfold, view=_always)
+@aten_api.register(aten.unfold.default)
+def unfold(x, dimension, size, step):
+    """``x.unfold(dim, size, step)``: the windows of ``size`` elements every ``step`` along
+    ``dim``, in a new last dim. One gather of the window elements, then a reshape."""
+    shape = ops.shape_of(x)
+    if not shape:
+        return ops.reshape(x, 1)
+    dim = ops.normalize_dim(_int(dimension), len(shape), op="unfold")
+    count = (shape[dim] - size) // step + 1
+    if size > shape[dim] or step <= 0:
+        raise TransformUsageError(
+            f"unfold(x, {dim}, {size}, {step}): expected a window size of at most "
+            f"{shape[dim]} (the size of dim {dim}) and a positive step. Fix: use smaller "
+            "windows."
+        )
+    index = (torch.arange(count)[:, None] * step + torch.arange(size)).reshape(-1)
+    windows = _take(x, dim, index)
+    windows = ops.reshape(windows, *shape[:dim], count, size, *shape[dim + 1:])
+    return movedim(windows, dim + 1, -1)
+
+
+# --- stacks --------------------------------------------------------------------------------------
+def _at_least(x, rank):
+    shape = ops.shape_of(x)
+    if len(shape) >= rank:
+        return x
+    if rank == 3 and len(shape) == 2:
+        return ops.reshape(x, *shape, 1)
+    if rank == 3 and len(shape) == 1:
+        return ops.reshape(x, 1, *shape, 1)
+    return ops.reshape(x, *((1,) * (rank - len(shape)) + shape))
+
+
+def _tensor_list(tensors, op):
+    tensors = list(tensors)
+    if not tensors:
+        raise TransformUsageError(f"{op}([]): expected at least one tensor, got none.")
+    return tensors
+
+
+@torch_api.register(torch.hstack)
+@aten_api.register(aten.hstack.default)
+def hstack(tensors):
+    tensors = [_at_least(t, 1) for t in _tensor_list(tensors, "hstack")]
+    return ops.cat(tensors, 0 if _rank(tensors[0]) == 1 else 1)
+
+
+@torch_api.register(torch.vstack, torch.row_stack)
+@aten_api.register(aten.vstack.default, aten.row_stack.default)
+def vstack(tensors):
+    return ops.cat([_at_least(t, 2) for t in _tensor_list(tensors, "vstack")], 0)
+
+
+@torch_api.register(torch.dstack)
+@aten_api.register(aten.dstack.default)
+def dstack(tensors):
+    return ops.cat([_at_least(t, 3) for t in _tensor_list(tensors, "dstack")], 2)
+
+
+@torch_api.register(torch.column_stack)
+@aten_api.register(aten.column_stack.default)
+def column_stack(tensors):
+    columns = [ops.reshape(t, -1, 1) if _rank(t) <= 1 else t
+               for t in _tensor_list(tensors, "column_stack")]
+    return ops.cat(columns, 1)
+
+
+aten_api.register(aten.stack.default)(ops.stack)
+
+
+# --- products and distances ----------------------------------------------------------------------
+@torch_api.register(torch.linalg.cross)
+@aten_api.register(aten.linalg_cross.default)
+def linalg_cross(x, y, *, dim=-1):
+    """The cross product along ``dim`` with broadcasting: c_i = x_{i+1} y_{i+2} -
+    x_{i+2} y_{i+1} (indices mod 3), four rolls and a subtraction."""
+    rank = builtins.max(_rank(x), _rank(y))
+    dim = ops.normalize_dim(_int(dim), rank, op="linalg.cross") - rank  # from the right
+    for name, t in (("input", x), ("other", y)):
+        if _rank(t) < -dim or ops.shape_of(t)[dim] != 3:
+            raise TransformUsageError(
+                f"linalg.cross(x, y, dim={dim}): expected size 3 at dim {dim} of both "
+                f"tensors, got shape {ops.shape_of(t)} for the {name}. Fix: pick the dim of "
+                "size 3."
+            )
+    return ops.sub(ops.mul(roll(x, -1, dim), roll(y, -2, dim)),
+                   ops.mul(roll(x, -2, dim), roll(y, -1, dim)))
+
+
+@torch_api.register(*torch_api.torch_functions("cross"))
+@aten_api.register(aten.cross.default)
+def cross(x, y, dim=None):
+    if dim is None:  # torch.cross's legacy default: the first dim of size 3
+        shape = torch.broadcast_shapes(ops.shape_of(x), ops.shape_of(y))
+        dim = next((d for d, s in enumerate(shape) if s == 3), -1)
+    return linalg_cross(x, y, dim=dim)
+
+
+@torch_api.register(torch.cdist)
+@aten_api.register(aten._cdist_forward.default)
+def cdist(x1, x2, p=2.0, compute_mode=None):
+    """Distances between the rows of x1 and of x2: the vector norm of their differences.
+
+    torch.cdist has a fused kernel (and for p = 2 on large inputs a matrix-product formula);
+    the difference tensor here costs P * R * M memory, but its derivatives are vector_norm's,
+    which for p = 2 and ord 1 agree with PyTorch's _cdist_backward (0 at a distance of 0).
+    For p = inf PyTorch's cdist gives the whole cotangent to every element that reaches the
+    maximum, where vector_norm shares it among ties; they agree when there are none."""
+    if _rank(x1) < 2 or _rank(x2) < 2:
+        raise TransformUsageError(
+            f"cdist(x1, x2): expected tensors with at least 2 dims, got shapes "
+            f"{ops.shape_of(x1)} and {ops.shape_of(x2)}. Fix: give rows of points."
+        )
+    difference = ops.sub(ops.unsqueeze(x1, -2), ops.unsqueeze(x2, -3))
+    return vector_norm(difference, p, -1)
