@@ -431,41 +431,40 @@ def _split_index(shape, index, op):
             f"{op}: too many indices for a tensor of shape {tuple(shape)}. Fix: index at most "
             f"{len(shape)} dims."
         )
-    basic, entries, position = [], {}, 0
+    # entries follow aten's convention: one per dim of the basic result, except that a k-d
+    # mask is one entry for its k dims
+    basic, entries = [], []
     for item in items:
         if item is Ellipsis:
             fill = len(shape) - consumed
             basic.extend([slice(None)] * fill)
-            position += fill
+            entries.extend([None] * fill)
             consumed = len(shape)  # a second ... adds nothing (torch refuses it anyway)
         elif isinstance(item, bool):  # x[True] adds a dim of size 1, x[False] one of size 0
             basic.append(None)
-            if not item:
-                entries[position] = torch.zeros(0, dtype=torch.int64)
-            position += 1
+            entries.append(None if item else torch.zeros(0, dtype=torch.int64))
         elif _is_basic(item):
             basic.append(item)
-            position += 0 if isinstance(item, int) else 1
+            if not isinstance(item, int):
+                entries.append(None)
         elif _is_tensor(item):
             if item.dtype in (torch.bool, torch.uint8) and _rank(item) == 0:
                 basic.append(None)  # a 0-d mask: a new dim, selected by a 1-element mask
-                entries[position] = ops.reshape(item, 1)
-                position += 1
+                entries.append(ops.reshape(item, 1))
             elif item.dtype in (torch.bool, torch.uint8):
                 basic.extend([slice(None)] * _rank(item))
-                entries[position] = item
-                position += _rank(item)
+                entries.append(item)
             else:
                 basic.append(slice(None))
-                entries[position] = item
-                position += 1
+                entries.append(item)
         else:
             raise TransformUsageError(
                 f"{op}: cannot index with an object of type {type(item).__name__}. Fix: index "
                 "with ints, slices, None, ..., lists or tensors."
             )
-    last = max(entries) if entries else -1
-    return tuple(basic), [entries.get(d) for d in range(last + 1)]
+    while entries and entries[-1] is None:
+        entries.pop()
+    return tuple(basic), entries
 
 
 def _all_basic(index):
@@ -509,7 +508,7 @@ def setitem(x, index, value):
 
 
 # --- gather, under vmap ----------------------------------------------------------------------------
-def _along_dim_batch(prim, values, bdims, dim, out_rank, **params):
+def _along_dim_batch(prim, values, bdims, dim, out_rank, target_rank=None, **params):
     """NOTE [gather and scatter under vmap]
     gather, scatter and scatter_reduce pair each element of ``index`` with one of ``x`` (and
     ``src``) at the same position in every dim but ``dim``. Under vmap every operand gets
@@ -520,7 +519,7 @@ def _along_dim_batch(prim, values, bdims, dim, out_rank, **params):
     (The course rule did not do this, and crashed on 0-d examples.)"""
     ranks = [len(_logical_shape(v, b)) if _is_tensor(v) else None for v, b in zip(values, bdims)]
     moved = to_front(values, bdims, expand_unbatched=True)
-    lift = any(r == 0 for r in ranks)
+    lift = any(r == 0 for r in ranks) or target_rank == 0
     if lift:
         moved = [ops.unsqueeze(v, 1) if r == 0 else v for v, r in zip(moved, ranks)]
         dim = 0
@@ -536,9 +535,10 @@ def gather_batch(values, bdims, *, dim):
 
 
 def scatter_add_batch(values, bdims, *, dim, shape):
+    """(The course rule's scatter_add, whose output of ``shape`` is a hidden operand.)"""
     size = batch_size(values, bdims)
-    lifted = (size,) + (shape if shape else (1,))
-    return _along_dim_batch(P.scatter_add_p, values, bdims, dim, len(shape), shape=lifted)
+    return _along_dim_batch(P.scatter_add_p, values, bdims, dim, len(shape),
+                            target_rank=len(shape), shape=(size,) + (shape or (1,)))
 
 
 # NOTE: these replace the course rules of batching.py, which crash on 0-d examples; the fix
