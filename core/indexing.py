@@ -1,2 +1,1291 @@
 """Indexing with tensors: advanced indexing, index_put, the scatter family, masked ops, take
-and put, as_strided. (Being written: see CONTRIBUTING.md, "A family of primitives".)"""
+and put, as_strided, and the index producers (searchsorted, bucketize, histc, nonzero).
+
+NOTE [A few primitives, many ops]
+Every op of this family is written over a handful of primitives, each with its three rules:
+- ``index`` (``x[i0, :, i1]``, aten's ``index.Tensor``) and its transpose ``index_put``
+  (with ``accumulate``): advanced indexing, ``index_select``, ``take``, ``put``,
+  ``index_add``, ``index_copy``, ``index_fill``, ``masked_select``, ``masked_scatter``,
+  ``as_strided``, ``embedding``;
+- ``gather`` (course primitive) and the new ``scatter`` and ``scatter_reduce``:
+  ``take_along_dim``, ``scatter_add``, ``index_reduce``, ``scatter(..., reduce=)``;
+- small non-differentiable helpers (``searchsorted``, ``histc``, ``mask_order``) and two
+  identities whose only job is to shape a derivative (``scale_grad``, ``guard``).
+Each op is reachable through both doors: the torch functions (torch_api) and the aten ops
+torch lowers to (aten_api). PyTorch does the same: ``index_select``, ``take`` and
+``embedding`` decompose to ``index`` in torch._decomp, and derivatives.yaml writes the
+backward of each op with ``index_put_``/``scatter``/``gather``.
+
+NOTE [Index tensors are data, not arguments to differentiate]
+Integer index tensors and boolean masks are positional arguments (vmap batches them like any
+tensor), but they never carry a derivative: every vjp rule returns None for them and every
+jvp rule ignores their tangents. A boolean mask is turned into integer indices with
+``nonzero`` before it reaches a primitive, so the primitives only ever see integer indices.
+That conversion needs the mask's values: under vmap a batched mask would give a different
+number of indices per example, and is refused (as torch.func refuses it).
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import aten_api, ops, torch_api
+from . import primitives as P
+from .autograd import sum_to_size, vjp_rules, wants_cotangent
+from .batching import BatchedValue, batch_size, batching_rules, move_bdim, to_front
+from .elementwise import logical_and
+from .errors import TransformUsageError, UnsupportedOperationError
+from .forward import add_tangents, jvp_rules
+from .tensor import call_with_tensors, unwrap
+from .values import Value, bind, top_dispatcher
+
+aten = torch.ops.aten
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+def _is_tensor(x):
+    return isinstance(x, (torch.Tensor, Value))
+
+
+def _rank(x):
+    return len(ops.shape_of(x))
+
+
+def _logical_shape(value, bdim):
+    """The shape of one example of a payload batched at ``bdim`` (None: unbatched)."""
+    shape = ops.shape_of(value)
+    return shape if bdim is None else shape[:bdim] + shape[bdim + 1:]
+
+
+def _constant(value, like, dtype=None):
+    """A plain tensor (a constant for every level) with ``like``'s device."""
+    return torch.tensor(value, dtype=dtype or like.dtype, device=like.device)
+
+
+def _batched_level(value):
+    """The first vmap level in a value's payload chain (None if it is batched nowhere)."""
+    while isinstance(value, Value):
+        if isinstance(value, BatchedValue):
+            return value.dispatcher
+        value = value.payload
+    return None
+
+
+def _refuse_batched(what, *values):
+    """NOTE [Shapes that depend on the data]
+    ``nonzero``, ``unique``, ``x[mask]`` and ``masked_select`` return as many elements as
+    the data says. Under vmap every example may want another count, and a batched tensor
+    has one shape, so they are refused when the data they count is batched (torch.func
+    raises too). The same op on a batched tensor but an unbatched mask is fine: the count
+    is the same for every example."""
+    for value in values:
+        level = _batched_level(value)
+        if level is not None:
+            raise UnsupportedOperationError(
+                f"{level.call}: {what} on a tensor batched by vmap: its output shape depends on "
+                "the values of each example, and vmap needs one shape for the whole batch "
+                "(torch.func refuses it too). Fix: move it outside of vmap, or use a fixed-shape "
+                "formulation (torch.where(mask, x, 0) instead of x[mask])."
+            )
+
+
+def _adjacent(dims):
+    return dims == tuple(range(dims[0], dims[0] + len(dims)))
+
+
+def _indexed_shape(x_shape, index_shapes, dims):
+    """The shape of ``x[...]`` with index tensors of ``index_shapes`` at ``dims`` (torch's
+    rule: adjacent index tensors put their broadcast shape in place, separated ones put it
+    in front)."""
+    broadcast = tuple(torch.broadcast_shapes(*index_shapes))
+    if _adjacent(dims):
+        return tuple(x_shape[:dims[0]]) + broadcast + tuple(x_shape[dims[-1] + 1:])
+    return broadcast + tuple(s for d, s in enumerate(x_shape) if d not in dims)
+
+
+def _entries(indices, dims):
+    entries = [None] * (dims[-1] + 1)
+    for d, index in zip(dims, indices):
+        entries[d] = index
+    return entries
+
+
+# --- the primitives of advanced indexing -----------------------------------------------------------
+# index: x[..] with integer index tensors at `dims` (a sorted tuple), full slices elsewhere.
+index_p = P.primitive(
+    "index", lambda x, *indices, dims: aten.index.Tensor(x, _entries(indices, dims)))
+# index_put: x with `values` written (accumulate=False) or added (True) at x[indices].
+index_put_p = P.primitive(
+    "index_put", lambda x, values, *indices, dims, accumulate: aten.index_put.default(
+        x, _entries(indices, dims), values, accumulate))
+
+
+def index_vjp(x, *indices, dims):
+    """derivatives.yaml: ``index``'s backward is ``zeros.index_put_(indices, grad, True)``:
+    an element read twice receives both cotangents."""
+    shape = ops.shape_of(x)
+    out = bind(index_p, x, *indices, dims=dims)
+
+    def backward(ct):
+        zeros = torch.zeros(shape, dtype=ct.dtype, device=ct.device)
+        return ((bind(index_put_p, zeros, ct, *indices, dims=dims, accumulate=True),)
+                + (None,) * len(indices))
+    return out, backward
+vjp_rules[index_p] = index_vjp
+
+
+def index_jvp(primals, tangents, *, dims):
+    x, *indices = primals
+    return bind(index_p, x, *indices, dims=dims), bind(index_p, tangents[0], *indices, dims=dims)
+jvp_rules[index_p] = index_jvp
+
+
+def index_put_vjp(x, values, *indices, dims, accumulate):
+    """derivatives.yaml: ``self: accumulate ? grad : grad.index_put(indices, 0)`` and
+    ``values: grad[indices]`` summed to the values' shape. With accumulate=False and a place
+    written twice, torch keeps one write but gives every duplicate the cotangent of that
+    place; so does this rule."""
+    values_shape = ops.shape_of(values)
+    out = bind(index_put_p, x, values, *indices, dims=dims, accumulate=accumulate)
+
+    def backward(ct):
+        x_bar = values_bar = None
+        if wants_cotangent(0, x):
+            x_bar = ct if accumulate else bind(index_put_p, ct, _constant(0, ct), *indices,
+                                               dims=dims, accumulate=False)
+        if wants_cotangent(1, values):
+            values_bar = sum_to_size(bind(index_p, ct, *indices, dims=dims), values_shape)
+        return (x_bar, values_bar) + (None,) * len(indices)
+    return out, backward
+vjp_rules[index_put_p] = index_put_vjp
+
+
+def index_put_jvp(primals, tangents, *, dims, accumulate):
+    """Linear in (x, values) together: the tangents go through the same index_put."""
+    x, values, *indices = primals
+    x_dot, values_dot = tangents[0], tangents[1]
+    out = bind(index_put_p, x, values, *indices, dims=dims, accumulate=accumulate)
+    if values_dot is None and accumulate:
+        return out, x_dot
+    x_dot = ops.zeros_like(x) if x_dot is None else x_dot
+    values_dot = _constant(0, x) if values_dot is None else values_dot
+    return out, bind(index_put_p, x_dot, values_dot, *indices, dims=dims, accumulate=accumulate)
+jvp_rules[index_put_p] = index_put_jvp
+
+
+def _batched_indices(indices, bdims, rank):
+    """Batched index tensors with their batch dim in front and size-1 dims after it, so that
+    they broadcast against each other as their examples do (a shorter example is padded on
+    the left); unbatched ones are left as they are (they broadcast from the right)."""
+    out = []
+    for index, bdim in zip(indices, bdims):
+        if bdim is None:
+            out.append(index)
+            continue
+        index = move_bdim(index, bdim, 0)
+        shape = ops.shape_of(index)
+        out.append(ops.reshape(index, shape[0], *([1] * (rank + 1 - len(shape))), *shape[1:]))
+    return out
+
+
+def _batched_layout(x, x_bdim, indices, index_bdims, dims, size):
+    """NOTE [A batched advanced index is one index call]
+    Under vmap, ``x[i]`` for every example is one call on the payloads:
+    - only x is batched: the batch dim is one more sliced dim (in front), the index tensors
+      are unchanged and point at dims shifted by one;
+    - some index tensor is batched: the batch becomes one more *advanced* index, an
+      ``arange(B)`` (shaped ``B, 1, ..., 1``) at x's batch dim, and each batched index tensor
+      gets its batch dim in front, so that the index tensors broadcast to ``(B, *shape)`` and
+      example b reads ``x[b, i[b]]``. An unbatched x needs no arange: the batched indices
+      alone make the result batched.
+    Where the batch dim lands follows torch's rule for the result: adjacent index tensors
+    (``x[:, i, j]``) put their broadcast dims in place, separated ones (``x[i, :, j]``) put them
+    in front. The batch dim is placed at the first indexed dim in the first case, at 0 in
+    the second, so the result is batched there without a permute. (functorch's
+    ``index.Tensor`` batching rule builds the same arange.)
+
+    Returns (x, indices, dims) for the batched call, the batch dim of its result, and the
+    batch dim of x in the call (that of index_put's result)."""
+    rank = max(len(_logical_shape(i, b)) for i, b in zip(indices, index_bdims))
+    if all(b is None for b in index_bdims):
+        x = move_bdim(x, x_bdim, 0)
+        return (x, list(indices), tuple(d + 1 for d in dims),
+                0 if _adjacent(dims) else rank, 0)
+    position = dims[0] if _adjacent(dims) else 0
+    indices = _batched_indices(indices, index_bdims, rank)
+    if x_bdim is None:
+        return x, indices, dims, position, None
+    x = move_bdim(x, x_bdim, position)
+    arange = torch.arange(size, device=x.device).reshape(size, *([1] * rank))
+    return x, [arange] + indices, (position,) + tuple(d + 1 for d in dims), position, position
+
+
+def index_batch(values, bdims, *, dims):
+    x, *indices = values
+    x, indices, dims, out_bdim, _ = _batched_layout(x, bdims[0], indices, bdims[1:], dims,
+                                                    batch_size(values, bdims))
+    return bind(index_p, x, *indices, dims=dims), out_bdim
+batching_rules[index_p] = index_batch
+
+
+def _align_values(values, bdim, region, out_bdim):
+    """The values of a batched index_put, laid out to broadcast against the batched region
+    (the region's logical shape with the batch dim inserted at ``out_bdim``)."""
+    rank = len(region)
+    if bdim is None:
+        shape = ops.shape_of(values)
+        if len(shape) <= rank - out_bdim:
+            return values  # every dim of values sits right of the batch dim already
+        values = ops.reshape(values, *([1] * (rank - len(shape))), *shape)
+        return ops.unsqueeze(values, out_bdim)
+    values = move_bdim(values, bdim, 0)
+    shape = ops.shape_of(values)
+    values = ops.reshape(values, shape[0], *([1] * (rank + 1 - len(shape))), *shape[1:])
+    return move_bdim(values, 0, out_bdim)
+
+
+def index_put_batch(values, bdims, *, dims, accumulate):
+    x, v, *indices = values
+    x_bdim, v_bdim, index_bdims = bdims[0], bdims[1], bdims[2:]
+    size = batch_size(values, bdims)
+    region = _indexed_shape(_logical_shape(x, x_bdim),
+                            [_logical_shape(i, b) for i, b in zip(indices, index_bdims)], dims)
+    if x_bdim is None:  # every example starts from the same x
+        x = ops.expand(ops.unsqueeze(x, 0), size, *ops.shape_of(x))
+        x_bdim = 0
+    x, indices, dims, region_bdim, x_bdim = _batched_layout(x, x_bdim, indices, index_bdims,
+                                                            dims, size)
+    v = _align_values(v, v_bdim, region, region_bdim)
+    return bind(index_put_p, x, v, *indices, dims=dims, accumulate=accumulate), x_bdim
+batching_rules[index_put_p] = index_put_batch
+
+
+# --- from torch's index lists to the primitives -----------------------------------------------------
+def _mask_indices(mask, what):
+    """The integer indices of a boolean mask's True elements, one tensor per mask dim."""
+    _refuse_batched(what, mask)
+    if isinstance(mask, Value):
+        mask = mask.concrete()
+    return mask.nonzero().unbind(1)
+
+
+def _long(index):
+    if index.dtype == torch.int64:
+        return index
+    if isinstance(index, Value):
+        return ops.convert(index, torch.int64)
+    return index.long()
+
+
+def _normalize_entries(x, entries, op):
+    """aten's index list (a tensor or None per leading dim) as (index tensors, dims): masks
+    become the integer indices of their True elements, other indices become int64."""
+    shape = ops.shape_of(x)
+    tensors, dims, dim = [], [], 0
+    for entry in entries:
+        if entry is None:
+            dim += 1
+            continue
+        if entry.dtype in (torch.bool, torch.uint8):
+            mask_shape = ops.shape_of(entry)
+            if not mask_shape or mask_shape != tuple(shape[dim:dim + len(mask_shape)]):
+                raise TransformUsageError(
+                    f"{op}: the boolean mask of shape {mask_shape} at dim {dim} does not match "
+                    f"the indexed tensor's shape {tuple(shape)} there. Fix: give a mask with the "
+                    "shape of the dims it selects from."
+                )
+            for offset, index in enumerate(_mask_indices(entry, f"{op} with a boolean mask")):
+                tensors.append(index)
+                dims.append(dim + offset)
+            dim += len(mask_shape)
+            continue
+        if entry.dtype.is_floating_point or entry.dtype.is_complex:
+            raise TransformUsageError(
+                f"{op}: tensors used as indices must be integer or boolean, got {entry.dtype}. "
+                "Fix: convert the index with .long()."
+            )
+        tensors.append(_long(entry))
+        dims.append(dim)
+        dim += 1
+    if dim > len(shape):
+        raise TransformUsageError(
+            f"{op}: too many indices for a tensor of shape {tuple(shape)}. Fix: index at most "
+            f"{len(shape)} dims."
+        )
+    return tensors, tuple(dims)
+
+
+@aten_api.register(aten.index.Tensor, aten._unsafe_index.Tensor)
+def advanced_index(x, indices):
+    """``aten.index.Tensor(x, [i0, None, i1])``: advanced indexing."""
+    tensors, dims = _normalize_entries(x, indices, "index(x, indices)")
+    if not tensors:
+        return x
+    return bind(index_p, x, *tensors, dims=dims)
+
+
+def _values_for(x, values, region, op):
+    """Values to write into ``x``: its dtype, and a shape that broadcasts to ``region``."""
+    if not _is_tensor(values):
+        return _constant(values, x)
+    values = ops.convert(values, x.dtype)
+    shape = ops.shape_of(values)
+    try:
+        torch.broadcast_shapes(shape, region)
+        fits = len(shape) <= len(region)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise TransformUsageError(
+            f"{op}: values of shape {shape} cannot be broadcast to the indexed shape {region}. "
+            "Fix: give values of the indexed shape (or one that broadcasts to it)."
+        )
+    return values
+
+
+def _index_put(x, tensors, dims, values, accumulate, op):
+    if not tensors:  # no index tensor: the whole of x
+        values = _values_for(x, values, ops.shape_of(x), op)
+        return ops.add(x, values) if accumulate else ops.expand(values, *ops.shape_of(x))
+    region = _indexed_shape(ops.shape_of(x), [ops.shape_of(t) for t in tensors], dims)
+    values = _values_for(x, values, region, op)
+    return bind(index_put_p, x, values, *tensors, dims=dims, accumulate=accumulate)
+
+
+@torch_api.register(torch.index_put, torch.Tensor.index_put)
+@aten_api.register(aten.index_put.default, aten._unsafe_index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    tensors, dims = _normalize_entries(x, indices, "index_put(x, indices, values)")
+    return _index_put(x, tensors, dims, values, accumulate, "index_put(x, indices, values)")
+
+
+torch_api.register_in_place(torch.Tensor.index_put_)(index_put)
+aten_api.register(aten._index_put_impl.default)(
+    lambda x, indices, values, accumulate=False, unsafe=False: index_put(x, indices, values,
+                                                                         accumulate))
+
+
+# --- the front door: x[index] and x[index] = value -------------------------------------------------
+def _is_basic(item):
+    return item is Ellipsis or item is None or (
+        isinstance(item, (int, slice)) and not isinstance(item, bool))
+
+
+def _sequence_as_tuple(index):
+    """torch's (and NumPy's old) rule: a short list holding a tensor, a sequence, a slice,
+    None or ... is read as a tuple of indices (``x[[0, slice(None)]]``); otherwise a list is
+    one index tensor (``x[[0, 2]]``)."""
+    if len(index) >= 32:
+        return False
+    return any(_is_tensor(item) or isinstance(item, (list, tuple, slice)) or item is None
+               or item is Ellipsis for item in index)
+
+
+def _list_index(items, op):
+    items = [unwrap(i) for i in items]
+    if any(isinstance(i, Value) for i in _flatten(items)):
+        raise TransformUsageError(
+            f"{op}: a list holding tensors of a transform cannot be used as an index. Fix: "
+            "stack them into one tensor (torch.stack) and index with it."
+        )
+    return torch.tensor(items)
+
+
+def _flatten(items):
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            yield from _flatten(item)
+        else:
+            yield item
+
+
+def _split_index(shape, index, op):
+    """``x[index]`` as ``index(getitem(x, basic), entries)``: the ints, slices, None and ...
+    of ``index`` (a basic index, which ``ops.getitem`` handles and programs print as such),
+    and a list of tensor indices (or None) per dim of the basic result. torch's Python
+    indexing does the same: it applies the basic items first as views, and collects the
+    tensors for one ``index`` call."""
+    if isinstance(index, list) and _sequence_as_tuple(index):
+        index = tuple(index)
+    if not isinstance(index, tuple):
+        index = (index,)
+    items = []
+    for item in index:
+        item = unwrap(item)
+        if isinstance(item, list):
+            item = _list_index(item, op)
+        if isinstance(item, torch.Tensor) and item.dim() == 0 and not item.dtype.is_floating_point \
+                and item.dtype not in (torch.bool, torch.uint8):
+            item = int(item)  # a plain 0-d integer tensor selects, as in torch
+        items.append(item)
+    consumed = 0
+    for item in items:
+        if isinstance(item, bool) or item is None or item is Ellipsis:
+            continue
+        if _is_tensor(item) and item.dtype in (torch.bool, torch.uint8):
+            consumed += _rank(item)
+        else:
+            consumed += 1
+    if consumed > len(shape):
+        raise TransformUsageError(
+            f"{op}: too many indices for a tensor of shape {tuple(shape)}. Fix: index at most "
+            f"{len(shape)} dims."
+        )
+    # entries follow aten's convention: one per dim of the basic result, except that a k-d
+    # mask is one entry for its k dims
+    basic, entries = [], []
+    for item in items:
+        if item is Ellipsis:
+            fill = len(shape) - consumed
+            basic.extend([slice(None)] * fill)
+            entries.extend([None] * fill)
+            consumed = len(shape)  # a second ... adds nothing (torch refuses it anyway)
+        elif isinstance(item, bool):  # x[True] adds a dim of size 1, x[False] one of size 0
+            basic.append(None)
+            entries.append(None if item else torch.zeros(0, dtype=torch.int64))
+        elif _is_basic(item):
+            basic.append(item)
+            if not isinstance(item, int):
+                entries.append(None)
+        elif _is_tensor(item):
+            if item.dtype in (torch.bool, torch.uint8) and _rank(item) == 0:
+                basic.append(None)  # a 0-d mask: a new dim, selected by a 1-element mask
+                entries.append(ops.reshape(item, 1))
+            elif item.dtype in (torch.bool, torch.uint8):
+                basic.extend([slice(None)] * _rank(item))
+                entries.append(item)
+            else:
+                basic.append(slice(None))
+                entries.append(item)
+        else:
+            raise TransformUsageError(
+                f"{op}: cannot index with an object of type {type(item).__name__}. Fix: index "
+                "with ints, slices, None, ..., lists or tensors."
+            )
+    while entries and entries[-1] is None:
+        entries.pop()
+    return tuple(basic), entries
+
+
+def _all_basic(index):
+    if isinstance(index, tuple):
+        return all(_is_basic(i) for i in index)
+    return _is_basic(index)
+
+
+@torch_api.register(torch.Tensor.__getitem__)
+def getitem(x, index):
+    """``x[index]``: basic indexing goes to ``ops.getitem`` (a view), tensors to ``index``."""
+    if _all_basic(index):
+        return ops.getitem(x, index)
+    basic, entries = _split_index(ops.shape_of(x), index, "x[index]")
+    return advanced_index(ops.getitem(x, basic), entries)
+
+
+@torch_api.register_in_place(torch.Tensor.__setitem__)
+def setitem(x, index, value):
+    """The new value of ``x`` after ``x[index] = value``. With tensors in the index, the basic
+    part selects a region (a view in torch), and the tensors write into it with
+    ``index_put``; the region is then written back with ``ops.setitem``."""
+    if _all_basic(index):
+        return ops.setitem(x, index, value)
+    op = "x[index] = value"
+    basic, entries = _split_index(ops.shape_of(x), index, op)
+    region = ops.getitem(x, basic)
+    tensors, dims = _normalize_entries(region, entries, op)
+    if _is_tensor(value):
+        # torch drops leading size-1 dims of the value that the indexed shape does not have
+        shape = ops.shape_of(value)
+        target = (_indexed_shape(ops.shape_of(region), [ops.shape_of(t) for t in tensors], dims)
+                  if tensors else ops.shape_of(region))
+        lead = 0
+        while len(shape) - lead > len(target) and shape[lead] == 1:
+            lead += 1
+        if lead:
+            value = ops.reshape(value, *shape[lead:])
+    written = _index_put(region, tensors, dims, value, False, op)
+    return written if region is x else ops.setitem(x, basic, written)
+
+
+# --- gather, under vmap ----------------------------------------------------------------------------
+def _along_dim_batch(prim, values, bdims, dim, out_rank, target_rank=None, **params):
+    """NOTE [gather and scatter under vmap]
+    gather, scatter and scatter_reduce pair each element of ``index`` with one of ``x`` (and
+    ``src``) at the same position in every dim but ``dim``. Under vmap every operand gets
+    the batch dim in front (unbatched ones are expanded, which is a view), and ``dim`` moves
+    by one: one call serves every example. torch reads a 0-d tensor as a 1-d one of size 1
+    in these ops (``gather(x_1d, 0, index_0d)`` is allowed), which a batch dim in front would
+    break: such operands get that size-1 dim explicitly, and the result loses it again.
+    (The course rule did not do this, and crashed on 0-d examples.)"""
+    ranks = [len(_logical_shape(v, b)) if _is_tensor(v) else None for v, b in zip(values, bdims)]
+    moved = to_front(values, bdims, expand_unbatched=True)
+    lift = any(r == 0 for r in ranks) or target_rank == 0
+    if lift:
+        moved = [ops.unsqueeze(v, 1) if r == 0 else v for v, r in zip(moved, ranks)]
+        dim = 0
+    out = bind(prim, *moved, dim=dim + 1, **params)
+    if lift and out_rank == 0:
+        out = ops.squeeze(out, 1)
+    return out, 0
+
+
+def gather_batch(values, bdims, *, dim):
+    return _along_dim_batch(P.gather_p, values, bdims, dim,
+                            len(_logical_shape(values[1], bdims[1])))
+
+
+def scatter_add_batch(values, bdims, *, dim, shape):
+    """(The course rule's scatter_add, whose output of ``shape`` is a hidden operand.)"""
+    size = batch_size(values, bdims)
+    return _along_dim_batch(P.scatter_add_p, values, bdims, dim, len(shape),
+                            target_rank=len(shape), shape=(size,) + (shape or (1,)))
+
+
+# NOTE: these replace the course rules of batching.py, which crash on 0-d examples; the fix
+# belongs in batching.py (see the report of the indexing family).
+batching_rules[P.gather_p] = gather_batch
+batching_rules[P.scatter_add_p] = scatter_add_batch
+
+
+# --- scatter and scatter_reduce --------------------------------------------------------------------
+def _scatter_impl(x, index, src, *, dim):
+    return torch.scatter(x, dim, index, src)
+
+
+def _scatter_reduce_impl(x, index, src, *, dim, reduce, include_self):
+    return torch.scatter_reduce(x, dim, index, src, reduce, include_self=include_self)
+
+
+# scatter: x with src (a tensor, or a number) written at the places index names along dim
+scatter_p = P.primitive("scatter", _scatter_impl)
+# scatter_reduce: x with src combined into it (sum, prod, mean, amax, amin)
+scatter_reduce_p = P.primitive("scatter_reduce", _scatter_reduce_impl)
+
+
+def _crop(value, shape):
+    """The leading ``shape`` block of ``value`` (a src larger than its index is read there)."""
+    if ops.shape_of(value) == tuple(shape):
+        return value
+    return ops.getitem(value, tuple(slice(0, n, 1) for n in shape))
+
+
+def _pad(value, shape):
+    """``value`` in the leading block of zeros of ``shape`` (the transpose of ``_crop``)."""
+    if ops.shape_of(value) == tuple(shape):
+        return value
+    block = tuple(slice(0, n, 1) for n in ops.shape_of(value))
+    return bind(P.scatter_index_p, value, index=block, shape=tuple(shape))
+
+
+def scatter_vjp(x, index, src, *, dim):
+    """derivatives.yaml: ``self: grad.scatter(dim, index, 0)``, ``src: grad.gather(dim,
+    index)``. (A src larger than the index gets zeros outside it; torch raises there.)"""
+    out = bind(scatter_p, x, index, src, dim=dim)
+
+    def backward(ct):
+        x_bar = bind(scatter_p, ct, index, 0.0, dim=dim) if wants_cotangent(0, x) else None
+        src_bar = None
+        if wants_cotangent(2, src):
+            src_bar = _pad(bind(P.gather_p, ct, index, dim=dim), ops.shape_of(src))
+        return x_bar, None, src_bar
+    return out, backward
+vjp_rules[scatter_p] = scatter_vjp
+
+
+def scatter_jvp(primals, tangents, *, dim):
+    (x, index, src), (x_dot, _, src_dot) = primals, tangents
+    out = bind(scatter_p, x, index, src, dim=dim)
+    x_dot = ops.zeros_like(x) if x_dot is None else x_dot
+    return out, bind(scatter_p, x_dot, index, 0.0 if src_dot is None else src_dot, dim=dim)
+jvp_rules[scatter_p] = scatter_jvp
+
+
+def scatter_batch(values, bdims, *, dim):
+    return _along_dim_batch(scatter_p, values, bdims, dim, len(_logical_shape(values[0], bdims[0])))
+batching_rules[scatter_p] = scatter_batch
+
+
+def scatter_reduce_batch(values, bdims, *, dim, reduce, include_self):
+    return _along_dim_batch(scatter_reduce_p, values, bdims, dim,
+                            len(_logical_shape(values[0], bdims[0])), reduce=reduce,
+                            include_self=include_self)
+batching_rules[scatter_reduce_p] = scatter_reduce_batch
+
+
+# guard: the identity, whose derivatives refuse to exist where `flag` is True
+def _guard_impl(x, flag, *, message, check):
+    if check and bool(flag.any()):
+        raise UnsupportedOperationError(message)
+    return x.view_as(x)
+
+
+guard_p = P.primitive("double_backward_guard", _guard_impl)
+
+
+def guard_vjp(x, flag, *, message, check):
+    out = bind(guard_p, x, flag, message=message, check=check)
+    return out, lambda ct: (bind(guard_p, ct, flag, message=message, check=True), None)
+vjp_rules[guard_p] = guard_vjp
+
+
+def guard_jvp(primals, tangents, *, message, check):
+    (x, flag), (x_dot, _) = primals, tangents
+    out = bind(guard_p, x, flag, message=message, check=check)
+    return out, bind(guard_p, x_dot, flag, message=message, check=True)
+jvp_rules[guard_p] = guard_jvp
+
+
+def _same_shape_batch(prim):
+    """Rule of an identity-like primitive with a side tensor of its input's rank: both get
+    the batch dim in front (the input is expanded if it is unbatched, so that each example's
+    output exists)."""
+    def rule(values, bdims, **params):
+        return bind(prim, *to_front(values, bdims, expand_unbatched=True), **params), 0
+    return rule
+
+
+batching_rules[guard_p] = _same_shape_batch(guard_p)
+
+
+def _scatter_reduce_partials(x, index, src, out, dim, reduce, include_self):
+    """The partial derivatives of scatter_reduce's output with respect to each element of x
+    (x-shaped) and of src (index-shaped): FunctionsManual's ``scatter_reduce_backward``,
+    written as weights so that the vjp (``ct * d_x``, ``gather(ct) * d_src``) and the jvp
+    (``x_dot * d_x + scatter_add(src_dot * d_src)``) are transposes of each other.
+
+    NOTE [scatter_reduce's derivatives]
+    - sum: 1 and 1.   mean: 1/N for both, N the number of values averaged at each place.
+    - amax, amin: the winners share the derivative evenly: 1/N for each x or src that equals
+      the result, N their number (as torch's amax does).
+    - prod: the product of the other factors. derivatives.yaml computes it without dividing
+      by a zero: x's partial is ``prod(x masked to 1 where 0, src) / masked x``; a src
+      element that is the only zero at its place gets the product of the others (a second
+      scatter_reduce with that zero replaced by 1), any other gets ``result / src``. With two
+      or more zeros at one place every partial is 0, which is right, but the derivative of
+      that 0 is not: torch refuses the double backward there, and so does ``guard`` here.
+    (torch.func's forward mode returns 0 for prod, and not_implemented for index_reduce; the
+    jvp here is the transpose of the vjp.)"""
+    x_shape, dtype = ops.shape_of(x), x.dtype
+
+    def gather(t):
+        return bind(P.gather_p, t, index, dim=dim)
+
+    def scatter_add(t):
+        return bind(P.scatter_add_p, t, index, dim=dim, shape=x_shape)
+
+    if reduce == "sum":
+        return None, None  # both partials are 1
+    if reduce == "mean":
+        counts = scatter_add(ops.full_like(index, 1.0, dtype=dtype))
+        if include_self:
+            counts = ops.add(counts, 1.0)
+        inverse = ops.div(1.0, ops.where(ops.eq(counts, 0), 1.0, counts))
+        return inverse, gather(inverse)
+    if reduce in ("amax", "amin"):
+        x_wins = ops.convert(ops.eq(x, out), dtype)
+        src_wins = ops.convert(ops.eq(src, gather(out)), dtype)
+        share = ops.div(1.0, ops.add(x_wins, scatter_add(src_wins)))
+        return ops.mul(x_wins, share), ops.mul(src_wins, gather(share))
+    assert reduce == "prod", f"unknown reduction {reduce!r}"
+    masked_x = ops.where(ops.eq(x, 0), 1.0, x)
+    masked_x_result = bind(scatter_reduce_p, masked_x, index, src, dim=dim, reduce="prod",
+                           include_self=include_self)
+    d_x = ops.div(masked_x_result, masked_x)
+    src_zero = ops.eq(src, 0)
+    zeros_here = gather(scatter_add(ops.convert(src_zero, dtype)))
+    single_zero = logical_and(src_zero, ops.eq(zeros_here, 1))
+    masked_src_result = bind(scatter_reduce_p, x, index, ops.where(single_zero, 1.0, src),
+                             dim=dim, reduce="prod", include_self=include_self)
+    d_src = ops.where(single_zero, gather(masked_src_result),
+                      ops.div(gather(out), ops.where(src_zero, 1.0, src)))
+    d_src = bind(guard_p, d_src, ops.gt(zeros_here, 1), check=False, message=(
+        "scatter_reduce(..., reduce='prod'): the second derivative with respect to src is not "
+        "defined here when two or more zeros of src are reduced into the same place (torch "
+        "refuses this double backward too). Fix: avoid exact zeros in src, or differentiate "
+        "once."))
+    return d_x, d_src
+
+
+def scatter_reduce_vjp(x, index, src, *, dim, reduce, include_self):
+    out = bind(scatter_reduce_p, x, index, src, dim=dim, reduce=reduce, include_self=include_self)
+    src_shape, index_shape = ops.shape_of(src), ops.shape_of(index)
+
+    def backward(ct):
+        used_src = _crop(src, index_shape)
+        d_x, d_src = _scatter_reduce_partials(x, index, used_src, out, dim, reduce, include_self)
+        x_bar = src_bar = None
+        if wants_cotangent(0, x):
+            x_bar = ct if d_x is None else ops.mul(ct, d_x)
+            if not include_self:  # the places src writes to forget x
+                x_bar = bind(scatter_p, x_bar, index, 0.0, dim=dim)
+        if wants_cotangent(2, src):
+            src_bar = bind(P.gather_p, ct, index, dim=dim)
+            src_bar = _pad(src_bar if d_src is None else ops.mul(src_bar, d_src), src_shape)
+        return x_bar, None, src_bar
+    return out, backward
+vjp_rules[scatter_reduce_p] = scatter_reduce_vjp
+
+
+def scatter_reduce_jvp(primals, tangents, *, dim, reduce, include_self):
+    (x, index, src), (x_dot, _, src_dot) = primals, tangents
+    out = bind(scatter_reduce_p, x, index, src, dim=dim, reduce=reduce, include_self=include_self)
+    used_src = _crop(src, ops.shape_of(index))
+    d_x, d_src = _scatter_reduce_partials(x, index, used_src, out, dim, reduce, include_self)
+    out_dot = None
+    if x_dot is not None:
+        out_dot = x_dot if d_x is None else ops.mul(x_dot, d_x)
+        if not include_self:
+            out_dot = bind(scatter_p, out_dot, index, 0.0, dim=dim)
+    if src_dot is not None:
+        src_dot = _crop(src_dot, ops.shape_of(index))
+        src_dot = src_dot if d_src is None else ops.mul(src_dot, d_src)
+        out_dot = add_tangents(out_dot, bind(P.scatter_add_p, src_dot, index, dim=dim,
+                                             shape=ops.shape_of(x)))
+    return out, out_dot
+jvp_rules[scatter_reduce_p] = scatter_reduce_jvp
+
+
+_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
+
+def _scatter_args(x, dim, index, op):
+    if max(_rank(index), 1) != max(_rank(x), 1):  # torch reads 0-d as 1-d here
+        raise TransformUsageError(
+            f"{op}: index must have as many dims as the tensor, got shapes {ops.shape_of(index)} "
+            f"and {ops.shape_of(x)}. Fix: give an index of the tensor's rank."
+        )
+    return ops.normalize_dim(dim, _rank(x), op=op), _long(index)
+
+
+def _src_for(x, index, src):
+    if _is_tensor(src):
+        return ops.convert(src, x.dtype)
+    return ops.full_like(index, src, dtype=x.dtype)
+
+
+@torch_api.register(*torch_api.torch_functions("scatter"))
+@aten_api.register(aten.scatter.src, aten.scatter.value, aten.scatter.reduce,
+                   aten.scatter.value_reduce)
+def scatter(x, dim, index, src=None, *, value=None, reduce=None):
+    """``x.scatter(dim, index, src)``, with ``src`` a tensor or a number, and the deprecated
+    ``reduce='add' | 'multiply'`` (a scatter_reduce that includes x).
+
+    NOTE [scatter with reduce=]
+    torch has no derivative for ``scatter(..., reduce=)`` (it raises); its values are those
+    of ``scatter_reduce(..., 'sum' | 'prod', include_self=True)``, so it is written as that,
+    and gets that op's derivatives."""
+    src = value if src is None else src
+    dim, index = _scatter_args(x, dim, index, "scatter(x, dim, index, src)")
+    if reduce is not None:
+        names = {"add": "sum", "multiply": "prod"}
+        if reduce not in names:
+            raise TransformUsageError(
+                f"scatter(..., reduce={reduce!r}): expected 'add' or 'multiply'. Fix: use "
+                "scatter_reduce for the other reductions."
+            )
+        return bind(scatter_reduce_p, x, index, _src_for(x, index, src), dim=dim,
+                    reduce=names[reduce], include_self=True)
+    src = ops.convert(src, x.dtype) if _is_tensor(src) else src
+    return bind(scatter_p, x, index, src, dim=dim)
+
+
+@torch_api.register(*torch_api.torch_functions("scatter_add"))
+@aten_api.register(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    dim, index = _scatter_args(x, dim, index, "scatter_add(x, dim, index, src)")
+    return bind(scatter_reduce_p, x, index, _src_for(x, index, src), dim=dim, reduce="sum",
+                include_self=True)
+
+
+@torch_api.register(*torch_api.torch_functions("scatter_reduce"))
+@aten_api.register(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    if reduce not in _REDUCTIONS:
+        raise TransformUsageError(
+            f"scatter_reduce(..., reduce={reduce!r}): expected one of {_REDUCTIONS}."
+        )
+    dim, index = _scatter_args(x, dim, index, "scatter_reduce(x, dim, index, src, reduce)")
+    return bind(scatter_reduce_p, x, index, _src_for(x, index, src), dim=dim, reduce=reduce,
+                include_self=include_self)
+
+
+torch_api.register_in_place(torch.Tensor.scatter_)(scatter)
+torch_api.register_in_place(torch.Tensor.scatter_add_)(scatter_add)
+torch_api.register_in_place(torch.Tensor.scatter_reduce_)(scatter_reduce)
+
+
+@torch_api.register(*torch_api.torch_functions("take_along_dim"))
+@aten_api.register(aten.take_along_dim.default)
+def take_along_dim(x, indices, dim=None):
+    """``gather`` after broadcasting x and indices in every dim but ``dim`` (torch's rule)."""
+    if dim is None:
+        return take(x, indices)
+    rank = _rank(x)
+    if _rank(indices) != rank:
+        raise TransformUsageError(
+            f"take_along_dim(x, indices, dim={dim}): x and indices must have the same number of "
+            f"dims, got shapes {ops.shape_of(x)} and {ops.shape_of(indices)}."
+        )
+    dim = ops.normalize_dim(dim, rank, op="take_along_dim")
+    x_shape, i_shape = list(ops.shape_of(x)), list(ops.shape_of(indices))
+    common = list(torch.broadcast_shapes(tuple(x_shape[:dim] + [1] + x_shape[dim + 1:]),
+                                         tuple(i_shape[:dim] + [1] + i_shape[dim + 1:])))
+    x = ops.expand(x, *(common[:dim] + [x_shape[dim]] + common[dim + 1:]))
+    indices = ops.expand(_long(indices), *(common[:dim] + [i_shape[dim]] + common[dim + 1:]))
+    return ops.gather(x, dim, indices)
+
+
+# --- index_select, take, put and the index_* family ------------------------------------------------
+def _index_vector(index, op):
+    if _rank(index) > 1:
+        raise TransformUsageError(
+            f"{op}: index must be 0-d or 1-d, got shape {ops.shape_of(index)}. Fix: flatten it."
+        )
+    return ops.reshape(_long(index), -1)
+
+
+@torch_api.register(*torch_api.torch_functions("index_select"))
+@aten_api.register(aten.index_select.default)
+def index_select(x, dim, index):
+    index = _index_vector(index, "index_select(x, dim, index)")
+    if _rank(x) == 0:
+        return ops.reshape(bind(index_p, ops.reshape(x, 1), index, dims=(0,)))
+    dim = ops.normalize_dim(dim, _rank(x), op="index_select")
+    return bind(index_p, x, index, dims=(dim,))
+
+
+@torch_api.register(*torch_api.torch_functions("take"))
+@aten_api.register(aten.take.default)
+def take(x, index):
+    """``x.flatten()[index]``: the result has the index's shape."""
+    return bind(index_p, ops.reshape(x, -1), _long(index), dims=(0,))
+
+
+@torch_api.register(*torch_api.torch_functions("put"))
+@aten_api.register(aten.put.default)
+def put(x, index, source, accumulate=False):
+    """x with ``source`` written (or added) at the flat positions ``index``."""
+    if math.prod(ops.shape_of(index)) != math.prod(ops.shape_of(source)):
+        raise TransformUsageError(
+            f"put(x, index, source): index and source need the same number of elements, got "
+            f"{math.prod(ops.shape_of(index))} and {math.prod(ops.shape_of(source))}."
+        )
+    flat = bind(index_put_p, ops.reshape(x, -1), ops.reshape(ops.convert(source, x.dtype), -1),
+                ops.reshape(_long(index), -1), dims=(0,), accumulate=accumulate)
+    return ops.reshape(flat, *ops.shape_of(x))
+
+
+torch_api.register_in_place(torch.Tensor.put_)(put)
+
+
+def _along(x, dim, index, op):
+    dim = ops.normalize_dim(dim, _rank(x), op=op)
+    return dim, _index_vector(index, f"{op}(x, dim, index, ...)")
+
+
+@torch_api.register(*torch_api.torch_functions("index_add"))
+@aten_api.register(aten.index_add.default)
+def index_add(x, dim, index, source, *, alpha=1):
+    dim, index = _along(x, dim, index, "index_add")
+    source = ops.convert(source, x.dtype)
+    if alpha != 1:
+        source = ops.mul(source, alpha)
+    return bind(index_put_p, x, source, index, dims=(dim,), accumulate=True)
+
+
+@torch_api.register(*torch_api.torch_functions("index_copy"))
+@aten_api.register(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    dim, index = _along(x, dim, index, "index_copy")
+    return bind(index_put_p, x, ops.convert(source, x.dtype), index, dims=(dim,),
+                accumulate=False)
+
+
+def _written(x, dims, indices):
+    """A boolean mask of x's shape, True at the places ``index_put`` at ``indices`` writes."""
+    mask = torch.zeros(ops.shape_of(x), dtype=torch.bool, device=x.device)
+    return bind(index_put_p, mask, torch.ones((), dtype=torch.bool), *indices, dims=dims,
+                accumulate=False)
+
+
+def _fill_value(x, value, op):
+    if not _is_tensor(value):
+        return _constant(value, x)
+    if _rank(value) != 0:
+        raise TransformUsageError(
+            f"{op}: the fill value must be a number or a 0-d tensor, got shape "
+            f"{ops.shape_of(value)}. Fix: pass value.sum() or a single element."
+        )
+    return ops.convert(value, x.dtype)
+
+
+@torch_api.register(*torch_api.torch_functions("index_fill"))
+@aten_api.register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    """NOTE [index_fill is a where]
+    derivatives.yaml gives a tensor ``value`` the sum of the cotangents at the filled places,
+    each place once however often the index names it (it takes ``unique(index)``). A where
+    over the mask of filled places has exactly that derivative, and needs no unique (which
+    vmap could not batch)."""
+    if _rank(x) == 0:
+        return ops.reshape(index_fill(ops.reshape(x, 1), 0, index, value))
+    dim, index = _along(x, dim, index, "index_fill")
+    return ops.where(_written(x, (dim,), [index]), _fill_value(x, value, "index_fill"), x)
+
+
+torch_api.register_in_place(torch.Tensor.index_fill_)(index_fill)
+torch_api.register_in_place(torch.Tensor.index_add_)(index_add)
+torch_api.register_in_place(torch.Tensor.index_copy_)(index_copy)
+
+
+@torch_api.register(*torch_api.torch_functions("index_reduce"))
+@aten_api.register(aten.index_reduce.default)
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    """``index_reduce`` is ``scatter_reduce`` with the index repeated along every other dim:
+    ``x[.., index[j], ..] (op)= source[.., j, ..]``."""
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise TransformUsageError(
+            f"index_reduce(..., reduce={reduce!r}): expected 'prod', 'mean', 'amax' or 'amin'."
+        )
+    dim, index = _along(x, dim, index, "index_reduce")
+    source = ops.convert(source, x.dtype)
+    shape = ops.shape_of(source)
+    if _rank(x) == 0:
+        return ops.reshape(index_reduce(ops.reshape(x, 1), 0, index, ops.reshape(source, -1),
+                                        reduce, include_self=include_self))
+    along = ops.reshape(index, *[-1 if d == dim else 1 for d in range(len(shape))])
+    return bind(scatter_reduce_p, x, ops.expand(along, *shape), source, dim=dim, reduce=reduce,
+                include_self=include_self)
+
+
+torch_api.register_in_place(torch.Tensor.index_reduce_)(index_reduce)
+
+
+# --- masks ---------------------------------------------------------------------------------------
+def _mask_order_impl(mask, *, batch_dims):
+    """For each element, how many True elements precede it (row-major) in its example."""
+    shape = mask.shape
+    flat = mask.reshape(*shape[:batch_dims], -1).to(torch.int64)
+    return (flat.cumsum(-1) - flat).reshape(shape)
+
+
+mask_order_p = P.primitive("mask_order", _mask_order_impl, differentiable=False)
+
+
+def mask_order_batch(values, bdims, *, batch_dims):
+    (mask,), (bdim,) = values, bdims
+    return bind(mask_order_p, move_bdim(mask, bdim, 0), batch_dims=batch_dims + 1), 0
+batching_rules[mask_order_p] = mask_order_batch
+
+
+def _bool_mask(mask, op):
+    if mask.dtype not in (torch.bool, torch.uint8):
+        raise TransformUsageError(f"{op}: expected a boolean mask, got {mask.dtype}.")
+    return mask if mask.dtype == torch.bool else ops.ne(mask, 0)
+
+
+@torch_api.register(*torch_api.torch_functions("masked_fill"))
+@aten_api.register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    op = "masked_fill(x, mask, value)"
+    mask = _bool_mask(mask, op)
+    if tuple(torch.broadcast_shapes(ops.shape_of(x), ops.shape_of(mask))) != ops.shape_of(x):
+        raise TransformUsageError(
+            f"{op}: the mask of shape {ops.shape_of(mask)} must broadcast to x's shape "
+            f"{ops.shape_of(x)}."
+        )
+    return ops.where(mask, _fill_value(x, value, op), x)
+
+
+torch_api.register_in_place(torch.Tensor.masked_fill_)(masked_fill)
+
+
+@torch_api.register(*torch_api.torch_functions("masked_scatter"))
+@aten_api.register(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    """NOTE [masked_scatter as a read]
+    ``x.masked_scatter(mask, source)`` fills the True places, in row-major order, with the
+    leading elements of ``source``. The k-th True place reads ``source.flatten()[k]``, and k
+    is the number of True places before it (``mask_order``, a cumulative sum), so the op is
+    ``where(mask, take(source, order), x)``: a read, whose derivatives are index's (the
+    cotangents of the unused source elements are zero, as in torch's
+    ``masked_scatter_backward``). Under vmap the order is computed per example."""
+    op = "masked_scatter(x, mask, source)"
+    mask = _bool_mask(mask, op)
+    shape = tuple(torch.broadcast_shapes(ops.shape_of(x), ops.shape_of(mask)))
+    x = ops.expand(x, *shape) if ops.shape_of(x) != shape else x
+    mask = ops.expand(mask, *shape) if ops.shape_of(mask) != shape else mask
+    if math.prod(ops.shape_of(source)) == 0:
+        _check_no_true(mask, op)
+        return x
+    order = ops.where(mask, bind(mask_order_p, mask, batch_dims=0), 0)
+    return ops.where(mask, take(ops.convert(source, x.dtype), order), x)
+
+
+def _check_no_true(mask, op):
+    if isinstance(mask, torch.Tensor) and bool(mask.any()):
+        raise TransformUsageError(f"{op}: source has no elements for the True places of mask.")
+
+
+torch_api.register_in_place(torch.Tensor.masked_scatter_)(masked_scatter)
+
+
+@torch_api.register(*torch_api.torch_functions("masked_select"))
+@aten_api.register(aten.masked_select.default)
+def masked_select(x, mask):
+    """``x[mask]`` after broadcasting the two: a 1-d tensor as long as the mask has True
+    elements (NOTE [Shapes that depend on the data])."""
+    op = "masked_select(x, mask)"
+    mask = _bool_mask(mask, op)
+    shape = tuple(torch.broadcast_shapes(ops.shape_of(x), ops.shape_of(mask)))
+    x = ops.expand(x, *shape) if ops.shape_of(x) != shape else x
+    mask = ops.expand(mask, *shape) if ops.shape_of(mask) != shape else mask
+    if not shape:
+        x, mask = ops.reshape(x, 1), ops.reshape(mask, 1)
+    return advanced_index(x, [mask])
+
+
+# --- as_strided: a read of chosen elements ---------------------------------------------------------
+def _strided_positions(x, size, stride, storage_offset, op):
+    """NOTE [as_strided on a tensor without storage]
+    A FuncTensor's elements are laid out contiguously, so ``as_strided(x, size, stride,
+    offset)`` picks the elements whose flat positions are ``as_strided`` applied to
+    ``arange(x.numel())``: the positions are computed on a plain tensor, and the op is a
+    ``take`` at them (its scatter a ``put``). torch's decompositions of ``unfold`` and
+    ``group_norm`` produce such calls."""
+    numel = math.prod(ops.shape_of(x))
+    positions = torch.arange(numel, device=x.device)
+    try:
+        return positions.as_strided(tuple(size), tuple(stride), storage_offset or 0)
+    except RuntimeError as error:
+        raise TransformUsageError(
+            f"{op}: size {tuple(size)}, stride {tuple(stride)} and offset {storage_offset or 0} "
+            f"reach outside the tensor's {numel} elements, which a tensor of a transform does "
+            f"not have ({error}). Fix: stay within the tensor (or index it explicitly)."
+        ) from None
+
+
+@torch_api.register(*torch_api.torch_functions("as_strided"))
+@aten_api.register(aten.as_strided.default)
+def as_strided(x, size, stride, storage_offset=None):
+    positions = _strided_positions(x, size, stride, storage_offset, "as_strided(x, ...)")
+    return take(x, positions)
+
+
+@torch_api.register(torch.Tensor.unfold)
+@aten_api.register(aten.unfold.default)
+def unfold(x, dimension, size, step):
+    """``x.unfold(dim, size, step)``: windows of ``size`` elements every ``step`` along dim,
+    a new last dim. The positions of the windows' elements come from unfolding an arange
+    (torch's decomposition is an as_strided, which is the same read)."""
+    numel = math.prod(ops.shape_of(x))
+    positions = torch.arange(numel, device=x.device).reshape(ops.shape_of(x))
+    try:
+        positions = positions.unfold(dimension, size, step)
+    except RuntimeError as error:
+        raise TransformUsageError(f"unfold(x, {dimension}, {size}, {step}): {error}") from None
+    return take(x, positions)
+
+
+@torch_api.register(*torch_api.torch_functions("as_strided_scatter"))
+@aten_api.register(aten.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    positions = _strided_positions(x, size, stride, storage_offset, "as_strided_scatter(x, ...)")
+    return put(x, positions, src)
+
+
+# --- index producers -------------------------------------------------------------------------------
+def _searchsorted_impl(sorted_sequence, values, sorter, *, right, out_int32):
+    return torch.searchsorted(sorted_sequence, values, right=right, out_int32=out_int32,
+                              sorter=sorter)
+
+
+searchsorted_p = P.primitive("searchsorted", _searchsorted_impl, differentiable=False)
+
+
+def searchsorted_batch(values, bdims, *, right, out_int32):
+    """A 1-d sequence is searched for values of any shape; an n-d one row by row, for values
+    with the same leading dims. With the batch in front of everything, a batched 1-d
+    sequence becomes the row-by-row case (values flattened per example, then reshaped)."""
+    sequence, searched, sorter = values
+    s_bdim, v_bdim, o_bdim = bdims
+    if s_bdim is None and o_bdim is None and _rank(sequence) == 1:
+        return bind(searchsorted_p, sequence, searched, sorter, right=right,
+                    out_int32=out_int32), v_bdim
+    size = batch_size(values, bdims)
+    sequence, searched = to_front([sequence, searched], [s_bdim, v_bdim], expand_unbatched=True)
+    if sorter is not None:
+        sorter = to_front([sorter, sequence], [o_bdim, 0], expand_unbatched=True)[0]
+    if _rank(sequence) == 2:  # 1-d sequences: values of any shape, flattened per example
+        shape = ops.shape_of(searched)
+        out = bind(searchsorted_p, sequence, ops.reshape(searched, size, -1), sorter, right=right,
+                   out_int32=out_int32)
+        return ops.reshape(out, *shape), 0
+    return bind(searchsorted_p, sequence, searched, sorter, right=right, out_int32=out_int32), 0
+batching_rules[searchsorted_p] = searchsorted_batch
+
+
+@torch_api.register(torch.searchsorted)
+@aten_api.register(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None,
+                 sorter=None):
+    if side is not None:
+        right = side == "right"
+    if not _is_tensor(values):
+        values = _constant(values, sorted_sequence)
+    if _rank(sorted_sequence) > 1 and ops.shape_of(sorted_sequence)[:-1] != \
+            ops.shape_of(values)[:-1]:
+        raise TransformUsageError(
+            f"searchsorted(sorted_sequence, values): an n-d sequence of shape "
+            f"{ops.shape_of(sorted_sequence)} needs values with the same leading dims, got "
+            f"{ops.shape_of(values)}."
+        )
+    return bind(searchsorted_p, sorted_sequence, values, sorter, right=right, out_int32=out_int32)
+
+
+@torch_api.register(torch.bucketize)
+@aten_api.register(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def bucketize(x, boundaries, *, out_int32=False, right=False):
+    """The bucket of each element: ``searchsorted(boundaries, x)`` (same side convention)."""
+    if _rank(boundaries) != 1:
+        raise TransformUsageError(
+            f"bucketize(x, boundaries): boundaries must be 1-d, got shape "
+            f"{ops.shape_of(boundaries)}."
+        )
+    return searchsorted(boundaries, x, out_int32=out_int32, right=right)
+
+
+def _histc_impl(x, *, bins, min, max):
+    return torch.histc(x, bins, min, max)
+
+
+# torch.func's gradient of histc is zero (derivatives.yaml marks it non-differentiable)
+histc_p = P.primitive("histc", _histc_impl, differentiable=False)
+
+
+def histc_batch(values, bdims, *, bins, min, max):
+    """NOTE [histc under vmap]
+    One histogram per example in one pass: each element's bin is computed as torch's kernel
+    computes it (``(x - left) * bins / (right - left)`` in the input's dtype, truncated, the
+    right edge counted in the last bin, elements outside [left, right] skipped), and the
+    counts are a scatter_add of ones into a (B, bins) tensor. With min == max the range is
+    each example's own [amin, amax] (widened by 1 on each side if they are equal)."""
+    (x,), (bdim,) = values, bdims
+    size = batch_size(values, bdims)
+    x = ops.reshape(move_bdim(x, bdim, 0), size, -1)
+    if min == max:
+        if ops.shape_of(x)[1] == 0:
+            left, right = _constant(min - 1.0, x), _constant(max + 1.0, x)
+        else:
+            left, right = ops.amin(x, 1, keepdim=True), ops.amax(x, 1, keepdim=True)
+            same = ops.eq(left, right)
+            left, right = ops.where(same, ops.sub(left, 1), left), ops.where(same, ops.add(right, 1), right)
+            if isinstance(left, torch.Tensor) and not bool(torch.isfinite(left).all() &
+                                                           torch.isfinite(right).all()):
+                raise TransformUsageError("histc(x, ...): the range of an example is not finite "
+                                          "(it holds inf or nan). Fix: pass min and max.")
+    else:
+        left, right = _constant(min, x), _constant(max, x)
+    inside = logical_and(ops.ge(x, left), ops.le(x, right))
+    position = ops.div(ops.mul(ops.sub(x, left), bins), ops.sub(right, left))
+    position = ops.convert(ops.where(inside, position, 0.0), torch.int64)
+    position = ops.where(ops.eq(position, bins), bins - 1, position)
+    ones = ops.convert(inside, x.dtype)
+    return bind(P.scatter_add_p, ones, position, dim=1, shape=(size, bins)), 0
+batching_rules[histc_p] = histc_batch
+
+
+@torch_api.register(*torch_api.torch_functions("histc"))
+@aten_api.register(aten.histc.default)
+def histc(x, bins=100, min=0, max=0):
+    if min > max:
+        raise TransformUsageError(f"histc(x, bins, min={min}, max={max}): max must be larger "
+                                  "than min.")
+    return bind(histc_p, x, bins=int(bins), min=min, max=max)
+
+
+def _data_dependent(func, what):
+    """An aten op whose output shape depends on the data (NOTE [Shapes that depend on the
+    data]): refused under vmap; elsewhere handed to its level as an op without a rule, which
+    runs it one level down when its outputs cannot carry a derivative (nonzero's indices) and
+    refuses it otherwise (unique of a float tensor, whose derivative torch does not define)."""
+    def op(*values, **kwargs):
+        _refuse_batched(what, *values)
+        top = top_dispatcher([v for v in values if isinstance(v, Value)])
+
+        def run(lowered, lowered_kwargs):
+            return call_with_tensors(func, *lowered, **lowered_kwargs)
+        return top.unknown_op(str(func), run, list(values), kwargs)
+    return op
+
+
+for _func, _what in ((aten.nonzero.default, "nonzero"), (aten.argwhere.default, "argwhere"),
+                     (aten.nonzero_static.default, "nonzero_static"),
+                     (aten._unique2.default, "unique"), (aten._unique.default, "unique"),
+                     (aten.unique_dim.default, "unique(dim=...)"),
+                     (aten.unique_consecutive.default, "unique_consecutive"),
+                     (aten.unique_dim_consecutive.default, "unique_consecutive(dim=...)")):
+    aten_api.register(_func)(_data_dependent(_func, _what))
+
+
+# --- embedding -----------------------------------------------------------------------------------
+# scale_grad: the identity, whose cotangent is multiplied by `scale` (its tangent is not)
+scale_grad_p = P.primitive("scale_grad", lambda x, scale: x.view_as(x))
+
+
+def scale_grad_vjp(x, scale):
+    return bind(scale_grad_p, x, scale), lambda ct: (ops.mul(ct, scale), None)
+vjp_rules[scale_grad_p] = scale_grad_vjp
+
+
+def scale_grad_jvp(primals, tangents):
+    return bind(scale_grad_p, *primals), tangents[0]
+jvp_rules[scale_grad_p] = scale_grad_jvp
+batching_rules[scale_grad_p] = _same_shape_batch(scale_grad_p)
+
+
+@aten_api.register(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """NOTE [embedding's two derivatives]
+    ``embedding(weight, indices)`` is ``weight[indices]``, and its jvp is exactly that
+    (derivatives.yaml: ``auto_linear``). Its backward, ``embedding_dense_backward``, differs:
+    the row ``padding_idx`` gets no gradient, and with ``scale_grad_by_freq`` each row's
+    gradient is divided by how often the indices name it. ``scale_grad`` is the identity with
+    that backward and an untouched tangent, so both derivatives match torch.func's."""
+    op = "embedding(weight, indices)"
+    if _rank(weight) != 2:
+        raise TransformUsageError(f"{op}: weight must be 2-d, got shape {ops.shape_of(weight)}.")
+    if indices.dtype.is_floating_point:
+        raise TransformUsageError(f"{op}: indices must be integers, got {indices.dtype}.")
+    rows = ops.shape_of(weight)[0]
+    indices = _long(indices)
+    if padding_idx is not None and padding_idx >= 0 or scale_grad_by_freq:
+        scale = torch.ones((rows, 1), dtype=weight.dtype, device=weight.device)
+        if padding_idx is not None and padding_idx >= 0:
+            scale[padding_idx] = 0
+        if scale_grad_by_freq:
+            flat = ops.reshape(indices, -1)
+            counts = bind(P.scatter_add_p, ops.full_like(flat, 1.0, dtype=weight.dtype), flat,
+                          dim=0, shape=(rows,))
+            counts = ops.where(ops.eq(counts, 0), 1.0, counts)
+            scale = ops.div(scale, ops.unsqueeze(counts, 1))
+        weight = bind(scale_grad_p, weight, scale)
+    return bind(index_p, weight, indices, dims=(0,))
+
+
+@torch_api.register(F.embedding)
+def functional_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+                         scale_grad_by_freq=False, sparse=False):
+    if max_norm is not None:
+        raise UnsupportedOperationError(
+            "F.embedding(..., max_norm=...): renormalizing the weight in place is not supported "
+            "inside minifunctorch transforms. Fix: renormalize the weight outside the transform, "
+            "or drop max_norm."
+        )
+    if padding_idx is not None and padding_idx < 0:
+        padding_idx += ops.shape_of(weight)[0]
+    return embedding(weight, input, -1 if padding_idx is None else padding_idx,
+                     scale_grad_by_freq, sparse)
+
+
+torch_api.register(torch.embedding)(embedding)
