@@ -1,4 +1,4 @@
-"""The cases S1-S6, each written once against an ``api`` that is either
+"""The cases S1-S8, each written once against an ``api`` that is either
 ``minifunctorch.core`` or ``torch.func`` (both have grad, vmap, jvp, jacrev, jacfwd, hessian
 and functional_call), so that every contender computes the very same function.
 
@@ -8,6 +8,9 @@ S3 Jacobians      jacrev and jacfwd of R^n -> R^m, square-ish, tall and wide
 S4 second order   hessian, hvp (jvp of grad) and vmap(hessian) on R^32
 S5 ensembles      vmap over the stacked parameters of 10 small MLPs (functional_call)
 S6 tracing        time to first result, and cache-hit dispatch (from S1's 1-op function)
+S7 per-sample CNN vmap(grad) through functional_call of a small CNN at MNIST shapes, B = 64
+S8 MAML           a meta-step: vmap over tasks of one inner grad step and the query loss,
+                  then torch.autograd.grad of the mean query loss into the meta-parameters
 """
 import copy
 import dataclasses
@@ -15,6 +18,7 @@ import functools
 
 import torch
 import torch.func
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -41,17 +45,27 @@ class Sizes:
     s5_models: int = 10
     s5_dims: tuple = (32, 64, 10)
     s5_batch: int = 64
+    s7_image: int = 28  # 1×28×28 inputs (MNIST)
+    s7_channels: tuple = (8, 16)  # conv 1→8 3×3, conv 8→16 3×3
+    s7_classes: int = 10
+    s7_batch: int = 64
+    s8_tasks: int = 8  # the meta-batch
+    s8_points: int = 10  # support points, and as many query points, per task
+    s8_hidden: int = 40  # MLP 1-40-40-1
     inductor: bool = True  # build the torch.compile / jit(backend='inductor') contenders
 
 
 FULL = Sizes()
 QUICK = Sizes(s1_shape=(4, 4), s1_ops=10, s2_batches=(8,), s2_dims=(12, 8, 4),
               s3_shapes=(("4→6", 4, 6), ("tall 4→40", 4, 40), ("wide 40→4", 40, 4)),
-              s4_n=6, s4_batch=3, s5_models=3, s5_dims=(5, 7, 3), s5_batch=4, inductor=False)
+              s4_n=6, s4_batch=3, s5_models=3, s5_dims=(5, 7, 3), s5_batch=4,
+              s7_image=10, s7_channels=(2, 3), s7_classes=4, s7_batch=4,
+              s8_tasks=3, s8_points=4, s8_hidden=6, inductor=False)
 
 # Where the inductor contenders run: compiling costs seconds per graph, so only the cases
-# that the inductor targets are about (S2), plus one second-order and one ensemble case.
-INDUCTOR_NOTE = "not built for this case (compile time): see S2, S4 vmap(hessian), S5"
+# that the inductor targets are about (S2), plus one second-order and one ensemble case, and
+# the MAML meta-step (S8: compiled with its outer backward).
+INDUCTOR_NOTE = "not built for this case (compile time): see S2, S4 vmap(hessian), S5, S8"
 QUICK_INDUCTOR_NOTE = "not built in --quick (compile time)"
 
 
@@ -332,12 +346,180 @@ def s6_first_result_cases(sizes, device) -> list:
     return cases
 
 
-def all_cases(sizes, device) -> dict:
-    """group -> list of measurement groups (each a list of cases timed together)."""
-    return {
-        "S1": s1_cases(sizes, device),
-        "S2": [[case] for case in s2_cases(sizes, device)],
-        "S3": [[case] for case in s3_cases(sizes, device)],
-        "S4": [[case] for case in s4_cases(sizes, device)],
-        "S5": [[case] for case in s5_cases(sizes, device)],
-    }
+# --- S7: per-sample gradients of a small CNN ------------------------------------------------------
+S7_HAND_NOTE = ("left out: per-sample gradients of a convolution's weight have no einsum "
+                "closed form; batching them by hand (unfold, or torch's expanded weights) "
+                "would be a second implementation to benchmark, not a floor")
+
+
+def small_cnn(sizes):
+    """conv 1→c1 3×3, relu, max_pool 2, conv c1→c2 3×3, relu, max_pool 2, flatten, linear,
+    log_softmax (the torch.func per-sample-gradients tutorial's kind of model)."""
+    c1, c2 = sizes.s7_channels
+    side = ((sizes.s7_image - 2) // 2 - 2) // 2
+    return nn.Sequential(nn.Conv2d(1, c1, 3), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(c1, c2, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(c2 * side * side, sizes.s7_classes), nn.LogSoftmax(dim=-1))
+
+
+def cnn_per_sample_grads(model):
+    def transform(api):
+        def loss(params, buffers, sample, target):
+            predictions = api.functional_call(model, (params, buffers), (sample.unsqueeze(0),))
+            return F.nll_loss(predictions, target.unsqueeze(0))
+        return api.vmap(api.grad(loss), in_dims=(None, None, 0, 0))
+    return transform
+
+
+def cnn_per_sample_grads_loop(model):
+    """The loop: the model itself (its own parameters, the same values), one
+    ``torch.autograd.grad`` per example."""
+    names, leaves = zip(*model.named_parameters())
+
+    def loop(params, buffers, x, y):
+        per_example = [torch.autograd.grad(F.nll_loss(model(x[i:i + 1]), y[i:i + 1]), leaves)
+                       for i in range(x.shape[0])]
+        return {name: torch.stack([g[j] for g in per_example]) for j, name in enumerate(names)}
+    return loop
+
+
+def s7_cases(sizes, device) -> list:
+    torch.manual_seed(70)
+    model = small_cnn(sizes).to(device)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+    side, batch = sizes.s7_image, sizes.s7_batch
+    x = _randn(batch, 1, side, side, device=device, seed=71)
+    y = torch.randint(0, sizes.s7_classes, (batch,), generator=_generator(72)).to(device)
+    c1, c2 = sizes.s7_channels
+    name = f"CNN {c1}-{c2} on 1×{side}×{side}, B={batch}"
+    return [engine_case("S7", name, cnn_per_sample_grads(model), (params, buffers, x, y),
+                        sizes=sizes, loop=cnn_per_sample_grads_loop(model),
+                        notes={HAND: S7_HAND_NOTE}, rtol=1e-4, atol=1e-5)]
+
+
+# --- S8: MAML, a meta-step with an outer backward -------------------------------------------------
+MAML_INNER_LR = 1e-2
+S8_HAND_NOTE = "no closed form of the second-order meta-gradient is written here"
+
+
+def sine_tasks(sizes, device, seed=80):
+    """(x_support, y_support, x_query, y_query), each (tasks, points, 1): sine waves of
+    random amplitude in [0.1, 5] and phase in [0, π], sampled on [-5, 5]."""
+    generator = _generator(seed)
+    tasks, k = sizes.s8_tasks, sizes.s8_points
+    amplitude = torch.rand(tasks, 1, 1, generator=generator) * 4.9 + 0.1
+    phase = torch.rand(tasks, 1, 1, generator=generator) * torch.pi
+    x = torch.rand(tasks, 2 * k, 1, generator=generator) * 10 - 5
+    y = amplitude * torch.sin(x - phase)
+    return tuple(t.to(device) for t in (x[:, :k], y[:, :k], x[:, k:], y[:, k:]))
+
+
+def maml_query_losses(net):
+    """transform(api) -> query_losses(params, x1, y1, x2, y2): per task (vmap), one inner
+    ``api.grad`` step on the support set from ``params`` (closed over, so that their
+    derivatives reach the outer backward), then the loss of the adapted model on the query
+    set."""
+    def transform(api):
+        def inner_loss(params, x, y):
+            return F.mse_loss(api.functional_call(net, params, (x,)), y)
+
+        def query_losses(params, x1, y1, x2, y2):
+            def loss_for_task(x1, y1, x2, y2):
+                grads = api.grad(inner_loss)(params, x1, y1)
+                adapted = {k: params[k] - MAML_INNER_LR * grads[k] for k in params}
+                return inner_loss(adapted, x2, y2)
+            return api.vmap(loss_for_task)(x1, y1, x2, y2)
+        return query_losses
+    return transform
+
+
+def meta_gradients(query_losses, params):
+    """The outer backward: torch's autograd from the mean query loss into the real
+    (requires_grad) meta-parameters, through whatever computed the losses."""
+    grads = torch.autograd.grad(query_losses.mean(), tuple(params.values()))
+    return dict(zip(params, grads))
+
+
+def maml_step(net):
+    losses = maml_query_losses(net)
+
+    def transform(api):
+        query_losses = losses(api)
+        return lambda params, *tasks: meta_gradients(query_losses(params, *tasks), params)
+    return transform
+
+
+def maml_step_loop(net):
+    """The loop: per task, the inner gradient by ``torch.autograd.grad(create_graph=True)``,
+    the adapted parameters, the query loss; then the same outer backward."""
+    def inner_loss(params, x, y):  # functional_call here only substitutes the parameters
+        return F.mse_loss(torch.func.functional_call(net, params, (x,)), y)
+
+    def loop(params, x1, y1, x2, y2):
+        losses = []
+        for i in range(x1.shape[0]):
+            grads = torch.autograd.grad(inner_loss(params, x1[i], y1[i]),
+                                        tuple(params.values()), create_graph=True)
+            adapted = {k: p - MAML_INNER_LR * g for (k, p), g in zip(params.items(), grads)}
+            losses.append(inner_loss(adapted, x2[i], y2[i]))
+        return meta_gradients(torch.stack(losses), params)
+    return loop
+
+
+def s8_cases(sizes, device) -> list:
+    torch.manual_seed(81)
+    hidden = sizes.s8_hidden
+    net = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                        nn.Linear(hidden, 1)).to(device)
+    params = {k: v.detach().clone().requires_grad_() for k, v in net.named_parameters()}
+    base = copy.deepcopy(net).to("meta")  # holds no weights: each call supplies them
+    args = (params, *sine_tasks(sizes, device))
+    case = engine_case("S8", f"{sizes.s8_tasks} tasks, MLP 1-{hidden}-{hidden}-1, "
+                       f"{sizes.s8_points}+{sizes.s8_points} points",
+                       maml_step(base), args, sizes=sizes, inductor=True,
+                       loop=maml_step_loop(base), notes={HAND: S8_HAND_NOTE},
+                       rtol=1e-4, atol=1e-5)
+    query_losses = maml_query_losses(base)
+
+    # NOTE [The jit contenders of S8]
+    # jit traces into a program, and a trace refuses torch.autograd.grad on its values
+    # (UnsupportedOperationError), so jit cannot hold the whole meta-step. Its contenders
+    # compile the vmapped query losses (the transforms), called with the requires_grad
+    # meta-parameters: the program replays plain torch calls, and the outer backward runs
+    # through torch's autograd over them, as eager minifunctorch's does.
+    def jit_then_outer_backward(backend=None):
+        jit = find_jit()
+        if jit is None:
+            raise NotAvailable("not available: minifunctorch.core has no jit yet")
+        options = {} if backend is None else {"backend": backend}
+        losses = jit(query_losses(mft), **options)
+        return lambda: meta_gradients(losses(*args), params)
+
+    case.builders[MFT_JIT] = jit_then_outer_backward
+    if MFT_INDUCTOR in case.builders:
+        case.builders[MFT_INDUCTOR] = functools.partial(jit_then_outer_backward, "inductor")
+    return [case]
+
+
+# Every group: how its cases are measured (each inner list is timed together).
+GROUPS = {
+    "S1": lambda sizes, device: s1_cases(sizes, device),
+    "S2": lambda sizes, device: [[case] for case in s2_cases(sizes, device)],
+    "S3": lambda sizes, device: [[case] for case in s3_cases(sizes, device)],
+    "S4": lambda sizes, device: [[case] for case in s4_cases(sizes, device)],
+    "S5": lambda sizes, device: [[case] for case in s5_cases(sizes, device)],
+    "S7": lambda sizes, device: [[case] for case in s7_cases(sizes, device)],
+    "S8": lambda sizes, device: [[case] for case in s8_cases(sizes, device)],
+}
+
+
+def all_cases(sizes, device, groups=None) -> dict:
+    """group -> list of measurement groups (each a list of cases timed together); only the
+    ``groups`` named, if given (S6 is not here: it is built by ``s6_first_result_cases``)."""
+    unknown = set(groups or ()) - set(GROUPS) - {"S6"}
+    if unknown:
+        raise ValueError(f"all_cases(groups={sorted(groups)}): no group {sorted(unknown)}; "
+                         f"the groups are {', '.join(GROUPS)} and S6.")
+    return {group: build(sizes, device) for group, build in GROUPS.items()
+            if groups is None or group in groups}

@@ -1,11 +1,14 @@
-"""``python -m benchmarks.run [--quick] [--device cpu|cuda] [--threads N]``
+"""``python -m benchmarks.run [--quick] [--device cpu|cuda] [--threads N] [--groups S7,S8]``
 
 The full run checks every case, times it, evaluates the targets, profiles the
 minifunctorch contender of each missed target, and writes ``benchmarks/RESULTS.md`` and
 ``benchmarks/results.png`` (``make bench`` runs it with the glibc allocator settings that
 the report records). ``--quick`` uses small sizes and only checks correctness: nothing is
-timed, and the report is written only if ``--out DIR`` is given. The exit status is 1 if a
-contender computed a wrong result or an engine contender raised.
+timed, and the report is written only if ``--out DIR`` is given. ``--groups`` runs only the
+groups named (e.g. ``S7,S8``; S6 is the time to first result), and then too the report is
+written only if ``--out DIR`` is given, so that a partial run never replaces the full
+``benchmarks/RESULTS.md``. The exit status is 1 if a contender computed a wrong result or an
+engine contender raised.
 """
 import argparse
 import sys
@@ -21,15 +24,22 @@ HERE = Path(__file__).resolve().parent
 
 
 def run(*, quick=False, device="cpu", threads=1, extra_threads=2, out_dir=None,
-        min_run_time=0.25, rounds=4, first_result_reps=5, max_profiles=16,
+        min_run_time=0.25, rounds=4, first_result_reps=5, max_profiles=16, groups=None,
         log=print) -> report.Suite:
-    """Run the suite; write the report to ``out_dir`` (default: benchmarks/, or nowhere in
-    quick mode). Returns the Suite."""
+    """Run the suite, or only the ``groups`` named; write the report to ``out_dir``
+    (default: benchmarks/ for a full run of every group, else nowhere). Returns the Suite."""
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("benchmarks: --device cuda was asked for, but torch.cuda is not "
                          "available on this machine (torch %s)." % torch.__version__)
     if device not in ("cpu", "cuda"):
         raise SystemExit(f"benchmarks: --device must be cpu or cuda, got {device!r}.")
+    if groups is not None:
+        groups = tuple(groups)
+        unknown = set(groups) - set(cases.GROUPS) - {"S6"}
+        if unknown:
+            raise SystemExit(f"benchmarks: --groups {','.join(groups)}: no group "
+                             f"{', '.join(sorted(unknown))}; the groups are "
+                             f"{', '.join(sorted(set(cases.GROUPS) | {'S6'}))}.")
     started = time.perf_counter()
     torch.set_num_threads(threads)
     sizes = cases.QUICK if quick else cases.FULL
@@ -40,7 +50,7 @@ def run(*, quick=False, device="cpu", threads=1, extra_threads=2, out_dir=None,
 
     # 1. Correctness, for every case and contender, before anything is timed.
     log(f"checking ({'quick' if quick else 'full'} sizes, device {device}) ...")
-    for group, measured in cases.all_cases(sizes, device).items():
+    for group, measured in cases.all_cases(sizes, device, groups).items():
         suite.groups[group] = [[harness.check_case(case) for case in together]
                                for together in measured]
         for by_contender in suite.results(group):
@@ -48,7 +58,8 @@ def run(*, quick=False, device="cpu", threads=1, extra_threads=2, out_dir=None,
                 if result.status in ("error", "wrong"):
                     log(f"  {result.case.label:<28} {result.contender:<28} {result.status}: "
                         f"{result.detail}")
-    _first_results(suite, sizes, device, reps=1 if quick else first_result_reps)
+    if groups is None or "S6" in groups:
+        _first_results(suite, sizes, device, reps=1 if quick else first_result_reps)
     failures = suite.failures()
     log(f"checked in {time.perf_counter() - started:.1f} s; "
         f"{len(failures)} failure(s)")
@@ -61,7 +72,7 @@ def run(*, quick=False, device="cpu", threads=1, extra_threads=2, out_dir=None,
                 harness.measure([r for by_c in together for r in by_c.values()],
                                 threads=threads, min_run_time=min_run_time, rounds=rounds,
                                 log=log)
-        if extra_threads and extra_threads != threads:
+        if extra_threads and extra_threads != threads and suite.results("S2"):
             log(f"timing S2 again with {extra_threads} threads ...")
             suite.extra_threads = extra_threads
             suite.extra = [{c: r.fresh() for c, r in by_c.items()}
@@ -77,7 +88,7 @@ def run(*, quick=False, device="cpu", threads=1, extra_threads=2, out_dir=None,
         _profile_misses(suite, max_profiles=max_profiles, log=log)
     suite.env["load average at the end (1/5/15 min)"] = harness.load_average()
 
-    if out_dir is None and not quick:
+    if out_dir is None and not quick and groups is None:
         out_dir = HERE
     if out_dir is not None:
         markdown, image = report.write(suite, Path(out_dir))
@@ -153,13 +164,18 @@ def main(argv=None) -> int:
                         help="seconds per blocked_autorange (default 0.25)")
     parser.add_argument("--rounds", type=int, default=4,
                         help="interleaved rounds per measurement group (default 4)")
+    parser.add_argument("--groups", default=None,
+                        help="comma-separated groups to run (e.g. S7,S8; default: all); the "
+                             "report is then written only with --out")
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write RESULTS.md and results.png (default: "
                              "benchmarks/; in --quick mode, nowhere unless given)")
     args = parser.parse_args(argv)
     suite = run(quick=args.quick, device=args.device, threads=args.threads,
                 extra_threads=args.extra_threads, out_dir=args.out,
-                min_run_time=args.min_run_time, rounds=args.rounds)
+                min_run_time=args.min_run_time, rounds=args.rounds,
+                groups=None if args.groups is None else
+                [g.strip() for g in args.groups.split(",") if g.strip()])
     failures = suite.failures()
     for result in failures:
         print(f"FAILED: {result.case.label}, {result.contender}: {result.status}: "

@@ -39,7 +39,7 @@ def test_quick_mode_checks_every_case_against_torch_func(quick_suite):
     failures = [f"{r.case.label} / {r.contender}: {r.status}: {r.detail}"
                 for r in quick_suite.failures()]
     assert not failures, "\n".join(failures)
-    assert set(quick_suite.groups) == {"S1", "S2", "S3", "S4", "S5"}
+    assert set(quick_suite.groups) == {"S1", "S2", "S3", "S4", "S5", "S7", "S8"}
     for group in quick_suite.groups:
         for by_contender in quick_suite.results(group):
             for contender in (harness.MFT, harness.TORCH_FUNC, harness.MAKE_FX):
@@ -53,7 +53,46 @@ def test_quick_report_renders_to_a_directory(quick_suite, tmp_path):
     markdown, image = report.write(quick_suite, tmp_path)
     text = markdown.read_text()
     assert "Quick mode" in text and "## Targets" in text
+    for group in ("S7", "S8"):
+        assert f"## {report.GROUP_TITLES[group]}" in text
     assert image.stat().st_size > 0
+
+
+def test_s7_joins_t1_and_s8_has_no_target(quick_suite):
+    """With (made-up) times, S7's eager ratio is judged by T1 and S8's is only shown."""
+    groups = {g: [[{c: r.fresh() for c, r in by_c.items()} for by_c in measured]
+                  for measured in quick_suite.groups[g]] for g in ("S7", "S8")}
+    for measured in groups.values():
+        for by_contender in measured[0]:
+            by_contender[harness.TORCH_FUNC].times = [2.0]
+            by_contender[harness.MFT].times = [1.0]
+    suite = report.Suite(env={"device": "cpu"}, quick=False, groups=groups, s1_ops=1,
+                         threads=1)
+    suite.targets = report.evaluate_targets(suite)
+    s7 = [row for row in suite.targets if row.case.startswith("S7")]
+    assert [(row.target, row.value, row.status) for row in s7] == \
+        [(report.T_EAGER, 0.5, "met")]
+    assert "S7" in report.T_EAGER
+    assert not [row for row in suite.targets if row.case.startswith("S8")]
+    text = report.render(suite)
+    assert "Measured without a target: S8" in text and "0.50× torch.func's time" in text
+    assert "## " + report.GROUP_TITLES["S1"] not in text, "a partial run shows its groups only"
+    assert [group for group, _ in report.plot_data(suite)] == ["S7", "S8"]
+
+
+def test_groups_option_runs_only_the_named_groups():
+    threads = torch.get_num_threads()
+    try:
+        suite = run.run(quick=True, groups=["S8"], log=_quiet)
+    finally:
+        torch.set_num_threads(threads)
+    assert set(suite.groups) == {"S8"} and not suite.first_result
+    assert not suite.failures()
+    (by_contender,) = suite.results("S8")
+    # the jit cannot trace the outer torch.autograd.grad: it compiles the vmapped losses
+    assert by_contender[harness.MFT_JIT].ok and by_contender[harness.LOOP].ok
+    with pytest.raises(SystemExit, match="no group S9"):
+        run.run(quick=True, groups=["S9"], log=_quiet)
 
 
 def test_timing_profile_and_report_on_a_tiny_case(tmp_path):
