@@ -80,6 +80,20 @@ def changes_metadata(op) -> bool:
     return op.overloadpacket.__name__ in _METADATA_OPS
 
 
+# NOTE [Random ops that are constants]
+# A random op whose numbers do not depend on its tensor arguments' values (rand_like reads
+# only a shape; bernoulli's derivative is zero in torch) is a constant for grad and jvp. A
+# random op whose result does depend on them (dropout multiplies its input) is
+# differentiable: it goes through its decomposition like any other op.
+RANDOM_GENERATORS = {"rand_like", "randn_like", "randint_like", "bernoulli", "multinomial",
+                     "uniform", "random", "exponential", "geometric", "log_normal", "cauchy"}
+
+
+def is_random_generator(op) -> bool:
+    """Whether ``op`` draws random numbers that do not depend on its arguments' values."""
+    return op.overloadpacket.__name__.rstrip("_") in RANDOM_GENERATORS
+
+
 def decomposition(op):
     """torch's Python decomposition of ``op`` into other aten ops, if it has one."""
     return torch._decomp.decomposition_table.get(op)
@@ -302,3 +316,4 @@ def _safe_softmax(x, dim, dtype=None):
     empty = ops.all_true(ops.eq(x, float("-inf")), dim)
     safe = ops.where(empty, 0.0, x)
     return ops.where(empty, 0.0, ops.softmax(safe, dim))
+

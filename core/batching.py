@@ -117,6 +117,8 @@ class Batched(Dispatcher):
         raise no_concrete_value(self.call, "Python asked for a concrete value (bool(), .item(), "
                                 "an if statement)")
 
+    draws_random_numbers = True
+
     def random_op(self, name, run, values, kwargs):
         """A random aten op on batched values: its draws follow vmap's ``randomness``."""
         if self.randomness == "different":
@@ -357,6 +359,9 @@ for _prim in (P.sum_p, P.mean_p, P.amax_p, P.amin_p, P.logsumexp_p):
 def softmax_like_batch(prim):
     def rule(values, bdims, *, dim):
         (x,), (bdim,) = values, bdims
+        if len(ops.shape_of(x)) == 1:
+            # 0-d examples: the softmax of one number, over a size-1 dim given to it
+            return ops.squeeze(bind(prim, ops.unsqueeze(x, 1), dim=1), 1), 0
         return bind(prim, x, dim=physical_dim(dim, bdim)), bdim
     return rule
 

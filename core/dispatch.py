@@ -178,6 +178,10 @@ class Dispatcher:
             value = value.payload
         return value
 
+    # vmap draws random numbers itself (its randomness= modes), even for a random op that has
+    # no decomposition; other levels can only differentiate what decomposes
+    draws_random_numbers = False
+
     def random_op(self, name, run, values, kwargs):
         """A random aten op (dropout's bernoulli, rand_like, ...). Its numbers do not depend on
         the values, so by default it runs on the values one level down and its results are

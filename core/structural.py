@@ -1324,3 +1324,21 @@ def cdist(x1, x2, p=2.0, compute_mode=None):
         )
     difference = ops.sub(ops.unsqueeze(x1, -2), ops.unsqueeze(x2, -3))
     return vector_norm(difference, p, -1)
+
+
+# --- linspace and logspace with tensor ends ---------------------------------------------------
+# torch declares their tensor arguments not differentiable (derivatives.yaml), so they are
+# detached, and torch's own decomposition computes the points (batched values included).
+def _with_detached_ends(op):
+    decomposition = aten_api.decomposition(op)
+
+    def run(*args, **kwargs):
+        detached = [ops.detach(a) if hasattr(a, "shape") else a for a in args]
+        return tensor_module.call_with_tensors(decomposition, *detached, **kwargs)
+    return run
+
+
+for _op in (aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar,
+            aten.linspace.Scalar_Tensor, aten.logspace.Tensor_Tensor,
+            aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor):
+    aten_api.register(_op)(_with_detached_ends(_op))

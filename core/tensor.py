@@ -526,7 +526,7 @@ def _call_aten(func, args, kwargs):
         op = aten_api.ATEN_OPS.get(func) or aten_api.ATEN_OPS.get(func.overloadpacket)
         if op is not None:
             result = _wrap_result(op(*values, **kw))
-        elif torch.Tag.nondeterministic_seeded in func.tags:
+        elif aten_api.is_random_generator(func):
             result = _wrap_result(top.random_op(str(func), _runner(func), values, kw))
         else:
             decomposition = aten_api.decomposition(func)
@@ -537,6 +537,8 @@ def _call_aten(func, args, kwargs):
                 with user_code():
                     out = decomposition(*args, **kwargs)
                 result = _wrap_result(unwrap_tree(out))
+            elif torch.Tag.nondeterministic_seeded in func.tags and top.draws_random_numbers:
+                result = _wrap_result(top.random_op(str(func), _runner(func), values, kw))
             else:
                 result = _wrap_result(top.unknown_op(str(func), _runner(func), values, kw))
     if aten_api.is_view(func) and args and type(args[0]) is FuncTensor:
@@ -551,6 +553,16 @@ def _runner(func):
         with engine_code():
             return unwrap_tree(func(*as_tensors(values), **as_tensors(kwargs)))
     return run
+
+
+def _with_defaults(func, args):
+    """The positional arguments of an aten call with the schema's defaults filled in (the
+    out-of-place overload may have no default where the in-place one has: bernoulli_'s p)."""
+    positional = [a for a in func._schema.arguments if not a.kwarg_only]
+    missing = positional[len(args):]
+    if not missing or any(not a.has_default_value() for a in missing):
+        return args
+    return tuple(args) + tuple(a.default_value for a in missing)
 
 
 def _functionalize(func, args, kwargs):
@@ -573,7 +585,7 @@ def _functionalize(func, args, kwargs):
             f"{call}: the in-place op has no out-of-place form, so it cannot run on a value "
             "of a transform. Fix: write the computation out of place."
         )
-    result = functional(*args, **kwargs)
+    result = functional(*_with_defaults(func, args), **kwargs)
     results = result if isinstance(result, (list, tuple)) else (result,)
     for position, out in zip(written, results):
         target = args[position]

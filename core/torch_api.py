@@ -80,8 +80,9 @@ _SHARED = [
 ]
 _TENSOR_ONLY = {
     "view": ops.view, "expand": ops.expand, "expand_as": ops.expand_as, "to": ops.to,
-    "contiguous": ops.contiguous, "float": lambda x: ops.convert(x, torch.float32),
-    "double": lambda x: ops.convert(x, torch.float64),
+    "contiguous": ops.contiguous,
+    "float": lambda x, memory_format=None: ops.convert(x, torch.float32),
+    "double": lambda x, memory_format=None: ops.convert(x, torch.float64),
     "type_as": lambda x, other: ops.convert(x, other.dtype),
     "__getitem__": ops.getitem, "multiply": ops.mul, "divide": ops.div, "subtract": ops.sub,
     "negative": ops.neg,
