@@ -81,12 +81,14 @@ def changes_metadata(op) -> bool:
 
 
 # NOTE [Random ops that are constants]
-# A random op whose numbers do not depend on its tensor arguments' values (rand_like reads
-# only a shape; bernoulli's derivative is zero in torch) is a constant for grad and jvp. A
-# random op whose result does depend on them (dropout multiplies its input) is
-# differentiable: it goes through its decomposition like any other op.
+# A random op whose numbers torch does not differentiate is a constant for grad and jvp:
+# rand_like reads only a shape, and torch declares the derivatives of bernoulli's
+# probabilities and of normal's mean and std zero (no reparameterization). A random op whose
+# result does depend on its input (dropout multiplies it) is differentiable: it goes through
+# its decomposition like any other op.
 RANDOM_GENERATORS = {"rand_like", "randn_like", "randint_like", "bernoulli", "multinomial",
-                     "uniform", "random", "exponential", "geometric", "log_normal", "cauchy"}
+                     "normal", "uniform", "random", "exponential", "geometric", "log_normal",
+                     "cauchy"}
 
 
 def is_random_generator(op) -> bool:

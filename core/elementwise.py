@@ -701,3 +701,4 @@ aten_api.register(aten.threshold_backward.default)(
 
 
 fused_backward_rules(P.relu_p, threshold_backward_p, threshold=0)
+
