@@ -30,42 +30,9 @@ def in_subset(key):
 
 # Known engine bugs that the sampled run finds: (entry, transform) -> reason. Each is a strict
 # xfail, so a fix makes it fail until its line here is removed.
-VIEWS = ("multi-output views through the back door crash: torch raises 'Attempted to make a "
-         "tensor into a differentiable view' (split, unbind, unfold)")
-SOFTMAX_0D = "softmax of a 0-d tensor with dim=0 under vmap: the batching rule's dim is wrong"
-AS_STRIDED = ("the per-example fallback runs as_strided on a view into the batch, whose storage "
-              "offset shifts the result (silently wrong)")
-ADAPTIVE_MAX = ("aten.adaptive_max_pool2d: every __torch_dispatch__ handler returns "
-                "NotImplemented (TypeError)")
-SAFE_SOFTMAX = "nan gradients for fully masked (-inf) rows, where torch gives 0"
-NEXTAFTER = "ours gives derivative 0 w.r.t. the input, torch.func 1 (it passes the tangent through)"
-ROUND = "the front door's round does not take decimals= (TypeError)"
-HFFT = ("complex intermediates under vmap give silently wrong values (complex is out of scope: "
-        "it should be refused)")
-NORM_AT_ZERO = "nan derivative of the norm at zero, where torch uses the subgradient 0"
-MASKED_NORM = "nan derivative for ord=+-inf with masked-out elements, where torch's is finite"
-
-
-def _all(reason, keys, transforms):
-    return {(key, t): reason for key in keys for t in transforms}
-
-
 KNOWN_WRONG = {
-    **_all(VIEWS, ["chunk", "unsafe_chunk", "split", "split.list_args", "unsafe_split",
-                   "split_with_sizes", "split_with_sizes_copy", "unfold", "unfold_copy",
-                   "nn.functional.multi_head_attention_forward"], ["vmap"]),
-    **_all(VIEWS, ["unbind", "unbind_copy"], opinfo.TRANSFORMS),
-    ("softmax", "vmap"): SOFTMAX_0D,
-    **_all(AS_STRIDED, ["as_strided", "as_strided.partial_views", "as_strided_copy"], ["vmap"]),
-    **_all(ADAPTIVE_MAX, ["nn.functional.adaptive_max_pool1d",
-                          "nn.functional.adaptive_max_pool2d"], opinfo.TRANSFORMS),
-    ("torch.ops.aten._safe_softmax.default", "vjp"): SAFE_SOFTMAX,
-    **_all(NEXTAFTER, ["nextafter"], ["vjp", "jvp"]),
-    **_all(ROUND, ["round.decimals_0", "round.decimals_3", "round.decimals_neg_3"],
-           opinfo.TRANSFORMS),
-    **_all(HFFT, ["fft.hfft2", "fft.hfftn"], ["vmap"]),
-    **_all(NORM_AT_ZERO, ["linalg.norm.subgradients_at_zero"], ["vjp", "jvp"]),
-    **_all(MASKED_NORM, ["masked.norm"], ["vjp", "jvp"]),
+    ("masked.prod", "vjp"): "nan where torch's gradient of a product with masked-out zeros is "
+                            "finite (being fixed in the structural family)",
 }
 
 ENTRIES = opinfo.entries()
