@@ -42,6 +42,13 @@ class BatchedValue(Value):
         bdim = self.bdim
         return shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:]
 
+    def metadata(self):
+        payload = self.payload
+        shape = payload.shape
+        bdim = self.bdim
+        return (shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:],
+                payload.dtype, payload.device)
+
 
 class Batched(Dispatcher):
     """Vectorizing level: every value has a hidden batch dim of size ``length``.
@@ -62,10 +69,24 @@ class Batched(Dispatcher):
         self.randomness = randomness
 
     def apply(self, prim, *args, **params):
-        if len(args) == 1:  # the common case of a one-input op, without the lists
+        # NOTE [The two commonest cases, written out]
+        # An elementwise op on one batched value, or on a batched value and a number, keeps
+        # the batch dim where it is: that is what elementwise_batch and broadcasting_batch
+        # would compute, without the lists and the call of a rule (this is the hot path).
+        n = len(args)
+        if n == 1 or (n == 2 and type(args[1]) in _NUMBERS):
             x = args[0]
             if type(x) is not BatchedValue or x.dispatcher is not self:
-                return bind(prim, x, **params)
+                return bind(prim, *args, **params)
+            if prim in _KEEPS_BDIM:
+                payload = x.payload
+                if type(payload) is torch.Tensor:  # the bottom level: torch computes it
+                    out = prim.impl(payload, *args[1:], **params)
+                else:
+                    out = bind(prim, payload, *args[1:], **params)
+                return BatchedValue(self, out, x.bdim)
+        if len(args) == 1:
+            x = args[0]
             rule = batching_rules.get(prim)
             if rule is None:
                 raise missing_rule_error(prim, "batching", "vmap")
@@ -241,10 +262,17 @@ def physical_dim(dim, bdim):
     return dim if dim < bdim else dim + 1
 
 
+_NUMBERS = (int, float, bool)
+# primitives whose rule keeps a lone batched operand's batch dim in place (with at most a
+# number beside it): Batched.apply applies them directly (NOTE [The two commonest cases])
+_KEEPS_BDIM: set = set()
+
+
 def elementwise_batch(prim):
     """Rule of a one-input op that acts element by element: the batch dim stays in place."""
     def rule(values, bdims, **params):
         return bind(prim, *values, **params), bdims[0]
+    _KEEPS_BDIM.add(prim)
     return rule
 
 
@@ -256,12 +284,15 @@ for _prim in (P.neg_p, P.exp_p, P.log_p, P.sin_p, P.cos_p, P.tanh_p, P.sigmoid_p
 
 def broadcasting_batch(prim):
     """Rule of an op whose tensor arguments broadcast together (add, mul, where, ...).
+    (With one batched tensor and a number, Batched.apply computes it directly.)
 
     When every batched argument has the same bdim and the full rank, and the batch dim sits
     left of every dim an unbatched argument broadcasts against, the payloads already line
     up. Otherwise batch dims move to the front and batched arguments get size-1 dims after
     it, so that broadcasting from the right never meets the batch dim.
     """
+    _KEEPS_BDIM.add(prim)
+
     def rule(values, bdims, **params):
         # fast path: the batched operands share one bdim and rank, the rest are numbers
         shared_bdim, shared_rank, aligned = None, None, True

@@ -194,6 +194,39 @@ class FuncTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return call_aten(func, args, kwargs or {})
 
+    # the arithmetic operators, the most frequent calls: straight to the front door
+    # (NOTE [Operators skip torch's dispatch])
+    def __add__(self, other): return _operator(torch.Tensor.__add__, self, other)
+    def __radd__(self, other): return _operator(torch.Tensor.__radd__, self, other)
+    def __sub__(self, other): return _operator(torch.Tensor.__sub__, self, other)
+    def __rsub__(self, other): return _operator(torch.Tensor.__rsub__, self, other)
+    def __mul__(self, other): return _operator(torch.Tensor.__mul__, self, other)
+    def __rmul__(self, other): return _operator(torch.Tensor.__rmul__, self, other)
+    def __truediv__(self, other): return _operator(torch.Tensor.__truediv__, self, other)
+    def __rtruediv__(self, other): return _operator(torch.Tensor.__rtruediv__, self, other)
+
+
+def _operator(func, x, y):
+    """NOTE [Operators skip torch's dispatch]
+    ``x * 1.1`` on a tensor subclass would go through torch's argument parsing and then its
+    ``__torch_function__`` dispatch, which also takes the transform mode off the stack while
+    the handler runs. The operators do both by hand: the mode comes off for the engine's
+    work (so the torch calls at the bottom run at full speed) and goes back on."""
+    depth = _stack_length()
+    if depth and _stack_at(depth - 1) is _MODE:
+        _pop_mode()
+        try:
+            return call_function(func, (x, y), {})
+        finally:
+            _push_mode(_MODE)
+    return call_function(func, (x, y), {})
+
+
+_stack_length = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_pop_mode = torch._C._pop_torch_function_stack
+_push_mode = torch._C._push_on_torch_function_stack
+
 
 def _plain_name(tensor):
     return label(tensor).t_name
@@ -202,7 +235,11 @@ def _plain_name(tensor):
 # --- wrapping and unwrapping ---------------------------------------------------------------------
 def wrap(value):
     """A FuncTensor showing ``value`` (a Value, or a plain tensor that no level owns)."""
-    t = _make_wrapper(FuncTensor, value.shape, dtype=value.dtype, device=value.device)
+    if isinstance(value, Value):
+        shape, dtype, device = value.metadata()
+    else:
+        shape, dtype, device = value.shape, value.dtype, value.device
+    t = _make_wrapper(FuncTensor, shape, dtype=dtype, device=device)
     t.value = value
     return t
 
@@ -236,10 +273,19 @@ def unwrap(x):
 
 def unwrap_all(args):
     """``unwrap`` on arguments, and on the tensors inside list and tuple arguments."""
-    if len(args) == 1:  # one argument, the most common call
+    n = len(args)
+    if n == 1:  # one argument, the most common call
         a = args[0]
         if type(a) is FuncTensor and a._view is None:
             return (a.value,)
+    elif n == 2:  # an operator: a tensor and a tensor or a number
+        a, b = args
+        if type(a) is FuncTensor and a._view is None:
+            if type(b) is FuncTensor:
+                if b._view is None:
+                    return (a.value, b.value)
+            elif not isinstance(b, (list, tuple)):
+                return (a.value, b)
     out = []
     for a in args:
         if type(a) is FuncTensor:
@@ -434,9 +480,13 @@ def _qualified_name(func):
     return torch_api.qualified_name(func)
 
 
+_TORCH_FUNCTIONS = torch_api.TORCH_FUNCTIONS
+_VIEWS = torch_api.VIEWS
+
+
 def call_function(func, args, kwargs):
     """A torch function called with a FuncTensor among its arguments (``__torch_function__``)."""
-    op = torch_api.TORCH_FUNCTIONS.get(func)
+    op = _TORCH_FUNCTIONS.get(func)
     if op is not None:
         if kwargs:
             if kwargs.get("out") is not None:
@@ -445,11 +495,13 @@ def call_function(func, args, kwargs):
         else:
             out = op(*unwrap_all(args))
         if isinstance(out, Value):  # the common case, written out: this is the hot path
-            result = _make_wrapper(FuncTensor, out.shape, dtype=out.dtype, device=out.device)
+            shape, dtype, device = out.metadata()
+            result = _make_wrapper(FuncTensor, shape, dtype=dtype, device=device)
             result.value = out
         else:
             result = _wrap_result(out)
-        if func in torch_api.VIEWS and torch_api.VIEWS[func](args):
+        is_view = _VIEWS.get(func)
+        if is_view is not None and is_view(args):
             _record_views(result, args[0], func, args[1:], kwargs)
         return result
     op = torch_api.IN_PLACE.get(func)

@@ -82,6 +82,10 @@ class Value:
     def is_floating_point(self) -> bool:
         return self.dtype.is_floating_point
 
+    def metadata(self):
+        """(shape, dtype, device) in one call: what a FuncTensor showing this value needs."""
+        return self.shape, self.dtype, self.device
+
     def concrete(self):
         """The concrete tensor behind this value, for Python control flow.
 
