@@ -8,7 +8,7 @@ import html
 import torch
 import torch.func
 
-from .dispatch import bind
+from .tensor import bind
 from .errors import TransformError
 
 

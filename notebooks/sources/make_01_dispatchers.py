@@ -471,8 +471,8 @@ from minifunctorch.core.dispatch import current_dispatcher
 
 
 def f(x):
-    print(f"inside f: x is a {type(x).__name__} showing a {type(x.value).__name__} "
-          f"of level {x.dispatcher.level};",
+    print(f"inside f: x is a {type(x).__name__} of level {x.dispatcher.level} "
+          f"(its value: {type(x.value).__name__});",
           "current stack:", current_dispatcher())
     y = torch.sin(x) * x             # torch sees a FuncTensor and hands the call over
     print("torch.sin(x) * x ->", repr(y))

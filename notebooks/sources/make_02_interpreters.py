@@ -53,15 +53,21 @@ md("""
 A **primitive** is an operation that the transforms treat as atomic: `sin`, `mul`, `sum`,
 `matmul`, ... In minifunctorch a `Primitive` is a small object holding a name and the torch
 function that computes it, and nothing else: it knows nothing about derivatives or batches.
-The built-in ones are registered in `PRIMITIVES`. Every torch function that minifunctorch
-supports is either one of these or written in terms of them.
+The built-in ones are registered in `PRIMITIVES`: the course's own, in `core/primitives.py`,
+and the families that give the engine its breadth (`core/elementwise.py`, `core/indexing.py`,
+`core/structural.py`, `core/nn.py`). Every torch function that minifunctorch supports is either
+one of these or written in terms of them.
 
 A primitive can also tell the shape and dtype of its result without computing anything:
 `shape_rule` runs the torch function on *meta* tensors, which have a shape but no data.
 """),
 code("""
-print(len(PRIMITIVES), "primitives:")
-print(textwrap.fill(", ".join(PRIMITIVES), 90))
+from minifunctorch.core import primitives as course_primitives
+
+own = [p.name for name, p in vars(course_primitives).items() if name.endswith("_p")]
+print(len(PRIMITIVES), "primitives;", len(own), "of them are the course's own:")
+print(textwrap.fill(", ".join(own), 90))
+print("and from the families, for example:", ", ".join(["tan", "index", "convolution", "sort"]))
 print()
 print("sin_p is", repr(sin_p), "| its impl is torch.sin:", sin_p.impl is torch.sin)
 print("sin_p.impl(1.0) =", sin_p.impl(torch.tensor(1.0)))
@@ -83,8 +89,10 @@ show_source(jvp_rules[sin_p])
 show_source(vjp_rules[sin_p])
 show_source(batching_rules[sin_p])   # shared by every elementwise primitive (prim = sin_p here)
 
-missing = [name for name, p in PRIMITIVES.items()
-           if not (p in jvp_rules and p in vjp_rules and p in batching_rules)]
+# a non-differentiable primitive (a comparison, argmax) needs only a batching rule: the
+# derivative levels treat every such primitive alike (its output has no derivative)
+missing = [name for name, p in PRIMITIVES.items() if p not in batching_rules
+           or (p.differentiable and not (p in jvp_rules and p in vjp_rules))]
 print("built-in primitives without a full set of rules:", missing)
 """),
 md("""
@@ -104,15 +112,19 @@ normalized (a tuple of non-negative dims), so that rules never re-parse user arg
 And `bind` itself (second half of the cell) looks for the **highest level among the
 arguments** and lets that level `apply` the primitive. An argument that belongs to no level (a
 plain tensor or a Python number) is a constant for every level. With no level at all, `bind` is
-simply the torch call: the bottom of the stack, ordinary evaluation.
+simply the torch call: the bottom of the stack, ordinary evaluation. (`values.bind` is the
+engine's own; the `bind` exported by `minifunctorch.core` also accepts the tensors user code
+holds, and gives tensors back.)
 """),
 code("""
+from minifunctorch.core import values
+
 show_source(ops.sum)
 
 x = torch.arange(6.0).reshape(2, 3)
 same(ops.sum(x, -1), bind(sum_p, x, dim=(1,), keepdim=False), "ops.sum(x, -1) vs bind(sum_p, ...)")
 print()
-show_source(bind)
+show_source(values.bind)
 """),
 
 md("""
