@@ -8,7 +8,7 @@ from .autograd import Autograd, AutogradValue, BackwardStep, Tape, TapeEntry, ca
 from .batching import Batched, BatchedValue, batching_rules, capture_fallbacks
 from .custom import custom_vjp
 # families of primitives: importing each registers its primitives, rules and doors
-from . import elementwise, indexing, nn, structural  # noqa: F401
+from . import elementwise, indexing, linalg, nn, structural  # noqa: F401
 from .dispatch import Dispatcher, Logger, LoggedValue, Torch
 from .tensor import FuncTensor, bind
 from .values import Value
