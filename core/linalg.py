@@ -927,34 +927,38 @@ cholesky_info_p = _output_of("linalg_cholesky_info", _cholesky_kernel, 1, (2,),
                              differentiable=False)
 
 
-def cholesky_vjp(A, *, upper):
+def _cholesky_backward(ct, factor, upper):
     """cholesky_backward: with L the lower factor, gA = L^{-T} phi(tril(L^T gL)) L^{-1}, where
     phi(X) = (X + X^T - diag(X)) / 2 (a symmetric gradient)."""
+    L, gL = (_mT(factor), _mT(ct)) if upper else (factor, ct)
+    gA = _tril(_mm(_mT(L), gL))
+    gA = ops.mul(ops.add(gA, _mT(_tril(gA, -1))), 0.5)
+    gA = _solve_triangular(_mT(L), gA, upper=True, left=True)
+    return _solve_triangular(L, gA, upper=False, left=False)
+
+
+def _cholesky_tangent(A_dot, factor, upper):
+    """cholesky_jvp: dL = L pi(L^{-1} dA L^{-T}), pi(X) = tril(X) - diag(X) / 2."""
+    L = _mT(factor) if upper else factor
+    dL = _solve_triangular(L, A_dot, upper=False, left=True)
+    dL = _solve_triangular(_mT(L), dL, upper=True, left=False)
+    dL = _mm(L, ops.sub(_tril(dL), _diag_embed(ops.mul(_diagonal(dL), 0.5))))
+    return _mT(dL) if upper else dL
+
+
+def cholesky_vjp(A, *, upper):
     _refuse(cholesky_p, A)
     out = bind(cholesky_p, A, upper=upper)
-
-    def backward(ct):
-        L, gL = (_mT(out), _mT(ct)) if upper else (out, ct)
-        gA = _tril(_mm(_mT(L), gL))
-        gA = ops.mul(ops.add(gA, _mT(_tril(gA, -1))), 0.5)
-        gA = _solve_triangular(_mT(L), gA, upper=True, left=True)
-        return (_solve_triangular(L, gA, upper=False, left=False),)
-    return out, backward
+    return out, lambda ct: (_cholesky_backward(ct, out, upper),)
 vjp_rules[cholesky_p] = cholesky_vjp
 
 
 def cholesky_jvp(primals, tangents, *, upper):
-    """cholesky_jvp: dL = L pi(L^{-1} dA L^{-T}), pi(X) = tril(X) - diag(X) / 2 (the tangent
-    used as given, as torch does; it is exact for a symmetric tangent)."""
+    """The tangent is used as given, as torch does (exact for a symmetric tangent)."""
     (A,), (A_dot,) = primals, tangents
     _refuse(cholesky_p, A)
     out = bind(cholesky_p, A, upper=upper)
-    L = _mT(out) if upper else out
-    dL = _solve_triangular(L, A_dot, upper=False, left=True)
-    dL = _solve_triangular(_mT(L), dL, upper=True, left=False)
-    dL = ops.sub(_tril(dL), _diag_embed(ops.mul(_diagonal(dL), 0.5)))
-    dL = _mm(L, dL)
-    return out, (_mT(dL) if upper else dL)
+    return out, _cholesky_tangent(A_dot, out, upper)
 jvp_rules[cholesky_p] = cholesky_jvp
 
 
@@ -979,13 +983,34 @@ def cholesky(A, *, upper=False, out=None):
     return L
 
 
+# the old torch.cholesky: its own kernel (which raises for a matrix that is not positive
+# definite), linalg.cholesky's backward; torch has no forward formula for it (below)
+cholesky_old_p = _single("cholesky", lambda A, *, upper: aten.cholesky(A, upper), (2,))
+
+
+def cholesky_old_vjp(A, *, upper):
+    _refuse(cholesky_old_p, A)
+    out = bind(cholesky_old_p, A, upper=upper)
+    return out, lambda ct: (_cholesky_backward(ct, out, upper),)
+vjp_rules[cholesky_old_p] = cholesky_old_vjp
+
+
+def cholesky_old_jvp(primals, tangents, *, upper):
+    """torch has no jvp for the old cholesky, so torch.func's Jacobian of it is the one its
+    reverse mode defines: the backward is symmetric, the adjoint of cholesky_jvp on
+    symmetric tangents, so that Jacobian sees the symmetric part of a tangent. The jvp here
+    takes that part first, and agrees with the vjp (and with torch.func's jacrev)."""
+    (A,), (A_dot,) = primals, tangents
+    _refuse(cholesky_old_p, A)
+    out = bind(cholesky_old_p, A, upper=upper)
+    return out, _cholesky_tangent(ops.mul(_sym(A_dot), 0.5), out, upper)
+jvp_rules[cholesky_old_p] = cholesky_old_jvp
+
+
 @torch_api.register(torch.cholesky, torch.Tensor.cholesky)
 @aten_api.register(aten.cholesky.default)
 def cholesky_old(A, upper=False, *, out=None):
-    """The old torch.cholesky: the same kernel (its result is linalg_cholesky_ex's)."""
-    L, info = linalg_cholesky_ex(A, upper=upper)
-    check_info(info, "cholesky", is_matrix=_rank(A) == 2)
-    return L
+    return bind(cholesky_old_p, A, upper=upper)
 
 
 cholesky_inverse_p = _single("cholesky_inverse",
@@ -1528,6 +1553,27 @@ lstsq_values_p = _output_of("linalg_lstsq_singular_values", _lstsq_kernel, 3, _L
                             differentiable=False, broadcast=False)
 
 
+def _lstsq_batch(prim):
+    """NOTE [Outputs a driver does not compute]
+    A driver that does not compute the residuals, the rank or the singular values returns
+    an empty tensor of shape (0,) for them, whatever the batch dims. Under vmap each example
+    then has its own empty output, so the batch of them has shape (batch, 0), as
+    torch.func's is."""
+    rule = batch_matrices(prim, _LSTSQ_CORES, broadcast=False)
+
+    def batched(values, bdims, **params):
+        out, out_bdim = rule(values, bdims, **params)
+        may_be_empty = prim is not lstsq_rank_p or params["driver"] == "gels"
+        if may_be_empty and _shape(out) == (0,):
+            out = ops.reshape(out, batch_size(values, bdims), 0)
+        return out, out_bdim
+    return batched
+
+
+for _prim in (lstsq_residuals_p, lstsq_rank_p, lstsq_values_p):
+    batching_rules[_prim] = _lstsq_batch(_prim)
+
+
 def lstsq_solution_vjp(A, B, *, rcond, driver):
     """linalg_lstsq_backward, the solution's part: X = pinv(A) B, so gA = pinv_backward(gX B^T)
     and gB = pinv(A)^T gX."""
@@ -1675,18 +1721,53 @@ def _reflect(X, v, t, left=True):
     return ops.sub(X, ops.mul(t, _mm(_mm(X, v), _mT(v))))
 
 
-def _partial_products(V, tau, k, m, n, like):
-    """prefix_i = H_0 ... H_{i-1} (m x m) and suffix_i = H_{i+1} ... H_{k-1} E (m x n, E the
-    first n columns of I), for each reflector i."""
-    prefixes = [ops.expand(_eye(m, like), *_shape(V)[:-2], m, m)]
+def _partial_products(V, tau, k, cols):
+    """prefix_i = H_0 ... H_{i-1} (m x m) and suffix_i = H_{i+1} ... H_{k-1} E (m x cols, E
+    the first cols columns of I), for each reflector i."""
+    m = _shape(V)[-2]
+    batch = _shape(V)[:-2]
+    prefixes = [ops.expand(_eye(m, V), *batch, m, m)]
     for i in range(k - 1):
         prefixes.append(_reflect(prefixes[-1], _column(V, i), _tau(tau, i), left=False))
     suffixes = [None] * k
-    suffix = ops.expand(_eye(m, like, n), *_shape(V)[:-2], m, n)
+    suffix = ops.expand(_eye(m, V, cols), *batch, m, cols)
     for i in range(k - 1, -1, -1):
         suffixes[i] = suffix
         suffix = _reflect(suffix, _column(V, i), _tau(tau, i), left=True)
     return prefixes, suffixes
+
+
+def _householder_cotangents(G, V, tau, k, cols):
+    """The cotangents of the reflectors' vectors (as the first k columns of an m x k
+    matrix) and of tau, for the product (H_0 ... H_{k-1})[:, :cols] with cotangent G."""
+    prefixes, suffixes = _partial_products(V, tau, k, cols)
+    v_grads, tau_grads = [], []
+    for i in range(k):
+        v, t = _column(V, i), _tau(tau, i)
+        K = _mm(_mm(_mT(prefixes[i]), G), _mT(suffixes[i]))
+        Kv, Ktv = _mm(K, v), _mm(_mT(K), v)
+        tau_grads.append(ops.neg(ops.squeeze(_mm(_mT(v), Kv), -1)))
+        v_grads.append(ops.neg(ops.mul(t, ops.add(Kv, Ktv))))
+    return ops.cat(v_grads, -1), ops.cat(tau_grads, -1)
+
+
+def _householder_tangent(V_dot, tau_dot, V, tau, k, cols):
+    """The tangent of (H_0 ... H_{k-1})[:, :cols]; V_dot (the strict lower part of the
+    input's tangent) or tau_dot may be None."""
+    prefixes, suffixes = _partial_products(V, tau, k, cols)
+    out_dot = None
+    for i in range(k):
+        v, t = _column(V, i), _tau(tau, i)
+        vS = _mm(_mT(v), suffixes[i])
+        dH_S = None  # dH_i suffix_i, without its sign
+        if tau_dot is not None:
+            dH_S = ops.mul(_tau(tau_dot, i), _mm(v, vS))
+        if V_dot is not None:
+            dv = _column(V_dot, i)
+            term = ops.mul(t, ops.add(_mm(dv, vS), _mm(v, _mm(_mT(dv), suffixes[i]))))
+            dH_S = add_tangents(dH_S, term)
+        out_dot = add_tangents(out_dot, ops.neg(_mm(prefixes[i], dH_S)))
+    return out_dot
 
 
 def householder_vjp(A, tau):
@@ -1697,25 +1778,18 @@ def householder_vjp(A, tau):
     g_tau_i = -v^T K_i v, g_v_i = -tau_i (K_i + K_i^T) v, of which A's strict lower part is
     kept. torch updates K_i in place with inverted reflectors; here the partial products are
     formed explicitly, k rank-one updates each way, all with ops, so that the rule is
-    differentiable again."""
+    differentiable again. ormqr, a product of the same reflectors with another matrix,
+    reuses both formulas."""
     _refuse(householder_p, A, tau)
     Q = bind(householder_p, A, tau)
 
     def backward(ct):
-        m, n = _shape(A)[-2:]
+        n = _shape(A)[-1]
         V, k = _reflectors(A, tau)
         if k == 0:
             return ops.zeros_like(A), ops.zeros_like(tau)
-        prefixes, suffixes = _partial_products(V, tau, k, m, n, A)
-        v_grads, tau_grads = [], []
-        for i in range(k):
-            v, t = _column(V, i), _tau(tau, i)
-            K = _mm(_mm(_mT(prefixes[i]), ct), _mT(suffixes[i]))
-            Kv, Ktv = _mm(K, v), _mm(_mT(K), v)
-            tau_grads.append(ops.neg(ops.squeeze(_mm(_mT(v), Kv), -1)))
-            v_grads.append(ops.neg(ops.mul(t, ops.add(Kv, Ktv))))
-        gA = _tril(_pad_cols(ops.cat(v_grads, -1), n), -1)
-        return gA, ops.cat(tau_grads, -1)
+        V_grad, tau_grad = _householder_cotangents(ct, V, tau, k, n)
+        return _tril(_pad_cols(V_grad, n), -1), tau_grad
     return Q, backward
 vjp_rules[householder_p] = householder_vjp
 
@@ -1724,25 +1798,11 @@ def householder_jvp(primals, tangents):
     (A, tau), (A_dot, tau_dot) = primals, tangents
     _refuse(householder_p, A, tau)
     Q = bind(householder_p, A, tau)
-    m, n = _shape(A)[-2:]
     V, k = _reflectors(A, tau)
     if k == 0:
         return Q, ops.zeros_like(Q)
-    dV = None if A_dot is None else _tril(A_dot, -1)
-    prefixes, suffixes = _partial_products(V, tau, k, m, n, A)
-    out_dot = None
-    for i in range(k):
-        v, t = _column(V, i), _tau(tau, i)
-        vS = _mm(_mT(v), suffixes[i])
-        dH_S = None  # dH_i suffix_i, without the sign
-        if tau_dot is not None:
-            dH_S = ops.mul(_tau(tau_dot, i), _mm(v, vS))
-        if dV is not None:
-            dv = _column(dV, i)
-            term = ops.mul(t, ops.add(_mm(dv, vS), _mm(v, _mm(_mT(dv), suffixes[i]))))
-            dH_S = add_tangents(dH_S, term)
-        out_dot = add_tangents(out_dot, ops.neg(_mm(prefixes[i], dH_S)))
-    return Q, out_dot
+    V_dot = None if A_dot is None else _tril(A_dot, -1)
+    return Q, _householder_tangent(V_dot, tau_dot, V, tau, k, _shape(A)[-1])
 jvp_rules[householder_p] = householder_jvp
 
 
@@ -1750,6 +1810,66 @@ jvp_rules[householder_p] = householder_jvp
 @aten_api.register(aten.linalg_householder_product.default, aten.orgqr.default)
 def householder_product(A, tau, *, out=None):
     return bind(householder_p, A, tau)
+
+
+ormqr_p = _single("ormqr", lambda A, tau, C, *, left, transpose: aten.ormqr(A, tau, C, left,
+                                                                            transpose),
+                  (2, 1, 2), broadcast=False)
+
+
+def _ormqr(A, tau, C, left, transpose):
+    return bind(ormqr_p, A, tau, C, left=left, transpose=transpose)
+
+
+def ormqr_vjp(A, tau, C, *, left, transpose):
+    """ormqr computes op(Q) C (left) or C op(Q), Q = H_0 ... H_{k-1} the full product of
+    the reflectors, op(Q) = Q or Q^T: gC = op(Q)^T gR, another ormqr; the cotangent of Q is
+    gR C^T, C gR^T, C^T gR or gR^T C, from which NOTE [Householder products] gives A's and
+    tau's."""
+    _refuse(ormqr_p, A, tau, C)
+    R = _ormqr(A, tau, C, left, transpose)
+
+    def backward(ct):
+        gC = _sum_to(_ormqr(A, tau, ct, left, not transpose), C) \
+            if wants_cotangent(2, C) else None
+        gA = g_tau = None
+        if wants_cotangent(0, A) or wants_cotangent(1, tau):
+            if left:
+                G = _mm(C, _mT(ct)) if transpose else _mm(ct, _mT(C))
+            else:
+                G = _mm(_mT(ct), C) if transpose else _mm(_mT(C), ct)
+            V, k = _reflectors(A, tau)
+            if k == 0:
+                return ops.zeros_like(A), ops.zeros_like(tau), gC
+            V_grad, g_tau = _householder_cotangents(G, V, tau, k, _shape(V)[-2])
+            gA = _tril(_pad_cols(V_grad, _shape(A)[-1]), -1)
+        return gA, g_tau, gC
+    return R, backward
+vjp_rules[ormqr_p] = ormqr_vjp
+
+
+def ormqr_jvp(primals, tangents, *, left, transpose):
+    """dR = op(dQ) C + op(Q) dC, dQ from NOTE [Householder products]."""
+    (A, tau, C), (A_dot, tau_dot, C_dot) = primals, tangents
+    _refuse(ormqr_p, A, tau, C)
+    R = _ormqr(A, tau, C, left, transpose)
+    out_dot = None if C_dot is None else _ormqr(A, tau, C_dot, left, transpose)
+    V, k = _reflectors(A, tau)
+    if k and (A_dot is not None or tau_dot is not None):
+        V_dot = None if A_dot is None else _tril(A_dot, -1)
+        Q_dot = _householder_tangent(V_dot, tau_dot, V, tau, k, _shape(V)[-2])
+        Q_dot = _mT(Q_dot) if transpose else Q_dot
+        out_dot = add_tangents(out_dot, _mm(Q_dot, C) if left else _mm(C, Q_dot))
+    if out_dot is None:
+        out_dot = ops.zeros_like(R)
+    return R, broadcast_tangent(out_dot, _shape(R))
+jvp_rules[ormqr_p] = ormqr_jvp
+
+
+@torch_api.register(torch.ormqr, torch.Tensor.ormqr)
+@aten_api.register(aten.ormqr.default)
+def ormqr(A, tau, C, left=True, transpose=False, *, out=None):
+    return _ormqr(A, tau, C, left, transpose)
 
 
 # --- factorizations torch does not differentiate: LDL, geqrf --------------------------------------------

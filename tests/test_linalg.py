@@ -15,7 +15,7 @@ import minifunctorch.core as mf
 from minifunctorch.core.errors import TransformError
 from op_table import DTYPE, OpCase, normal
 from oracle import (TRANSFORMS, assert_same, check_finite_differences, check_under_transform,
-                    transform_params)
+                    t_hessian, transform_params)
 
 aten = torch.ops.aten
 
@@ -177,6 +177,14 @@ CASES = [
          lambda g: householder_inputs(g, 3, 3), diff=(0, 1)),
     case("householder_product_few", lambda a, t: torch.linalg.householder_product(a, t[:2]),
          householder_inputs, diff=(0, 1)),
+    case("ormqr", torch.ormqr, lambda g: (*householder_inputs(g), normal(g, 4, 2)),
+         diff=(0, 1, 2), hessian=True),
+    case("ormqr_transpose", lambda a, t, c: torch.ormqr(a, t, c, transpose=True),
+         lambda g: (*householder_inputs(g), normal(g, 4, 2)), diff=(0, 1, 2)),
+    case("ormqr_right", lambda a, t, c: a.ormqr(t, c, left=False),
+         lambda g: (*householder_inputs(g), normal(g, 2, 4)), diff=(0, 1, 2)),
+    case("ormqr_right_transpose", lambda a, t, c: torch.ormqr(a, t, c, False, True),
+         lambda g: (*householder_inputs(g), normal(g, 2, 4)), diff=(0, 1, 2)),
     # --- the back door: aten ops, and composites torch lowers to them ----------------------------
     case("aten_inv_ex", lambda a: aten.linalg_inv_ex(a)[0], A3),
     case("aten_svd", lambda a: aten._linalg_svd(a, True)[0], lambda g: (normal(g, 3, 4),)),
@@ -209,6 +217,9 @@ TORCH_FUNC_OFF = {
        for t in ("jvp", "jacfwd", "jvp_grad")},
     **{("cholesky_old", t): "torch has no forward-mode formula for the old torch.cholesky"
        for t in ("jvp", "jacfwd", "jacfwd_jacrev", "jvp_grad")},
+    **{(name, t): "torch has no forward-mode formula for ormqr"
+       for name in ("ormqr", "ormqr_transpose", "ormqr_right", "ormqr_right_transpose")
+       for t in ("jvp", "jacfwd", "jacfwd_jacrev", "jvp_grad", "hessian")},
 }
 # Cases whose derivative follows torch's convention for a structured input (a symmetric
 # gradient for cholesky and eigh, a full one for a triangular factor), which finite
@@ -293,7 +304,7 @@ class PlainTorch:
 @pytest.mark.parametrize("case, transform", list(transform_params(CASES)))
 def test_under_transform(case, transform):
     if (case.name, transform) in TORCH_FUNC_OFF:
-        build = TRANSFORMS[transform]
+        build = TRANSFORMS.get(transform, t_hessian)
         assert_same(build(mf, case), build(PlainTorch, case))
     else:
         check_under_transform(case, transform)
