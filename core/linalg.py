@@ -23,6 +23,8 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   kept, so that results equal torch.func's. One is a bug in torch 2.13, and is not kept:
   the jvp of the old ``triangular_solve`` with respect to its matrix; here it is the
   derivative of the function (it agrees with torch's vjp and with finite differences).
+  torch has no jvp for ``ormqr`` and for the old ``cholesky``; theirs here agree with the
+  vjps (the Jacobian torch.func's jacrev gives).
 
 NOTE [One kernel call, several primitives]
 A primitive has one output; a factorization has several (svd: U, S, Vh; eigh: L, Q; qr: Q,
@@ -148,10 +150,6 @@ def _sym(x):
 def _scale(x, factor):
     """``factor[..., None, None] * x``: a matrix scaled by one number per matrix."""
     return ops.mul(ops.unsqueeze(ops.unsqueeze(factor, -1), -1), x)
-
-
-def _neg_or_none(x):
-    return None if x is None else ops.neg(x)
 
 
 def _sum_to(x, like):
@@ -300,7 +298,7 @@ def _refused_derivative(prim, what):
     jvp_rules[prim] = jvp
 
 
-# --- errors: _linalg_check_errors -----------------------------------------------------------------
+# --- errors: _linalg_check_errors ----------------------------------------------------------------
 @aten_api.register(aten._linalg_check_errors.default)
 def check_info(info, api_name, *, is_matrix):
     """torch's check of a factorization's ``info`` (a singular matrix, a matrix that is not
@@ -317,7 +315,7 @@ def check_info(info, api_name, *, is_matrix):
     return None
 
 
-# --- inverse ---------------------------------------------------------------------------------------
+# --- inverse -------------------------------------------------------------------------------------
 def _inv_kernel(A):
     return aten.linalg_inv_ex(A)
 
@@ -345,10 +343,6 @@ def inv_jvp(primals, tangents):
 jvp_rules[inv_p] = inv_jvp
 
 
-def _inv(A):
-    return bind(inv_p, A)
-
-
 @aten_api.register(aten.linalg_inv_ex.default)
 def linalg_inv_ex(A, *, check_errors=False):
     inverse, info = _bind_all((inv_p, inv_info_p), A)
@@ -369,7 +363,7 @@ def inv(A, *, out=None):
     return inverse
 
 
-# --- solve ----------------------------------------------------------------------------------------
+# --- solve ---------------------------------------------------------------------------------------
 def _solve_kernel(A, B, *, left):
     return aten._linalg_solve_ex(A, B, left=left)
 
@@ -450,7 +444,7 @@ def solve(A, B, *, left=True, out=None):
     return X
 
 
-# --- triangular solves ------------------------------------------------------------------------------
+# --- triangular solves ---------------------------------------------------------------------------
 def _solve_triangular_impl(A, B, *, upper, left, unitriangular):
     return aten.linalg_solve_triangular(A, B, upper=upper, left=left, unitriangular=unitriangular)
 
@@ -796,7 +790,7 @@ def lu_solve(LU, pivots, B, *, left=True, adjoint=False, out=None):
     return _lu_solve(LU, pivots, B, left, adjoint)
 
 
-# --- determinants -----------------------------------------------------------------------------------
+# --- determinants --------------------------------------------------------------------------------
 def _det_kernel(A):
     return aten._linalg_det(A)
 
@@ -915,6 +909,13 @@ def slogdet(A, *, out=None):
 def slogdet_old(A, *, out=None):
     sign, logabsdet = _bind_all((slogdet_sign_p, logabsdet_p), A)
     return torch.return_types.slogdet((sign, logabsdet))
+
+
+@torch_api.register(torch.logdet, torch.Tensor.logdet)
+def logdet(A):
+    """log det(A): nan for a negative determinant, as torch's (a where over slogdet)."""
+    sign, logabsdet = _bind_all((slogdet_sign_p, logabsdet_p), A)
+    return ops.where(ops.eq(sign, -1.0), float("nan"), logabsdet)
 
 
 # --- Cholesky -----------------------------------------------------------------------------------
@@ -1093,7 +1094,7 @@ def cholesky_solve(B, L, upper=False, *, out=None):
     return _cholesky_solve(B, L, upper)
 
 
-# --- symmetric eigendecomposition ------------------------------------------------------------------
+# --- symmetric eigendecomposition ----------------------------------------------------------------
 def _eigh_kernel(A, *, UPLO):
     return aten._linalg_eigh(A, UPLO, True)
 
@@ -1172,7 +1173,7 @@ def eigvalsh(A, UPLO="L", *, out=None):
     return bind(eigvalsh_p, A, UPLO=UPLO)
 
 
-# --- singular value decomposition ---------------------------------------------------------------------
+# --- singular value decomposition ----------------------------------------------------------------
 def _svd_kernel(A, *, full_matrices, driver):
     return aten._linalg_svd(A, full_matrices, True, driver=driver)
 
@@ -1323,7 +1324,7 @@ def svd_old(A, some=True, compute_uv=True, *, out=None):
                                    _zeros(shape[:-2] + (n, n), A)))
 
 
-# --- QR -------------------------------------------------------------------------------------------
+# --- QR ------------------------------------------------------------------------------------------
 def _qr_kernel(A, *, mode):
     return aten.linalg_qr(A, mode)
 
@@ -1431,7 +1432,7 @@ def qr_old(A, some=True, *, out=None):
     return torch.return_types.qr(linalg_qr_full(A, "reduced" if some else "complete"))
 
 
-# --- pseudo-inverse ------------------------------------------------------------------------------------
+# --- pseudo-inverse ------------------------------------------------------------------------------
 def _pinv_impl(A, atol, rtol, *, hermitian):
     return aten.linalg_pinv.atol_rtol_tensor(A, atol=atol, rtol=rtol, hermitian=hermitian)
 
@@ -1521,7 +1522,7 @@ def pinverse(A, rcond=1e-15):
     return pinv(A, rcond)
 
 
-# --- least squares -----------------------------------------------------------------------------------
+# --- least squares -------------------------------------------------------------------------------
 def _lstsq_kernel(A, B, *, rcond, driver):
     if A.device.type == "meta":  # torch has no meta kernel: the shapes, worked out here
         return _lstsq_meta(A, B, driver)
@@ -1651,7 +1652,7 @@ def lstsq(A, B, rcond=None, *, driver=None):
     return torch.return_types.linalg_lstsq(linalg_lstsq_full(A, B, rcond, driver=driver))
 
 
-# --- matrix exponential --------------------------------------------------------------------------------
+# --- matrix exponential --------------------------------------------------------------------------
 matrix_exp_p = _single("linalg_matrix_exp", lambda A: aten.linalg_matrix_exp(A), (2,))
 
 
@@ -1692,7 +1693,7 @@ def matrix_exp(A, *, out=None):
     return _matrix_exp(A)
 
 
-# --- Householder products ----------------------------------------------------------------------------
+# --- Householder products ------------------------------------------------------------------------
 householder_p = _single("linalg_householder_product",
                         lambda A, tau: aten.linalg_householder_product(A, tau), (2, 1),
                         broadcast=False)
@@ -1872,7 +1873,7 @@ def ormqr(A, tau, C, left=True, transpose=False, *, out=None):
     return _ormqr(A, tau, C, left, transpose)
 
 
-# --- factorizations torch does not differentiate: LDL, geqrf --------------------------------------------
+# --- factorizations torch does not differentiate: LDL, geqrf -------------------------------------
 def _ldl_kernel(A, *, hermitian):
     return aten.linalg_ldl_factor_ex(A, hermitian=hermitian)
 
