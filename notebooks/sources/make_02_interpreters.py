@@ -55,8 +55,8 @@ A **primitive** is an operation that the transforms treat as atomic: `sin`, `mul
 function that computes it, and nothing else: it knows nothing about derivatives or batches.
 The built-in ones are registered in `PRIMITIVES`: the course's own, in `core/primitives.py`,
 and the families that give the engine its breadth (`core/elementwise.py`, `core/indexing.py`,
-`core/structural.py`, `core/nn.py`). Every torch function that minifunctorch supports is either
-one of these or written in terms of them.
+`core/structural.py`, `core/nn.py`, `core/linalg.py`). Every torch function that
+minifunctorch supports is either one of these or written in terms of them.
 
 A primitive can also tell the shape and dtype of its result without computing anything:
 `shape_rule` runs the torch function on *meta* tensors, which have a shape but no data.
