@@ -34,7 +34,7 @@ import torch
 import torch._decomp
 import torch.nn.functional as F
 
-from . import aten_api, elementwise, indexing, ops, torch_api
+from . import aten_api, elementwise, indexing, ops, structural, torch_api
 from . import primitives as P
 from .autograd import vjp_rules, wants_cotangent
 from .batching import batch_size, batching_rules, move_bdim
@@ -1731,34 +1731,26 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     return out if weight is None else ops.mul(out, weight)
 
 
-def _vector_norm(x, p, dim, keepdim=False):
-    """The p-norm over ``dim``, with torch's derivative at a zero vector (0, not nan): where
-    the norm is 0 the root is taken of 1 instead, so no infinite slope is ever formed."""
-    if p == float("inf"):
-        return ops.amax(ops.abs(x), dim, keepdim)
-    if p == 2:
-        total = ops.sum(ops.mul(x, x), dim, keepdim)
-    else:
-        total = ops.sum(ops.pow(ops.abs(x), p), dim, keepdim)
-    is_zero = ops.eq(total, 0)
-    safe = ops.where(is_zero, 1.0, total)
-    root = ops.sqrt(safe) if p == 2 else ops.pow(safe, 1.0 / p)
-    return ops.where(is_zero, 0.0, root)
-
-
 def _clamp_min_no_grad(x, minimum):
     """max(x, minimum) whose derivative is 1 everywhere, as torch's cosine_similarity clamps
     its norms under no_grad: the value is clamped, the gradient is the unclamped one's."""
     return ops.where(ops.lt(x, minimum), ops.add(ops.sub(x, ops.detach(x)), minimum), x)
 
 
+# NOTE [Norms inside nn ops]
+# torch's normalize, cosine_similarity and pairwise_distance call ``norm`` (so
+# linalg_vector_norm, with norm_backward's derivative), and pdist's fused kernel has a
+# backward with the same case analysis: 0 where the norm is 0, 0 for p = 0 (a count), zero at
+# x = 0 for p < 1. So each takes the structural family's vector_norm, whose rules follow
+# torch's for every p (NOTE [Norms and their subgradients] in structural.py), rather than a
+# p-norm of its own.
 @torch_api.register(F.normalize)
 def normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
     if out is not None:
         raise InPlaceError("normalize(..., out=...): out= is not supported inside transforms. "
                            "Fix: use the returned value.")
-    norm = _vector_norm(x, p, ops.normalize_dim(dim, len(shape_of(x)), op="normalize"),
-                        keepdim=True)
+    norm = structural.vector_norm(
+        x, p, ops.normalize_dim(dim, len(shape_of(x)), op="normalize"), keepdim=True)
     return ops.div(x, ops.expand_as(elementwise.clamp_min(norm, eps), x))
 
 
@@ -1767,8 +1759,8 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     shape = torch.broadcast_shapes(shape_of(x1), shape_of(x2))
     x1, x2 = ops.expand(x1, *shape), ops.expand(x2, *shape)
     dim = ops.normalize_dim(dim, len(shape), op="cosine_similarity")
-    n1 = _clamp_min_no_grad(_vector_norm(x1, 2, dim, keepdim=True), eps)
-    n2 = _clamp_min_no_grad(_vector_norm(x2, 2, dim, keepdim=True), eps)
+    n1 = _clamp_min_no_grad(structural.vector_norm(x1, 2, dim, keepdim=True), eps)
+    n2 = _clamp_min_no_grad(structural.vector_norm(x2, 2, dim, keepdim=True), eps)
     return ops.sum(ops.mul(ops.div(x1, n1), ops.div(x2, n2)), dim)
 
 
@@ -1778,20 +1770,23 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     difference = ops.add(ops.sub(x1, x2), eps)
     if rank == 0:
         return ops.abs(difference)
-    return _vector_norm(difference, p, rank - 1, keepdim)
+    return structural.vector_norm(difference, p, rank - 1, keepdim)
 
 
 @torch_api.register(F.pdist, torch.pdist)
 @aten_api.register(aten._pdist_forward.default)
 def pdist(x, p=2.0):
-    """The p-norm distances between the rows of an (N, M) input, pairs i < j in row order."""
+    """The p-norm distances between the rows of an (N, M) input, pairs i < j in row order
+    (NOTE [Norms inside nn ops]; for p = inf torch's kernel gives the whole cotangent to
+    every element that reaches the maximum, vector_norm shares it among them: they agree
+    where there are no ties)."""
     _refuse_complex("pdist", x)
     if len(shape_of(x)) != 2:
         raise TransformUsageError(f"pdist(input): expected a 2-D input, got shape {shape_of(x)}.")
     n, m = shape_of(x)
     first, second = torch.triu_indices(n, n, 1, device=x.device)
     rows = [ops.gather(x, 0, index[:, None].expand(len(index), m)) for index in (first, second)]
-    return _vector_norm(ops.sub(*rows), p, 1)
+    return structural.vector_norm(ops.sub(*rows), p, 1)
 
 
 # --- losses --------------------------------------------------------------------------------------

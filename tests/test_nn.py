@@ -171,6 +171,10 @@ CASES = [
          diff=(0, 1)),
     case("normalize", lambda x: F.normalize(x, dim=-1), lambda g: (normal(g, 3, 4),)),
     case("normalize_p1", lambda x: F.normalize(x, p=1.0, dim=0), lambda g: (normal(g, 3, 4),)),
+    # p = 0 counts the nonzero elements (no derivative): once a ZeroDivisionError (1 / p)
+    case("normalize_p0", lambda x: F.normalize(x, p=0.0, dim=-1), lambda g: (normal(g, 3, 4),)),
+    case("normalize_p_half_inf", lambda x: F.normalize(x, p=0.5, dim=0) +
+         F.normalize(x, p=float("inf"), dim=1), lambda g: (distinct(g, 3, 4),)),
     case("local_response_norm", lambda x: F.local_response_norm(x, 3),
          lambda g: (normal(g, 2, 5, 3, 3),)),
     # --- padding
@@ -343,6 +347,8 @@ NO_FORWARD_AD_IN_TORCH = [
         x, t, reduction="none"), lambda g: (normal(g, 4), indices(g, 4, 1))),
     case("pdist", F.pdist, lambda g: (normal(g, 4, 3),), hessian=True),
     case("pdist_p1", lambda x: F.pdist(x, 1.0), lambda g: (normal(g, 4, 3),)),
+    # p = 0 counts the coordinates that differ (no derivative): once a ZeroDivisionError
+    case("pdist_p0", lambda x: F.pdist(x, 0.0), lambda g: (normal(g, 4, 3),)),
     case("soft_margin_loss", lambda x, t: F.soft_margin_loss(x, t),
          lambda g: (normal(g, 3, 4), signs(g, 3, 4))),
 ]
@@ -417,6 +423,7 @@ ORACLES = {
     ("multi_margin_loss_one_sample", "grad_grad"): (_OurForwardMode,
                                                     "torch has no double backward"),
     ("pdist_p1", "grad_grad"): (_OurForwardMode, "torch has no double backward"),
+    ("pdist_p0", "grad_grad"): (_OurForwardMode, "torch has no double backward"),
     **{(c.name, t): (_OurReverseMode, "torch has no forward-mode derivative")
        for c in NO_FORWARD_AD_IN_TORCH for t in _FORWARD_MODE},
 }
