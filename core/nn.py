@@ -660,14 +660,19 @@ def constant_pad_nd(x, pad, value=0):
 
 
 def _pad_positions(mode, size, before, after):
-    """The input positions a padded dim reads, for reflect, replicate and circular padding."""
+    """The input positions a padded dim reads, for reflect, replicate and circular padding.
+    A negative pad crops. Circular padding wraps around what is left after cropping (torch
+    crops first, then copies the ends of the kept part), so its positions are taken modulo
+    the kept size, not the input's."""
+    if mode == "circular":
+        start = max(0, -before)
+        kept = size - start - max(0, -after)
+        return start + torch.arange(-max(before, 0), kept + max(after, 0)).remainder(kept)
     positions = torch.arange(-before, size + after)
     if mode == "reflect":
         positions = positions.abs()
         return torch.where(positions >= size, 2 * (size - 1) - positions, positions)
-    if mode == "replicate":
-        return positions.clamp(0, size - 1)
-    return positions.remainder(size)  # circular
+    return positions.clamp(0, size - 1)  # replicate
 
 
 def _pad_by_gathering(x, pad, mode):
@@ -681,18 +686,25 @@ def _pad_by_gathering(x, pad, mode):
     rank = len(shape_of(x))
     for dim, before, after in _padded_dims(pad, rank):
         size = shape_of(x)[dim]
-        positions = _pad_positions(mode, size, before, after)
+        if size + before + after < (0 if mode == "circular" else 1):  # (as torch)
+            raise TransformUsageError(
+                f"pad(x, {list(pad)}, mode={mode!r}): dim {dim} of size {size} padded by "
+                f"({before}, {after}) would have size {size + before + after}. Fix: crop less."
+            )
         if mode == "reflect" and (before >= size or after >= size):
             raise TransformUsageError(
                 f"pad(x, {list(pad)}, mode='reflect'): a reflect pad must be smaller than the "
                 f"dim it pads (dim {dim} has size {size}). Fix: use smaller pads, or "
                 "mode='replicate'."
             )
-        if mode == "circular" and (before > size or after > size):
+        kept = size - max(0, -before) - max(0, -after)
+        if mode == "circular" and (before > kept or after > kept):
             raise TransformUsageError(
                 f"pad(x, {list(pad)}, mode='circular'): a circular pad can be at most the size "
-                f"of the dim it pads (dim {dim} has size {size}). Fix: use smaller pads."
+                f"of the dim it pads, after cropping (dim {dim} keeps {kept} of {size}). Fix: "
+                "use smaller pads."
             )
+        positions = _pad_positions(mode, size, before, after)
         shape = [1] * rank
         shape[dim] = len(positions)
         index_shape = list(shape_of(x))

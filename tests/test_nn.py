@@ -189,6 +189,15 @@ CASES = [
     case("pad_replicate3d", lambda x: F.pad(x, (1, 0, 2, 1, 0, 2), mode="replicate"),
          lambda g: (normal(g, 1, 2, 3, 3, 2),)),
     case("pad_circular", lambda x: F.pad(x, (2, 1, 1, 2), mode="circular"), lambda g: (x4(g),)),
+    # negative pads crop first, and the wrap-around reads the part that is kept: once it read
+    # the whole input (50% of the elements wrong)
+    case("pad_circular_negative", lambda x: F.pad(x, (-1, 1, -2, 1), mode="circular"),
+         lambda g: (x4(g),)),
+    case("pad_circular_crop_and_wrap_3d", lambda x: F.pad(x, (2, -1, -1, 1, 0, -1),
+                                                          mode="circular"),
+         lambda g: (normal(g, 1, 2, 3, 4, 4),)),
+    case("aten_pad_circular_negative", lambda x: torch.ops.aten._pad_circular(x, [1, -2]),
+         lambda g: (normal(g, 2, 3, 5),)),
     # --- losses
     case("nll_loss", F.nll_loss, lambda g: (normal(g, 5, 4), indices(g, 4, 5)), hessian=True),
     case("nll_loss_weight_ignore", lambda x, t, w: F.nll_loss(x, t, w),
@@ -723,6 +732,12 @@ def test_dropout_in_training_mode_is_random_not_wrong():
      r"^pad\(x, \[4, 4\], mode='reflect'\): a reflect pad must be smaller"),
     (lambda x: F.pad(x, (1, 1), mode="replicate"), TransformUsageError,
      r"^pad\(x, \[1, 1\], mode='replicate'\): torch pads the last"),
+    (lambda x: F.pad(x[0], (-3, 2), mode="circular"), TransformUsageError,
+     r"^pad\(x, \[-3, 2\], mode='circular'\): a circular pad can be at most the size of the "
+     r"dim it pads, after cropping \(dim 2 keeps 1 of 4\)"),
+    (lambda x: F.pad(x[0], (-3, -2), mode="replicate"), TransformUsageError,
+     r"^pad\(x, \[-3, -2\], mode='replicate'\): dim 2 of size 4 padded by \(-3, -2\) would "
+     r"have size -1"),
     (lambda x: F.batch_norm(x, None, None), TransformUsageError,
      r"^batch_norm\(input, running_mean, running_var, training=False\): eval mode"),
     (lambda x: F.nll_loss(x[0, 0], torch.tensor([0, 1])), TransformUsageError,
