@@ -121,6 +121,13 @@ CASES = [
          lambda g: (distinct(g, 2, 3, 7),)),
     case("aten_max_pool2d_with_indices", lambda x: torch.ops.aten.max_pool2d_with_indices(
         x, [2, 2], [1, 1])[0], lambda g: (distinct(g, 2, 3, 4, 4),)),
+    case("aten_max_pool2d_with_indices_backward", lambda ct, x: torch.ops.aten.
+         max_pool2d_with_indices_backward(ct, x, [3, 3], [2, 2], [1, 1], [1, 2], False,
+                                          F.max_pool2d(x, 3, 2, 1, (1, 2), return_indices=True)[1]),
+         lambda g: (normal(g, 2, 2, 2, 2), distinct(g, 2, 2, 3, 6)), diff=(0, 1)),
+    case("adaptive_max_pool3d_with_indices", lambda x: (lambda v, i: v * i)(
+        *F.adaptive_max_pool3d(x, (2, 1, 2), return_indices=True)),
+         lambda g: (distinct(g, 2, 3, 4, 3),)),
     case("avg_pool2d", lambda x: F.avg_pool2d(x, 3, 2, padding=1), lambda g: (x4(g),),
          hessian=True),
     case("avg_pool2d_ceil_no_pad_count", lambda x: F.avg_pool2d(
@@ -489,6 +496,11 @@ FUSED = {
     "adaptive_avg_pool2d": (lambda x: F.adaptive_avg_pool2d(x, (3, 4)),
                             lambda g: (_f32(g, 2, 3, 9, 8),)),
     "max_pool2d": (lambda x: F.max_pool2d(x, 3, 2, 1), lambda g: (_f32(g, 2, 3, 9, 8),)),
+    "max_pool2d_dilation_ceil": (lambda x: F.max_pool2d(x, 3, 2, 1, dilation=2, ceil_mode=True),
+                                 lambda g: (_f32(g, 2, 3, 9, 8),)),
+    "max_pool3d": (lambda x: F.max_pool3d(x, 2, 1), lambda g: (_f32(g, 2, 2, 4, 5, 4),)),
+    "adaptive_max_pool2d": (lambda x: F.adaptive_max_pool2d(x, (4, 3)),
+                            lambda g: (_f32(g, 2, 3, 9, 8),)),
     "batch_norm_train": (lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
                          lambda g: (_f32(g, 8, 3, 5, 5), _f32(g, 3), _f32(g, 3))),
     "batch_norm_eval": (lambda x, w, b: F.batch_norm(x, RUNNING_MEAN, RUNNING_VAR, w, b),
@@ -510,6 +522,58 @@ def test_fused_kernels_are_bit_exact_in_float32(name):
         assert torch.equal(ours, theirs), (ours - theirs).abs().max()
 
 
+def _kernel_calls(fn, *args, name="aten::max_pool2d_with_indices"):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn(*args)
+    return sum(e.count for e in prof.key_averages() if e.key == name)
+
+
+@pytest.mark.parametrize("transform", ["vjp", "jvp", "vmap", "vmap_grad"])
+def test_max_pool_values_are_the_kernels_and_bit_exact(transform):
+    """NOTE [Max pooling: the kernel's values, derivatives through its indices]: one kernel
+    call gives the values and the indices (no re-gather of the values), float32 results stay
+    bit-exact with torch.func."""
+    g = torch.Generator().manual_seed(0)
+    x, t = _f32(g, 4, 2, 3, 9, 8), _f32(g, 4, 2, 3, 9, 8)
+    ct = _f32(g, 4, 2, 3, 5, 4)
+    f = lambda x: F.max_pool2d(x, 3, 2, 1)  # noqa: E731
+    runs = {
+        "vjp": lambda ft: (lambda out, pull: (out, pull(ct[0])))(*ft.vjp(f, x[0])),
+        "jvp": lambda ft: ft.jvp(f, (x[0],), (t[0],)),
+        "vmap": lambda ft: ft.vmap(f)(x),
+        "vmap_grad": lambda ft: ft.vmap(ft.grad(lambda x, c: (f(x) * c).sum()))(x, ct),
+    }
+    ours, theirs = runs[transform](mf), runs[transform](tf)
+    for a, b in zip(torch.utils._pytree.tree_leaves(ours),
+                    torch.utils._pytree.tree_leaves(theirs)):
+        assert torch.equal(a, b), (a - b).abs().max()
+    assert _kernel_calls(runs[transform], mf) == 1
+    # values are never gathered; jvp gathers the tangent at the indices
+    gathers = 1 if transform == "jvp" else 0
+    assert _kernel_calls(lambda: runs[transform](mf), name="aten::gather") == gathers
+
+
+@pytest.mark.parametrize("door", ["ours", "torch's decomposition"])
+def test_max_pool_indices_of_a_channels_last_input_are_viewable(door, monkeypatch):
+    """torch's kernel returns channels-last indices for a channels-last input; shown to user
+    code as a contiguous tensor, a view of them failed ("view size is not compatible"): torch's
+    decomposition of max_pool2d_with_indices_backward reshapes them (OpInfo sample 743)."""
+    backward = torch.ops.aten.max_pool2d_with_indices_backward.default
+    if door != "ours":
+        from minifunctorch.core import aten_api
+        monkeypatch.delitem(aten_api.ATEN_OPS, backward)
+    x = torch.randn(2, 2, 3, 6, dtype=DTYPE).contiguous(memory_format=torch.channels_last)
+    ct = torch.randn(2, 2, 2, 2, dtype=DTYPE)
+
+    def f(ct, x):
+        values, indices = F.max_pool2d(x, 3, 2, 1, (1, 2), return_indices=True)
+        return backward(ct, x, [3, 3], [2, 2], [1, 1], [1, 2], False, indices) * values.sum()
+    ours, theirs = mf.vjp(f, ct, x), tf.vjp(f, ct, x)
+    assert_same(ours[0], theirs[0])
+    assert_same(ours[1](x), theirs[1](x))
+    assert_same(mf.jvp(f, (ct, x), (ct, x)), tf.jvp(f, (ct, x), (ct, x)))
+
+
 # --- shape rules: every primitive of the family evaluates on meta tensors ----------------------
 _CONV = dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2), transposed=False,
              output_padding=(0, 0), groups=2)
@@ -525,7 +589,9 @@ _SAMPLES = {
                                   dict(_CONV, input_shape=(2, 4, 6, 5),
                                        weight_shape=(6, 2, 3, 2))),
     "constant_pad_nd": ((_T(2, 3),), dict(pad=(1, -1), value=0.5)),
+    "max_pool": ((_T(2, 3, 5, 4),), dict(_POOL, dilation=(1, 1))),
     "max_pool_indices": ((_T(2, 3, 5, 4),), dict(_POOL, dilation=(1, 1))),
+    "adaptive_max_pool": ((_T(2, 3, 5, 4),), dict(output_size=(2, 3))),
     "adaptive_max_pool_indices": ((_T(2, 3, 5, 4),), dict(output_size=(2, 3))),
     "avg_pool": ((_T(2, 3, 5, 4),), dict(_POOL, count_include_pad=False,
                                          divisor_override=None)),
