@@ -165,6 +165,9 @@ CASES = [
          hessian=True),
     case("layer_norm_two_dims", lambda x: F.layer_norm(x, (4, 5), eps=1e-3),
          lambda g: (normal(g, 3, 4, 5),)),
+    # over one element the output is the bias whatever the input: every input derivative 0
+    case("layer_norm_one_element", lambda x, w, b: F.layer_norm(x, (1,), w, b),
+         lambda g: (normal(g, 3, 1), normal(g, 1), normal(g, 1)), diff=(0, 1, 2)),
     case("aten_native_layer_norm", lambda x: torch.ops.aten.native_layer_norm(
         x, [5], None, None, 1e-5)[2].sum() * x, lambda g: (normal(g, 3, 5),)),
     case("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b),
@@ -520,6 +523,24 @@ def test_fused_kernels_are_bit_exact_in_float32(name):
     assert torch.equal(ours_out, theirs_out)
     for ours, theirs in zip(ours_vjp(ct), theirs_vjp(ct)):
         assert torch.equal(ours, theirs), (ours - theirs).abs().max()
+
+
+def test_native_layer_norm_over_one_element_has_zero_input_gradient():
+    """OpInfo's native_layer_norm sample 8 (a normalized size of 1, eps 1e-5): torch.func's
+    float32 input gradient is -2.4e-4, one rounding step of the two terms of about 2000 that
+    its fused backward subtracts (rstd = 316); in float64 it is 0, as the derivative is (the
+    output is the bias). Ours is 0 in both."""
+    x, w, b = torch.tensor([-4.3228]), torch.tensor([-8.4784]), torch.tensor([-1.7658])
+    ct = torch.tensor([1.1324])
+    f = lambda x, w, b: torch.ops.aten.native_layer_norm(x, [1], w, b, 1e-5)[0]  # noqa: E731
+    for dtype in (torch.float32, torch.float64):
+        args = [a.to(dtype) for a in (x, w, b)]
+        grads = mf.vjp(f, *args)[1](ct.to(dtype))
+        assert torch.equal(grads[0], torch.zeros(1, dtype=dtype))
+        assert torch.equal(grads[1], torch.zeros(1, dtype=dtype))
+        assert torch.equal(grads[2], ct.to(dtype))
+    theirs64 = tf.vjp(f, *(a.double() for a in (x, w, b)))[1](ct.double())
+    assert_same(theirs64[0], torch.zeros(1, dtype=torch.float64))
 
 
 def _kernel_calls(fn, *args, name="aten::max_pool2d_with_indices"):
