@@ -8,9 +8,10 @@ bit-exact with torch.func:
   one output of ``aten.convolution_backward``;
 - avg_pool and adaptive_avg_pool, each with its backward kernel: two linear maps, each the
   other's transpose;
-- batch norm (training and eval), its statistics, and ``native_batch_norm_backward``.
-Max pooling is an op with two outputs: its indices are a non-differentiable primitive and
-its values a gather of the flattened spatial dims, so derivatives come from gather.
+- batch norm (training and eval), its statistics, and ``native_batch_norm_backward``;
+- max pooling (and adaptive max pooling): its kernel gives the values, and the indices it
+  computes in the same pass are a non-differentiable primitive through which every
+  derivative goes (a gather of the tangent, a scatter-add of the cotangent).
 Everything else is written with ``ops`` at the front door, readable, and every transform
 handles it for free: constant padding (a primitive: its transpose is a crop) and the
 reflect, replicate and circular modes (gathers); layer, group and RMS norm; the losses
@@ -34,7 +35,7 @@ import torch
 import torch._decomp
 import torch.nn.functional as F
 
-from . import aten_api, elementwise, indexing, ops, torch_api
+from . import aten_api, elementwise, indexing, ops, structural, torch_api
 from . import primitives as P
 from .autograd import vjp_rules, wants_cotangent
 from .batching import batch_size, batching_rules, move_bdim
@@ -104,25 +105,43 @@ def _channel_view(v, rank, dim=1):
 class _KeptOutput:
     """NOTE [Kernels with two outputs]
     Some of torch's kernels compute two results in one pass: native_batch_norm its output
-    and the batch statistics, convolution_backward grad_weight and grad_bias. A primitive has
-    one output, so these are two primitives, and computed one after the other they would
-    run the kernel twice. Instead, the first primitive's kernel keeps its other output, and
-    the second primitive takes it when asked about the same tensor, unchanged since (its
-    version counter), with the same parameters, at once: the rules ask right after the first
-    one. One entry, holding a weak reference, at the bottom level only (plain tensors);
-    anything else computes again, so the cache changes the speed, never a value."""
+    and the batch statistics, convolution_backward grad_weight and grad_bias, max pooling its
+    values and their indices. A primitive has one output, so these are two primitives, and
+    computed one after the other they would run the kernel twice. Instead, the first
+    primitive's kernel keeps its other output, and the second primitive takes it when asked
+    about the same elements, unchanged since, with the same parameters: the rules ask right
+    after the first one. "The same elements": the same tensor, or a view with the same shape,
+    strides and data pointer into the same base (a batching rule that folds the batch dim
+    into another reshapes its payload anew for each primitive), at the same version (the
+    counter a base shares with its views, which every in-place write bumps). One entry, at
+    the bottom level only (plain tensors), held until the next keep or until its base is
+    freed (a weak reference); anything else computes again, so the cache changes the speed,
+    never a value."""
 
     def __init__(self):
         self.entry = None
 
+    @staticmethod
+    def _where(tensor):
+        """(the base, the view's geometry and version): what makes two views the same."""
+        base = tensor if tensor._base is None else tensor._base
+        return base, (tuple(tensor.shape), tensor.stride(), tensor.data_ptr(), tensor._version)
+
+    def _forget(self, ref):
+        if self.entry is not None and self.entry[0] is ref:
+            self.entry = None
+
     def keep(self, tensor, key, value):
         if tensor.device.type != "meta":
-            self.entry = (weakref.ref(tensor), tensor._version, key, value)
+            base, geometry = self._where(tensor)
+            self.entry = (weakref.ref(base, self._forget), geometry, key, value)
 
     def take(self, tensor, key):
-        entry, self.entry = self.entry, None
-        if entry is not None and entry[0]() is tensor and entry[1] == tensor._version and \
-                entry[2] == key:
+        entry = self.entry
+        if entry is None or tensor.device.type == "meta":
+            return None
+        base, geometry = self._where(tensor)
+        if entry[0]() is base and entry[1] == geometry and entry[2] == key:
             return entry[3]
         return None
 
@@ -660,14 +679,19 @@ def constant_pad_nd(x, pad, value=0):
 
 
 def _pad_positions(mode, size, before, after):
-    """The input positions a padded dim reads, for reflect, replicate and circular padding."""
+    """The input positions a padded dim reads, for reflect, replicate and circular padding.
+    A negative pad crops. Circular padding wraps around what is left after cropping (torch
+    crops first, then copies the ends of the kept part), so its positions are taken modulo
+    the kept size, not the input's."""
+    if mode == "circular":
+        start = max(0, -before)
+        kept = size - start - max(0, -after)
+        return start + torch.arange(-max(before, 0), kept + max(after, 0)).remainder(kept)
     positions = torch.arange(-before, size + after)
     if mode == "reflect":
         positions = positions.abs()
         return torch.where(positions >= size, 2 * (size - 1) - positions, positions)
-    if mode == "replicate":
-        return positions.clamp(0, size - 1)
-    return positions.remainder(size)  # circular
+    return positions.clamp(0, size - 1)  # replicate
 
 
 def _pad_by_gathering(x, pad, mode):
@@ -681,18 +705,25 @@ def _pad_by_gathering(x, pad, mode):
     rank = len(shape_of(x))
     for dim, before, after in _padded_dims(pad, rank):
         size = shape_of(x)[dim]
-        positions = _pad_positions(mode, size, before, after)
+        if size + before + after < (0 if mode == "circular" else 1):  # (as torch)
+            raise TransformUsageError(
+                f"pad(x, {list(pad)}, mode={mode!r}): dim {dim} of size {size} padded by "
+                f"({before}, {after}) would have size {size + before + after}. Fix: crop less."
+            )
         if mode == "reflect" and (before >= size or after >= size):
             raise TransformUsageError(
                 f"pad(x, {list(pad)}, mode='reflect'): a reflect pad must be smaller than the "
                 f"dim it pads (dim {dim} has size {size}). Fix: use smaller pads, or "
                 "mode='replicate'."
             )
-        if mode == "circular" and (before > size or after > size):
+        kept = size - max(0, -before) - max(0, -after)
+        if mode == "circular" and (before > kept or after > kept):
             raise TransformUsageError(
                 f"pad(x, {list(pad)}, mode='circular'): a circular pad can be at most the size "
-                f"of the dim it pads (dim {dim} has size {size}). Fix: use smaller pads."
+                f"of the dim it pads, after cropping (dim {dim} keeps {kept} of {size}). Fix: "
+                "use smaller pads."
             )
+        positions = _pad_positions(mode, size, before, after)
         shape = [1] * rank
         shape[dim] = len(positions)
         index_shape = list(shape_of(x))
@@ -743,27 +774,27 @@ aten_api.register(aten._pad_circular.default)(_mode_pad("circular"))
 
 
 # --- pooling: max pooling ------------------------------------------------------------------------
-# NOTE [Max pooling is indices, then a gather]
+# NOTE [Max pooling: the kernel's values, derivatives through its indices]
 # max_pool returns values and the indices of the chosen elements (flat positions within each
-# (n, c) plane). The indices are a primitive of their own, torch's kernel, and not
-# differentiable; the values are a gather of the flattened spatial dims at those indices.
-# Then gather's rules give every derivative: the vjp scatter-adds the cotangent at the
-# indices (what max_pool2d_with_indices_backward does), the jvp gathers the tangent, and
-# batching folds the batch into N. The forward values are exactly the kernel's.
-def _max_pool_indices(x, *, kernel_size, stride, padding, dilation, ceil_mode):
+# (n, c) plane); torch's kernel computes both in one pass. Two primitives share that pass
+# (NOTE [Kernels with two outputs]): max_pool gives the kernel's values, and keeps the
+# indices for max_pool_indices, which is not differentiable. The derivatives go through the
+# indices: the jvp gathers the tangent at them, the vjp scatter-adds the cotangent there
+# (what max_pool2d_with_indices_backward computes, and what PyTorch's derivatives.yaml says),
+# so the values are exactly the kernel's and every derivative is gather's or scatter-add's,
+# whose own rules give the higher orders. Batching folds the batch into N. The outputs are
+# made contiguous: for a channels-last input torch's kernel returns channels-last tensors,
+# and a plain tensor that no level owns is shown to user code as a contiguous FuncTensor, so
+# a view of it (torch's decomposition of the backward reshapes the indices) must be one.
+def _max_pool_kernel(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     pool = aten.max_pool2d_with_indices if len(kernel_size) == 2 else \
         aten.max_pool3d_with_indices
-    return pool(x, kernel_size, stride, padding, dilation, ceil_mode)[1]
+    return pool(x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-def _adaptive_max_pool_indices(x, *, output_size):
+def _adaptive_max_pool_kernel(x, *, output_size):
     pool = aten.adaptive_max_pool2d if len(output_size) == 2 else aten.adaptive_max_pool3d
-    return pool(x, output_size)[1]
-
-
-max_pool_indices_p = P.primitive("max_pool_indices", _max_pool_indices, differentiable=False)
-adaptive_max_pool_indices_p = P.primitive("adaptive_max_pool_indices",
-                                          _adaptive_max_pool_indices, differentiable=False)
+    return pool(x, output_size)
 
 
 def _spatial_of(params):
@@ -781,17 +812,67 @@ def _pool_batch(prim):
     return rule
 
 
-batching_rules[max_pool_indices_p] = _pool_batch(max_pool_indices_p)
-batching_rules[adaptive_max_pool_indices_p] = _pool_batch(adaptive_max_pool_indices_p)
+def _flat_spatial(x, spatial):
+    """x with its last ``spatial`` dims flattened into one."""
+    shape = shape_of(x)
+    return ops.reshape(x, *shape[:len(shape) - spatial], math.prod(shape[len(shape) - spatial:]))
 
 
 def _gather_spatial(x, indices, spatial):
     """The values of x at flat spatial ``indices`` (max pooling's values)."""
-    x_shape, i_shape = shape_of(x), shape_of(indices)
-    lead = x_shape[:len(x_shape) - spatial]
-    flat_x = ops.reshape(x, *lead, math.prod(x_shape[len(x_shape) - spatial:]))
-    flat_i = ops.reshape(indices, *lead, math.prod(i_shape[len(i_shape) - spatial:]))
-    return ops.reshape(ops.gather(flat_x, -1, flat_i), *i_shape)
+    gathered = ops.gather(_flat_spatial(x, spatial), -1, _flat_spatial(indices, spatial))
+    return ops.reshape(gathered, *shape_of(indices))
+
+
+def _scatter_spatial(ct, indices, x_shape, spatial):
+    """The transpose of ``_gather_spatial``: zeros of ``x_shape`` with ``ct`` added at the
+    flat spatial ``indices``."""
+    flat_shape = (*x_shape[:len(x_shape) - spatial], math.prod(x_shape[len(x_shape) - spatial:]))
+    flat_ct = _flat_spatial(ct, spatial)
+    summed = bind(P.scatter_add_p, flat_ct, _flat_spatial(indices, spatial),
+                  dim=len(flat_shape) - 1, shape=flat_shape)
+    return ops.reshape(summed, *x_shape)
+
+
+def _max_pool_pair(name, kernel):
+    """The values primitive and the indices primitive of one max pooling kernel, with their
+    rules (NOTE [Max pooling: the kernel's values, derivatives through its indices])."""
+    kept = _KeptOutput()
+
+    def values_impl(x, **params):
+        values, indices = kernel(x, **params)
+        kept.keep(x, tuple(params.items()), indices.contiguous())
+        return values.contiguous()
+
+    def indices_impl(x, **params):
+        indices = kept.take(x, tuple(params.items()))
+        return indices if indices is not None else kernel(x, **params)[1].contiguous()
+
+    values_p = P.primitive(name, values_impl)
+    indices_p = P.primitive(f"{name}_indices", indices_impl, differentiable=False)
+
+    def vjp(x, **params):
+        out = bind(values_p, x, **params)
+        indices = bind(indices_p, x, **params)  # at once: the kernel's kept indices
+        x_shape = shape_of(x)
+        return out, lambda ct: (_scatter_spatial(ct, indices, x_shape, _spatial_of(params)),)
+
+    def jvp(primals, tangents, **params):
+        (x,), (x_dot,) = primals, tangents
+        out = bind(values_p, x, **params)
+        indices = bind(indices_p, x, **params)
+        return out, _gather_spatial(x_dot, indices, _spatial_of(params))
+
+    vjp_rules[values_p] = vjp
+    jvp_rules[values_p] = jvp
+    batching_rules[values_p] = _pool_batch(values_p)
+    batching_rules[indices_p] = _pool_batch(indices_p)
+    return values_p, indices_p
+
+
+max_pool_p, max_pool_indices_p = _max_pool_pair("max_pool", _max_pool_kernel)
+adaptive_max_pool_p, adaptive_max_pool_indices_p = _max_pool_pair(
+    "adaptive_max_pool", _adaptive_max_pool_kernel)
 
 
 def _check_pool_input(op, x, spatial):
@@ -804,9 +885,10 @@ def _check_pool_input(op, x, spatial):
     _refuse_complex(op, x)
 
 
-def _max_pool(op, spatial, x, kernel_size, stride, padding, dilation, ceil_mode):
-    """(values, indices) of max pooling over the last ``spatial`` dims (1d runs as 2d, with a
-    height of 1, as torch does)."""
+def _max_pool(op, spatial, x, kernel_size, stride, padding, dilation, ceil_mode,
+              with_indices):
+    """The values of max pooling over the last ``spatial`` dims, or (values, indices) (1d
+    runs as 2d, with a height of 1, as torch does)."""
     _check_pool_input(op, x, spatial)
     kernel_size = _ntuple(kernel_size, spatial, "kernel_size", op)
     stride = kernel_size if stride is None or (not isinstance(stride, int) and not len(stride)) \
@@ -814,26 +896,29 @@ def _max_pool(op, spatial, x, kernel_size, stride, padding, dilation, ceil_mode)
     padding = _ntuple(padding, spatial, "padding", op)
     dilation = _ntuple(dilation, spatial, "dilation", op)
     if spatial == 1:
-        values, indices = _max_pool("max_pool2d", 2, ops.unsqueeze(x, -2), (1, *kernel_size),
-                                    (1, *stride), (0, *padding), (1, *dilation), ceil_mode)
-        return ops.squeeze(values, -2), ops.squeeze(indices, -2)
-    indices = bind(max_pool_indices_p, x, kernel_size=kernel_size, stride=stride,
-                   padding=padding, dilation=dilation, ceil_mode=bool(ceil_mode))
-    return _gather_spatial(x, indices, spatial), indices
+        out = _max_pool("max_pool2d", 2, ops.unsqueeze(x, -2), (1, *kernel_size), (1, *stride),
+                        (0, *padding), (1, *dilation), ceil_mode, with_indices)
+        return tuple(ops.squeeze(o, -2) for o in out) if with_indices else ops.squeeze(out, -2)
+    params = dict(kernel_size=kernel_size, stride=stride, padding=padding, dilation=dilation,
+                  ceil_mode=bool(ceil_mode))
+    values = bind(max_pool_p, x, **params)
+    return (values, bind(max_pool_indices_p, x, **params)) if with_indices else values
 
 
-def _adaptive_max_pool(op, spatial, x, output_size):
+def _adaptive_max_pool(op, spatial, x, output_size, with_indices):
     _check_pool_input(op, x, spatial)
     in_spatial = shape_of(x)[-spatial:]
     if isinstance(output_size, int):
         output_size = (output_size,) * spatial
     output_size = tuple(i if o is None else int(o) for o, i in zip(output_size, in_spatial))
     if spatial == 1:
-        values, indices = _adaptive_max_pool("adaptive_max_pool2d", 2, ops.unsqueeze(x, -2),
-                                             (1, *output_size))
-        return ops.squeeze(values, -2), ops.squeeze(indices, -2)
-    indices = bind(adaptive_max_pool_indices_p, x, output_size=output_size)
-    return _gather_spatial(x, indices, spatial), indices
+        out = _adaptive_max_pool("adaptive_max_pool2d", 2, ops.unsqueeze(x, -2),
+                                 (1, *output_size), with_indices)
+        return tuple(ops.squeeze(o, -2) for o in out) if with_indices else ops.squeeze(out, -2)
+    values = bind(adaptive_max_pool_p, x, output_size=output_size)
+    if not with_indices:
+        return values
+    return values, bind(adaptive_max_pool_indices_p, x, output_size=output_size)
 
 
 def _max_pool_front(spatial):
@@ -841,20 +926,20 @@ def _max_pool_front(spatial):
 
     def max_pool(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                  return_indices=False):
-        values, indices = _max_pool(name, spatial, x, kernel_size, stride, padding, dilation,
-                                    ceil_mode)
-        return (values, indices) if return_indices else values
+        return _max_pool(name, spatial, x, kernel_size, stride, padding, dilation, ceil_mode,
+                         bool(return_indices))
 
     def with_indices(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                      return_indices=True):
-        return _max_pool(name, spatial, x, kernel_size, stride, padding, dilation, ceil_mode)
+        return _max_pool(name, spatial, x, kernel_size, stride, padding, dilation, ceil_mode,
+                         True)
 
     def adaptive(x, output_size, return_indices=False):
-        values, indices = _adaptive_max_pool(f"adaptive_{name}", spatial, x, output_size)
-        return (values, indices) if return_indices else values
+        return _adaptive_max_pool(f"adaptive_{name}", spatial, x, output_size,
+                                  bool(return_indices))
 
     def adaptive_with_indices(x, output_size, return_indices=True):
-        return _adaptive_max_pool(f"adaptive_{name}", spatial, x, output_size)
+        return _adaptive_max_pool(f"adaptive_{name}", spatial, x, output_size, True)
 
     return max_pool, with_indices, adaptive, adaptive_with_indices
 
@@ -872,6 +957,19 @@ for _n in (1, 2, 3):
         aten_api.register(getattr(aten, f"adaptive_max_pool{_n}d").default)(_adaptive_indices)
 aten_api.register(aten.max_pool1d_with_indices.default)(_max_pool_front(1)[1])
 aten_api.register(aten.adaptive_max_pool1d.default)(_max_pool_front(1)[3])
+
+
+def _max_pool_backward_door(spatial):
+    """aten.max_pool{2,3}d_with_indices_backward: the cotangent added at the indices (the
+    vjp of max pooling); its derivative with respect to the input is zero, as in torch."""
+    def backward(ct, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+        return _scatter_spatial(ct, indices, shape_of(x), spatial)
+    return backward
+
+
+for _n in (2, 3):
+    aten_api.register(getattr(aten, f"max_pool{_n}d_with_indices_backward").default)(
+        _max_pool_backward_door(_n))
 
 
 def _max_unpool(op, spatial, x, indices, kernel_size, stride, padding, output_size):
@@ -1731,34 +1829,26 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     return out if weight is None else ops.mul(out, weight)
 
 
-def _vector_norm(x, p, dim, keepdim=False):
-    """The p-norm over ``dim``, with torch's derivative at a zero vector (0, not nan): where
-    the norm is 0 the root is taken of 1 instead, so no infinite slope is ever formed."""
-    if p == float("inf"):
-        return ops.amax(ops.abs(x), dim, keepdim)
-    if p == 2:
-        total = ops.sum(ops.mul(x, x), dim, keepdim)
-    else:
-        total = ops.sum(ops.pow(ops.abs(x), p), dim, keepdim)
-    is_zero = ops.eq(total, 0)
-    safe = ops.where(is_zero, 1.0, total)
-    root = ops.sqrt(safe) if p == 2 else ops.pow(safe, 1.0 / p)
-    return ops.where(is_zero, 0.0, root)
-
-
 def _clamp_min_no_grad(x, minimum):
     """max(x, minimum) whose derivative is 1 everywhere, as torch's cosine_similarity clamps
     its norms under no_grad: the value is clamped, the gradient is the unclamped one's."""
     return ops.where(ops.lt(x, minimum), ops.add(ops.sub(x, ops.detach(x)), minimum), x)
 
 
+# NOTE [Norms inside nn ops]
+# torch's normalize, cosine_similarity and pairwise_distance call ``norm`` (so
+# linalg_vector_norm, with norm_backward's derivative), and pdist's fused kernel has a
+# backward with the same case analysis: 0 where the norm is 0, 0 for p = 0 (a count), zero at
+# x = 0 for p < 1. So each takes the structural family's vector_norm, whose rules follow
+# torch's for every p (NOTE [Norms and their subgradients] in structural.py), rather than a
+# p-norm of its own.
 @torch_api.register(F.normalize)
 def normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
     if out is not None:
         raise InPlaceError("normalize(..., out=...): out= is not supported inside transforms. "
                            "Fix: use the returned value.")
-    norm = _vector_norm(x, p, ops.normalize_dim(dim, len(shape_of(x)), op="normalize"),
-                        keepdim=True)
+    norm = structural.vector_norm(
+        x, p, ops.normalize_dim(dim, len(shape_of(x)), op="normalize"), keepdim=True)
     return ops.div(x, ops.expand_as(elementwise.clamp_min(norm, eps), x))
 
 
@@ -1767,8 +1857,8 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     shape = torch.broadcast_shapes(shape_of(x1), shape_of(x2))
     x1, x2 = ops.expand(x1, *shape), ops.expand(x2, *shape)
     dim = ops.normalize_dim(dim, len(shape), op="cosine_similarity")
-    n1 = _clamp_min_no_grad(_vector_norm(x1, 2, dim, keepdim=True), eps)
-    n2 = _clamp_min_no_grad(_vector_norm(x2, 2, dim, keepdim=True), eps)
+    n1 = _clamp_min_no_grad(structural.vector_norm(x1, 2, dim, keepdim=True), eps)
+    n2 = _clamp_min_no_grad(structural.vector_norm(x2, 2, dim, keepdim=True), eps)
     return ops.sum(ops.mul(ops.div(x1, n1), ops.div(x2, n2)), dim)
 
 
@@ -1778,20 +1868,23 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     difference = ops.add(ops.sub(x1, x2), eps)
     if rank == 0:
         return ops.abs(difference)
-    return _vector_norm(difference, p, rank - 1, keepdim)
+    return structural.vector_norm(difference, p, rank - 1, keepdim)
 
 
 @torch_api.register(F.pdist, torch.pdist)
 @aten_api.register(aten._pdist_forward.default)
 def pdist(x, p=2.0):
-    """The p-norm distances between the rows of an (N, M) input, pairs i < j in row order."""
+    """The p-norm distances between the rows of an (N, M) input, pairs i < j in row order
+    (NOTE [Norms inside nn ops]; for p = inf torch's kernel gives the whole cotangent to
+    every element that reaches the maximum, vector_norm shares it among them: they agree
+    where there are no ties)."""
     _refuse_complex("pdist", x)
     if len(shape_of(x)) != 2:
         raise TransformUsageError(f"pdist(input): expected a 2-D input, got shape {shape_of(x)}.")
     n, m = shape_of(x)
     first, second = torch.triu_indices(n, n, 1, device=x.device)
     rows = [ops.gather(x, 0, index[:, None].expand(len(index), m)) for index in (first, second)]
-    return _vector_norm(ops.sub(*rows), p, 1)
+    return structural.vector_norm(ops.sub(*rows), p, 1)
 
 
 # --- losses --------------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ The derivative of ``prod(x)`` with respect to ``x_k`` is the product of the othe
 Dividing the result by ``x_k`` is wrong where ``x_k`` is 0; PyTorch therefore multiplies an
 exclusive cumulative product from the left by one from the right
 (``prod_safe_zeros_backward``), which is exact with any number of zeros, and takes that path
-whenever its input is a tensor subclass, so under torch.func. Here it is the only path.
+whenever its input is a tensor subclass, so under torch.func's grad and jvp. Here it is the
+only path.
 ``cumprod`` has the same problem once more: PyTorch divides when there is no zero, handles
 the first zero specially, and falls back to an O(n^2) formula for double backward. JAX instead
 differentiates through an associative scan. Here the derivatives of cumprod are written as
@@ -38,6 +39,11 @@ first-order linear recurrences (``out_dot_k = x_k out_dot_{k-1} + x_dot_k out_{k
 its transpose for the vjp) solved by recursive doubling (``_linear_recurrence``): log2(n)
 steps of shifts, multiplies and adds. No division, so exact with zeros, and built from
 differentiable ops, so exact at every order (the hessian of prod at a point with two zeros).
+The product of the others is finite where ``x_k`` itself is nan or infinite, where torch's
+``result / x_k`` gives nan (eager autograd, and torch.func.vjp, whose backward runs on plain
+tensors), as do finite differences: adding ``0 * x_k`` gives nan there too. (torch.func's
+grad and jvp run the formula on wrapped tensors, so take the path for zeros, finite there;
+so does eager torch when another element of the tensor is 0.)
 """
 import builtins
 import math
@@ -193,7 +199,10 @@ def _products_of_the_others(x, dim):
     last = len(kept)
     others = ops.mul(_exclusive_cumprod(y, last), _exclusive_cumprod(y, last, reverse=True))
     others = ops.reshape(others, *(shape[d] for d in order))
-    return ops.permute(others, *sorted(range(len(order)), key=order.__getitem__))
+    others = ops.permute(others, *sorted(range(len(order)), key=order.__getitem__))
+    # nan where x itself is nan or infinite (0 * x), as torch's result / x (NOTE [Products
+    # with zeros])
+    return ops.add(others, ops.mul(ops.detach(x), 0.0))
 
 
 def prod_vjp(x, *, dim, keepdim):

@@ -467,6 +467,34 @@ def test_prod_gradients_with_zeros_are_exact():
     assert torch.equal(mf.grad(torch.prod)(one_zero), torch.tensor([0.0, 6.0, 0.0], dtype=DTYPE))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), INF, -INF])
+def test_prod_derivative_at_a_non_finite_element_is_nan_as_torch(bad):
+    """NOTE [Products with zeros]: the product of the others is finite at a nan or infinite
+    element, where torch's ``result / x`` (eager autograd and torch.func.vjp) and finite
+    differences give nan (masked.prod, OpInfo sample 17: a nan on the diagonal, the masked
+    elements set to 1). (torch.func.grad and jvp run the formula on wrapped tensors and take
+    torch's path for zeros instead: the product of the others.)"""
+    def same(ours, theirs):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-8, equal_nan=True)
+    x = torch.tensor([[bad, 2.0, -1.5], [0.5, bad, 3.0], [1.5, -2.0, 0.5]], dtype=DTYPE)
+    mask = torch.tensor([[True, True, False], [False, True, True], [True, True, True]])
+    t = torch.randn(3, 3, dtype=DTYPE)
+    for f in (lambda x: x.prod(1), lambda x: torch.prod(x[0]).expand(3),
+              lambda x: torch.where(mask, x, 1.0).prod(1),
+              lambda x: torch.masked.prod(x, 1, mask=mask), torch.prod,
+              lambda x: torch.prod(x[:, 1:2], 1)):  # (one element: x / x)
+        out = f(x)
+        ct = torch.randn(out.shape, dtype=DTYPE)
+        leaf = x.clone().requires_grad_()
+        eager, = torch.autograd.grad(f(leaf), leaf, ct)
+        ours = mf.vjp(f, x)
+        same(ours[1](ct)[0], eager)
+        same(tf.vjp(f, x)[1](ct)[0], eager)
+        differences = (f(x + 1e-6 * t) - f(x - 1e-6 * t)) / 2e-6
+        torch.testing.assert_close(mf.jvp(f, (x,), (t,))[1], differences, rtol=1e-5,
+                                   atol=1e-6, equal_nan=True)
+
+
 def test_cumprod_third_order_with_zeros():
     """d3/dx_a dx_b dx_c sum_j prod_{i<=j} x_i = sum_{j>=max(a,b,c)} prod_{i<=j, i not in
     {a,b,c}} x_i for distinct a, b, c (0 otherwise: the function is multilinear). torch.func
