@@ -237,9 +237,13 @@ def wrap(value):
     """A FuncTensor showing ``value`` (a Value, or a plain tensor that no level owns)."""
     if isinstance(value, Value):
         shape, dtype, device = value.metadata()
+        t = _make_wrapper(FuncTensor, shape, dtype=dtype, device=device)
     else:
-        shape, dtype, device = value.shape, value.dtype, value.device
-    t = _make_wrapper(FuncTensor, shape, dtype=dtype, device=device)
+        # A plain tensor keeps its own strides: torch's decompositions choose between a view
+        # and a copy from the wrapper's strides, and the choice then runs on the real tensor
+        # (a channels-last kernel output would otherwise be viewed as if contiguous).
+        t = _make_wrapper(FuncTensor, value.shape, value.stride(), dtype=value.dtype,
+                          device=value.device)
     t.value = value
     return t
 

@@ -31,8 +31,6 @@ def in_subset(key):
 # Known engine bugs that the sampled run finds: (entry, transform) -> reason. Each is a strict
 # xfail, so a fix makes it fail until its line here is removed.
 KNOWN_WRONG = {
-    ("masked.prod", "vjp"): "nan where torch's gradient of a product with masked-out zeros is "
-                            "finite (being fixed in the structural family)",
 }
 
 ENTRIES = opinfo.entries()
