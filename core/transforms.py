@@ -392,10 +392,7 @@ def vmap(f, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
     >>> vmap(torch.mul, in_dims=(0, None))(torch.arange(3.0), torch.tensor(10.0))
     tensor([ 0., 10., 20.])
     """
-    if randomness not in ("error", "same", "different"):
-        raise TransformUsageError(
-            f"vmap(..., randomness={randomness!r}): expected 'error', 'same' or 'different'."
-        )
+    _check_randomness("vmap", randomness)
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise TransformUsageError(
             f"vmap(..., chunk_size={chunk_size!r}): expected a positive int or None."
@@ -406,6 +403,14 @@ def vmap(f, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         with engine_code():
             return as_tensors(_vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs))
     return vmapped
+
+
+def _check_randomness(transform, randomness):
+    if randomness not in ("error", "same", "different"):
+        raise TransformUsageError(
+            f"{transform}(..., randomness={randomness!r}): expected 'error', 'same' or "
+            "'different'."
+        )
 
 
 def _vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs):
@@ -547,14 +552,22 @@ def _concatenate_chunks(outputs, out_dims, call):
 
 
 # --- Jacobians and Hessians: compositions ------------------------------------------------------
+# NOTE [Compositions call the inner transforms' bodies]
+# jacrev is vmap of a vjp function and jacfwd vmap of jvp, and they say so in code. They call
+# the bodies (_vjp, _vmap, _jvp) rather than the public functions: those would build a
+# functools.wraps wrapper and check their arguments again on every call, which is a tenth of
+# the time of a small Jacobian.
 def _with_selected(f, args, argnums):
     """``f`` as a function of the arguments ``argnums`` only, the others held fixed."""
-    @functools.wraps(f)
+    if len(argnums) == len(args):
+        return f
+
     def f_of_selected(*selected):
         full = list(args)
         for argnum, value in zip(argnums, selected):
             full[argnum] = value
         return f(*full)
+    f_of_selected.__name__ = _function_name(f)  # errors name the user's function
     return f_of_selected
 
 
@@ -594,15 +607,17 @@ def _jacrev(f, argnums, has_aux, chunk_size, args):
     call = describe_call("jacrev", f)
     argnums_ = _normalize_argnums(argnums, len(args), call)
     selected = [args[a] for a in argnums_]
-    result = vjp(_with_selected(f, args, argnums_), *selected, has_aux=has_aux)
+    result = _vjp(_with_selected(f, args, argnums_), selected, has_aux)
     out, vjp_fn = result[0], result[1]
     out_leaves, out_treedef = optree.tree_flatten(out)
     basis, sizes = _identity_basis(out_leaves)
 
     def pull_back(*basis_leaves):
         return vjp_fn(optree.tree_unflatten(out_treedef, list(basis_leaves)))
+    pull_back.__name__ = f"vjp_fn of {_function_name(f)}"
 
-    per_input = vmap(pull_back, chunk_size=chunk_size)(*basis)  # (total, *in_shape) leaves
+    # vmap(pull_back, chunk_size=chunk_size)(*basis): (total, *in_shape) leaves
+    per_input = as_tensors(_vmap(pull_back, 0, 0, "error", chunk_size, tuple(basis), {}))
     jacobians = []
     for o_index, (o, n) in enumerate(zip(out_leaves, sizes)):
         offset = sum(sizes[:o_index])
@@ -626,6 +641,8 @@ def jacfwd(f, argnums=0, has_aux=False, *, randomness="error"):
     tensor([[2., 0.],
             [0., 4.]])
     """
+    _check_randomness("jacfwd", randomness)
+
     @functools.wraps(f)
     def jacfwd_f(*args):
         with engine_code():
@@ -643,11 +660,13 @@ def _jacfwd(f, argnums, has_aux, randomness, args):
 
     def push_forward(*basis_leaves):
         tangents = optree.tree_unflatten(in_treedef, list(basis_leaves))
-        result = jvp(f_selected, selected, tangents, has_aux=has_aux)
+        result = _jvp(f_selected, selected, tangents, has_aux)
         return (result[1], result[2]) if has_aux else result[1]
+    push_forward.__name__ = f"jvp of {_function_name(f)}"
 
     out_dims = (-1, 0) if has_aux else -1
-    pushed = vmap(push_forward, out_dims=out_dims, randomness=randomness)(*basis)
+    # vmap(push_forward, out_dims=out_dims, randomness=randomness)(*basis)
+    pushed = as_tensors(_vmap(push_forward, 0, out_dims, randomness, None, tuple(basis), {}))
     tangents_out, aux = pushed if has_aux else (pushed, None)
 
     def split(t):  # t: (*out_shape, total) -> per input leaf (*out_shape, *in_shape)
