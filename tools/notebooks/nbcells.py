@@ -1,8 +1,8 @@
 """Helpers shared by the notebook generators: make cells, write them as a notebook.
 
 A generator writes the notebook's cells only; outputs come from executing it
-(``make notebooks``). The target is ``notebooks/<name>`` next to this folder, or the path
-given as the generator's first command-line argument.
+(``make notebooks``). The target is ``notebooks/<name>`` at the top of the repository, or
+the path given as the generator's first command-line argument.
 """
 import sys
 import textwrap
@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent
+NOTEBOOKS = Path(__file__).resolve().parent.parent.parent / "notebooks"
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
 
