@@ -474,12 +474,19 @@ def test_names_of_the_engines_form_are_not_given(shell):
 
 def test_trace_names_inputs_and_captured_tensors(shell):
     with capture_output() as captured:
-        ok(shell, "%%trace\n%%grad --wrt w\n((x @ w - y) ** 2).mean()")
+        ok(shell, "%%trace --fx --out prog\n%%grad --wrt w\n((x @ w - y) ** 2).mean()")
     shown = captured.outputs[1].data["text/plain"]
     assert shown.splitlines()[0] == "{ lambda x:f32[5,3] y:f32[5] ; w:f32[3] ."
     assert "  let a:f32[5] = matmul x w" in shown
     html = captured.outputs[1].data["text/html"]
     assert '<span class="mft-var">x</span>' in html
+    code = captured.outputs[2].data["text/plain"]  # the FX code reads with the same names
+    assert code.startswith("def forward(self, w):") and "x = self.x" in code
+    program = ns(shell)["prog"]  # the bound program is the engine's own
+    assert type(program) is core.Program and repr(program).startswith("<Program cell:")
+    assert str(program).startswith("{ lambda b:f32[5,3] c:f32[5] ; a:f32[3] .")
+    x, y, w = ns(shell)["x"], ns(shell)["y"], ns(shell)["w"]
+    assert_close(program(w), torch.func.grad(lambda w: loss(x, y, w))(w))
 
 
 # --- errors ---------------------------------------------------------------------------------

@@ -28,6 +28,32 @@ def code(text, tags=None):
     return cell
 
 
+def hidden(cell):
+    """A cell of an exercise's solution, shown collapsed by JupyterLab (``source_hidden``)
+    until the student opens it; tagged ``solution``. nbval and ``make notebooks`` run a hidden
+    code cell like any other, which proves that the reference solution passes its check."""
+    cell.metadata.setdefault("tags", []).append("solution")
+    cell.metadata["jupyter"] = {"source_hidden": True}
+    return cell
+
+
+def solution(text):
+    """The reference solution's code, collapsed (see :func:`hidden`)."""
+    return hidden(code(text))
+
+
+def solution_md(text):
+    """The explanation of a solution, collapsed (see :func:`hidden`)."""
+    return hidden(md(text))
+
+
+SOLUTION_HEADING = """### Solution
+
+Try the exercise before you open the solution: it is in the collapsed cells below (click a
+collapsed cell's bar, or its "⋯", to show it). Running it replaces your code, and the check
+after it runs on the solution."""
+
+
 def _target(name):
     return Path(sys.argv[1]) if len(sys.argv) > 1 else NOTEBOOKS / name
 
@@ -58,11 +84,13 @@ def write(cells, name):
 
 
 def build(pairs, name, prefix):
-    """Write ``pairs`` of ``("md" | "code", source)`` as notebook ``name``, with the cell
-    ids ``<prefix>-00``, ``<prefix>-01``, ..."""
+    """Write ``pairs`` of ``(kind, source)`` as notebook ``name`` (kind: "md", "code", or
+    "solution" / "solution-md" for the collapsed cells of a solution), with the cell ids
+    ``<prefix>-00``, ``<prefix>-01``, ..."""
+    makers = {"md": md, "code": code, "solution": solution, "solution-md": solution_md}
     cells = []
     for index, (kind, source) in enumerate(pairs):
-        cell = md(source) if kind == "md" else code(source)
+        cell = makers[kind](source)
         cell.id = f"{prefix}-{index:02d}"
         cells.append(cell)
     _save(new_notebook(cells=cells), _target(name))
