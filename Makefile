@@ -6,8 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
-# pip warns about running as root and about its own version on every call: neither is news
-# to someone running `make`, and hiding them keeps real warnings visible. (Environment
+# pip warns about running as root and about its own version on every call, and setuptools
+# says that an editable install of a package-dir layout uses an import finder: none of it is
+# news to someone running `make`, and hiding them keeps real warnings visible. (Environment
 # variables rather than flags: the pip that a new venv starts with may predate the flags.)
 PIP := PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip -q
 
@@ -27,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install "$(TORCH_PIN)"
-	$(PIP) install -e ".[test,lab,browser,bench]" "$(TORCH_PIN)"
+	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -e ".[test,lab,browser,bench]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
 setup: $(STAMP)

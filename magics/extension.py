@@ -623,17 +623,20 @@ class TransformMagics(Magics):
             program = self._call(lambda: core.trace(f)(*args), body_function, stages)
             programs = {"program": program}
             bound = program
+        # shown with the notebook's names: the forward program's inputs are the stack's, the
+        # backward one's are its own (the saved values and the cotangent)
+        input_names = dict(zip(stack.params, values))
+        shown = {label: NamedProgram.of(program, input_names if label != "backward" else {})
+                 for label, program in programs.items()}
         sources = {}
         if stage.fx:
             sources = {label: self._call(lambda p=p: p.to_fx().code, body_function, stages)
-                       for label, p in programs.items()}
+                       for label, p in shown.items()}
         if stage.out:
             self.shell.push({stage.out: bound})
-        # the forward program's inputs are the stack's; the backward one's are its own
-        input_names = dict(zip(stack.params, values))
-        for label, program in programs.items():
+        for label, program in shown.items():
             display(Heading(f"{title}: {label}" if label != "program" else title))
-            display(NamedProgram.of(program, input_names if label != "backward" else {}))
+            display(program)
             if label in sources:
                 display(Source(sources[label]))
 

@@ -597,7 +597,7 @@ class Stack:
             parts, extras = f(*args)
             outputs = tuple(parts) + tuple(extras[name] for name in self.outputs.extras)
             return outputs[0] if len(outputs) == 1 else outputs
-        return _named(cell, self.stages[0].marker if self.stages else FUNCTION_NAME)
+        return _named(cell)
 
     def name_results(self, parts, extras) -> dict:
         """``{name: value}`` for every output, in the order of :attr:`outputs`."""
