@@ -9,6 +9,7 @@ from .batching import Batched, BatchedValue, batching_rules, capture_fallbacks
 from .custom import custom_vjp
 # families of primitives: importing each registers its primitives, rules and doors
 from . import elementwise, indexing, linalg, nn, structural  # noqa: F401
+from . import randomness  # noqa: F401  (torch.rand & co under vmap)
 from .dispatch import Dispatcher, Logger, LoggedValue, Torch
 from .tensor import FuncTensor, bind
 from .values import Value

@@ -299,40 +299,61 @@ def _explicit_call():
 _transform_stack: list[Dispatcher] = [TORCH]
 
 
+def transform_levels() -> tuple:
+    """The levels of the transforms running now, outermost first (without the Torch level)."""
+    return tuple(_transform_stack[1:])
+
+
 def current_dispatcher() -> Dispatcher:
     """The innermost active level: a new transform level is pushed on top of it."""
     return _transform_stack[-1]
 
 
-@contextlib.contextmanager
+class _TransformScope:
+    """``with transform_scope(level):`` (a class: NOTE [Context managers on the hot path] in
+    tensor.py)."""
+    __slots__ = ("level", "gc_paused")
+
+    def __init__(self, level):
+        self.level = level
+
+    def __enter__(self):
+        if len(_transform_stack) == 1:
+            reset_names()
+        _transform_stack.append(self.level)
+        # NOTE [Garbage collection during a transform]
+        # A transform allocates many small objects per op (wrappers, closures, tape entries),
+        # and every few hundred allocations the cyclic collector would walk the young
+        # objects, and now and then the whole heap, torch's modules included: a quarter of
+        # the time of a small grad. Reference counting still frees everything that is not
+        # in a cycle at once; the few cycles a transform makes are collected when the
+        # collector resumes.
+        self.gc_paused = gc.isenabled()
+        if self.gc_paused:
+            gc.disable()
+        return self.level
+
+    def __exit__(self, *exc_info):
+        if self.gc_paused:
+            gc.enable()
+        popped = _transform_stack.pop()
+        assert popped is self.level, "transform levels must be popped in the order they were pushed"
+
+
 def transform_scope(level: Dispatcher):
     """Make ``level`` the current level while a transform runs its function.
 
-    The stack is restored in ``finally``, so an error inside a transform leaves no level
-    behind and the next call starts clean. Value names restart at each top-level call.
+    The stack is restored on exit, error or not, so an error inside a transform leaves no
+    level behind and the next call starts clean. Value names restart at each top-level call.
+    The cyclic garbage collector is paused meanwhile (NOTE [Garbage collection during a
+    transform]).
     """
-    if len(_transform_stack) == 1:
-        reset_names()
-    _transform_stack.append(level)
-    try:
-        with cyclic_gc_paused():
-            yield level
-    finally:
-        popped = _transform_stack.pop()
-        assert popped is level, "transform levels must be popped in the order they were pushed"
+    return _TransformScope(level)
 
 
 @contextlib.contextmanager
 def cyclic_gc_paused():
-    """Pause Python's cyclic garbage collector while a transform runs (then resume it).
-
-    NOTE [Garbage collection during a transform]
-    A transform allocates many small objects per op (wrappers, closures, tape entries), and
-    every few hundred allocations the cyclic collector would walk the young objects, and now
-    and then the whole heap, torch's modules included: a quarter of the time of a small
-    grad. Reference counting still frees everything that is not in a cycle at once; the few
-    cycles a transform makes are collected when the collector resumes.
-    """
+    """Pause Python's cyclic garbage collector (NOTE [Garbage collection during a transform])."""
     if not gc.isenabled():
         yield
         return

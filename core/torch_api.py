@@ -188,6 +188,11 @@ FACTORIES = {
 }
 
 
+# Random creation functions -> how to draw under the transforms running now (filled by
+# randomness.py; the transform mode consults it before anything else).
+RANDOM_FUNCTIONS: dict = {}
+
+
 def qualified_name(func):
     """The public name of a torch function: ``torch.fft.fft``, not its binding."""
     public = torch.overrides.resolve_name(func)

@@ -22,7 +22,6 @@ from .batching import Batched, BatchedValue, move_bdim
 from .dispatch import new_level, transform_scope
 from .errors import NonScalarOutputError, TransformUsageError
 from .forward import Forward, ForwardValue
-from .randomness import random_guard
 from .tensor import (
     FuncTensor,
     as_tensor,
@@ -480,7 +479,7 @@ def _batch_size(arg_leaves, dim_leaves, call):
 def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, randomness,
                call, originals):
     level = new_level(Batched, length=size, call=call, randomness=randomness)
-    with transform_scope(level), random_guard(level, randomness, call):
+    with transform_scope(level):
         wrapped = [as_tensor(leaf if d is None else level.wrap_input(leaf, d % len(leaf.shape)))
                    for leaf, d in zip(arg_leaves, dim_leaves)]
         with user_code():
