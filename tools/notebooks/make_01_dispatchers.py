@@ -356,10 +356,9 @@ PyTorch code reaches the levels.
 ## Exercise · A vjp rule for a new primitive
 
 `softplus(x) = log(1 + exp(x))` is not a primitive of minifunctorch. Below we create it as one
-and register rules for forward mode and for batching ([chapter 3](03_interpreters.ipynb) explains those
-tables). The
-**reverse-mode rule is missing**: write `softplus_vjp` as a *differentiator closure*, the way
-every rule in `core/autograd.py` is written:
+and register rules for forward mode and for batching ([chapter 3](03_interpreters.ipynb)
+explains those tables). The **reverse-mode rule is missing**: write `softplus_vjp` as a
+*differentiator closure*, the way every rule in `core/autograd.py` is written:
 
 ```python
 def some_vjp(x):
