@@ -44,7 +44,8 @@ class BatchedValue(Value):
 
     def metadata(self):
         payload = self.payload
-        shape = payload.shape
+        # size() is a little cheaper than .shape on a plain tensor (the hot path)
+        shape = payload.size() if type(payload) is torch.Tensor else payload.shape
         bdim = self.bdim
         return (shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:],
                 payload.dtype, payload.device)

@@ -146,6 +146,134 @@ class _KeptOutput:
         return None
 
 
+# --- linear --------------------------------------------------------------------------------------
+# NOTE [Linear is a primitive]
+# F.linear(x, w, b) = x @ w.T + b could be three ops (transpose, matmul, add), and that is how
+# aten.linear decomposes. It is one primitive here because it is the op every model calls
+# most: its kernel is torch's (addmm, the bias fused into the product, as torch.func runs
+# it), one tape entry holds it, and under vmap one rule does what three did. Its rules are
+# written in the ops it would decompose into, so nothing new is needed below it:
+#   vjp: ct_x = ct @ w,  ct_w = ct^T @ x over all leading dims,  ct_b = ct summed over them;
+#   jvp: linear(x_dot, w, b_dot) + linear(x, w_dot) (it is bilinear in x and w, plus b);
+#   vmap: with w and b shared, one call (linear maps the last dim only, so the batch dim
+#   stays where it is); with batched weights (an ensemble), a batched matrix product.
+# PyTorch's derivatives.yaml has the same formulas for addmm; JAX has no linear (dot_general).
+linear_p = P.primitive("linear", lambda x, weight, bias: F.linear(x, weight, bias))
+
+
+@torch_api.register(F.linear)
+@aten_api.register(aten.linear.default)
+def linear(x, weight, bias=None):
+    weight_shape = shape_of(weight)
+    if len(weight_shape) == 2 and (bias is None or shape_of(bias) == weight_shape[:1]):
+        return bind(linear_p, x, weight, bias)
+    # rare forms, as the ops torch decomposes them into: a vector weight (a dot product per
+    # row), a bias that broadcasts ((), (1,), one per row)
+    if len(weight_shape) == 1 and bias is not None:
+        raise TransformUsageError(
+            "F.linear(input, weight, bias): a 1-D weight takes no bias in torch (it raises "
+            "'mat2 must be a matrix'). Fix: pass a (1, in_features) weight, or add the bias "
+            "afterwards.")
+    out = ops.matmul(x, weight if len(weight_shape) < 2 else ops.t(weight))
+    return out if bias is None else ops.add(out, bias)
+
+
+def linear_vjp(x, weight, bias):
+    out = bind(linear_p, x, weight, bias)
+    out_features, in_features = shape_of(weight)
+
+    def backward(ct):
+        ct_x = ops.matmul(ct, weight) if wants_cotangent(0, x) else None
+        want_w = wants_cotangent(1, weight)
+        want_b = bias is not None and wants_cotangent(2, bias)
+        ct_w = ct_b = None
+        if want_w or want_b:
+            ct_rows = ops.reshape(ct, -1, out_features)  # one row per leading index
+            if want_w:
+                ct_w = ops.matmul(ops.transpose(ct_rows, 0, 1),
+                                  ops.reshape(x, -1, in_features))
+            if want_b:
+                ct_b = ops.reshape(ops.sum(ct_rows, 0), *shape_of(bias))
+        return ct_x, ct_w, ct_b
+    return out, backward
+
+
+vjp_rules[linear_p] = linear_vjp
+
+
+def linear_layer_jvp(primals, tangents):
+    (x, weight, bias), (x_dot, weight_dot, bias_dot) = primals, tangents
+    out = bind(linear_p, x, weight, bias)
+    out_dot = None
+    if x_dot is not None:
+        out_dot = bind(linear_p, x_dot, weight, bias_dot)
+        bias_dot = None
+    if weight_dot is not None:
+        out_dot = add_tangents(out_dot, bind(linear_p, x, weight_dot, bias_dot))
+        bias_dot = None
+    if bias_dot is not None:
+        out_dot = ops.expand(bias_dot, *shape_of(out))
+    return out, out_dot
+
+
+jvp_rules[linear_p] = linear_layer_jvp
+
+
+def linear_batch(values, bdims):
+    (x, weight, bias), (x_bdim, w_bdim, b_bdim) = values, bdims
+    if w_bdim is None and b_bdim is None:
+        if x_bdim == len(shape_of(x)) - 1:  # the batch dim may not be the feature dim
+            x, x_bdim = move_bdim(x, x_bdim, 0), 0
+        return bind(linear_p, x, weight, bias), x_bdim
+    size = batch_size(values, bdims)
+    if w_bdim is not None and all(type(v) is torch.Tensor for v in values if v is not None):
+        return _linear_ensemble_kernel(x, x_bdim, weight, w_bdim, bias, b_bdim, size)
+    # batched weights or bias: x (B or 1, N, in) @ w^T (B, in, out) + b (B or 1, 1, out)
+    lead = list(shape_of(x))
+    if x_bdim is not None:
+        x = move_bdim(x, x_bdim, 0)
+        lead = lead[:x_bdim] + lead[x_bdim + 1:]
+    lead = lead[:-1]
+    in_features = shape_of(x)[-1]
+    x = ops.reshape(x, size if x_bdim is not None else 1, -1, in_features)
+    weight = move_bdim(weight, w_bdim, 0) if w_bdim is not None else ops.unsqueeze(weight, 0)
+    out = ops.matmul(x, ops.transpose(weight, -1, -2))
+    if bias is not None:
+        bias = move_bdim(bias, b_bdim, 0) if b_bdim is not None else ops.unsqueeze(bias, 0)
+        out = ops.add(out, ops.unsqueeze(bias, 1))
+    # (an unbatched x and w with a batched bias: the add broadcasts the product along B)
+    return ops.reshape(out, size, *lead, shape_of(out)[-1]), 0
+
+
+batching_rules[linear_p] = linear_batch
+
+
+def _linear_ensemble_kernel(x, x_bdim, weight, w_bdim, bias, b_bdim, size):
+    """NOTE [An ensemble's linear layer at the bottom level]
+    With batched weights (B models) and plain tensors below (no level under this vmap), one
+    fused kernel does the layer, as Batched.apply computes elementwise ops at the bottom:
+    - a shared input: the B weight matrices stacked into one (B * out, in) matrix make a
+      single linear of x, whose (..., B * out) result is viewed as (..., B, out), the batch
+      dim second to last (no copy of x per model);
+    - a batched input: a batched product with the bias fused (baddbmm).
+    Above another level the rule's general path (ops) computes the same."""
+    weight = move_bdim(weight, w_bdim, 0)
+    out_features, in_features = weight.shape[1:]
+    if bias is not None:
+        bias = move_bdim(bias, b_bdim, 0) if b_bdim is not None else bias.expand(size, -1)
+    if x_bdim is None:
+        out = F.linear(x, weight.reshape(size * out_features, in_features),
+                       None if bias is None else bias.reshape(size * out_features))
+        return out.unflatten(-1, (size, out_features)), x.dim() - 1
+    x = move_bdim(x, x_bdim, 0)
+    rows = x.reshape(size, -1, in_features)
+    if bias is None:
+        out = torch.bmm(rows, weight.transpose(1, 2))
+    else:
+        out = torch.baddbmm(bias.unsqueeze(1), rows, weight.transpose(1, 2))
+    return out.reshape(*x.shape[:-1], out_features), 0
+
+
 # --- convolution ---------------------------------------------------------------------------------
 # The parameters of every convolution primitive, as aten.convolution takes them (tuples of
 # one int per spatial dim, transposed a bool, groups an int).

@@ -1,9 +1,9 @@
 """The operations, as functions: torch-like signatures in, normalized primitives out.
 
 This is the layer that user code reaches (through ``torch_api``, which maps ``torch.sum``,
-``Tensor.sum`` and ``F.linear`` here) and that rules are written in. Each function checks and
+``Tensor.sum`` and ``F.softmax`` here) and that rules are written in. Each function checks and
 normalizes its arguments (negative dims, ``dim=None``, ``-1`` in shapes) once, then calls
-``bind``. Composite operations (``linear``, ``cross_entropy``, ``stack``, ``trace``, ...) are
+``bind``. Composite operations (``cross_entropy``, ``stack``, ``trace``, ...) are
 written in terms of the others, so every transform handles them for free.
 
 Arrays are positional; static parameters are keywords.
@@ -484,11 +484,6 @@ def contiguous(x, **ignored):
 
 
 # --- torch.nn.functional -------------------------------------------------------------------
-def linear(x, weight, bias=None):
-    out = matmul(x, t(weight))
-    return out if bias is None else add(out, bias)
-
-
 def _reduce(loss, reduction, op):
     if reduction == "mean":
         return mean(loss)

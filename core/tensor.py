@@ -497,6 +497,8 @@ def call_function(func, args, kwargs):
             if kwargs.get("out") is not None:
                 raise _out_error(func)
             out = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
+        elif len(args) == 1 and type(args[0]) is FuncTensor and args[0]._view is None:
+            out = op(args[0].value)  # one plain FuncTensor argument: unwrap_all written out
         else:
             out = op(*unwrap_all(args))
         if isinstance(out, Value):  # the common case, written out: this is the hot path

@@ -97,7 +97,7 @@ _TORCH_ONLY = {
     "true_divide": ops.div,
 }
 _FUNCTIONAL = {
-    "linear": ops.linear, "tanh": ops.tanh, "sigmoid": ops.sigmoid,
+    "tanh": ops.tanh, "sigmoid": ops.sigmoid,
     "softmax": ops.softmax, "log_softmax": ops.log_softmax, "cross_entropy": ops.cross_entropy,
     "nll_loss": ops.nll_loss, "mse_loss": ops.mse_loss,
 }

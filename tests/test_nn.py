@@ -601,6 +601,7 @@ _CONV = dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2), transposed=False,
 _POOL = dict(kernel_size=(2, 2), stride=(2, 1), padding=(1, 0), ceil_mode=True)
 _T = lambda *shape: torch.randn(shape, dtype=DTYPE)  # noqa: E731
 _SAMPLES = {
+    "linear": ((_T(2, 3, 4), _T(5, 4), _T(5)), {}),
     "convolution": ((_T(2, 4, 6, 5), _T(6, 2, 3, 2), _T(6)), _CONV),
     "convolution_backward_input": ((_T(2, 6, 3, 3), _T(6, 2, 3, 2)),
                                    dict(_CONV, input_shape=(2, 4, 6, 5))),
