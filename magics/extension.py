@@ -16,7 +16,8 @@ NOTE [Names stand for the notebook's tensors]
 Tapes, steppers and programs show the notebook's names: the inputs and the notebook tensors
 a cell reads are passed in as labelled views, and the cell's own variables name the values
 they are assigned (NOTE [Names the notebook gave] in names.py). So a tape over an MLP reads
-``h:f32[6,4] = tanh v0`` and ``v1 = matmul X W1`` rather than ``c0`` and ``v2``.
+``v0:f32[6,4] = matmul X W1`` and ``h:f32[6,4] = tanh v0`` rather than ``matmul c0 W1`` and
+``v1:f32[6,4] = tanh v0``.
 
 NOTE [One line per mistake]
 A mistake in a magic's flags is one line that names the magic as written, says what is wrong
