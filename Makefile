@@ -6,30 +6,46 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
+# pip warns about running as root and about its own version on every call, and setuptools
+# says that an editable install of a package-dir layout uses an import finder: none of it is
+# news to someone running `make`, and hiding them keeps real warnings visible. (Environment
+# variables rather than flags: the pip that a new venv starts with may predate the flags.)
+PIP := PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip -q
+
+# The course chapters: notebooks/NN_name.ipynb. `make test` and `make notebooks` run these
+# only, never a notebook of a student's own saved beside them (Untitled.ipynb).
+CHAPTERS = $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+
+# `make lab LAB_ARGS="--port 8890 --no-browser"` passes arguments on to `jupyter lab`.
+# Jupyter refuses to start as root without --allow-root, and root is the usual user in
+# containers and cloud VMs: the flag is added only when make runs as root.
+LAB_ARGS ?=
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: setup lab test test-fast notebooks bench bench-quick coverage clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[test,lab,browser,bench]" "$(TORCH_PIN)"
+	$(PIP) install --upgrade pip
+	$(PIP) install "$(TORCH_PIN)"
+	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -e ".[test,lab,browser,bench]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 lab: setup
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab $(ALLOW_ROOT) $(LAB_ARGS) notebooks/
 
 test: setup
 	$(BIN)/python -m pytest -q tests
-	$(BIN)/python -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks
+	$(BIN)/python -m pytest -q --nbval --nbval-current-env \
+	    --nbval-sanitize-with tests/notebooks/sanitize.cfg $(CHAPTERS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -x tests -m "not browser"
 
 notebooks: setup
-	$(BIN)/python notebooks/execute.py
+	$(BIN)/python tools/notebooks/execute.py $(CHAPTERS)
 
 # The glibc settings keep large freed blocks in the heap (no mmap/munmap and page faults
 # per call); benchmarks/RESULTS.md records the values it ran with.

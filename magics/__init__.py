@@ -11,7 +11,8 @@ Load them in a notebook with ``%load_ext minifunctorch.magics``; then::
 
 The magics: ``%%grad``, ``%%vmap``, ``%%jvp``, ``%%jacobian``, ``%%hessian``, ``%%trace``
 (cell magics; ``%%grad?`` shows the flags of one) and ``%tape`` (line magic: the tape stepper
-of the last ``%%grad`` cell).
+of the last ``%%grad`` cell). Loading the extension also makes the engine's errors short in
+every cell (``errors.py``).
 
 NOTE [A thin adapter]
 The magics hold no transform logic. A cell becomes a function (``cell.py``), each magic line
@@ -50,8 +51,9 @@ def load_ipython_extension(ipython):
         %%grad?                          # the flags of %%grad
         %unload_ext minifunctorch.magics
     """
-    from .extension import TransformMagics
+    from .extension import TransformMagics, install
 
+    install(ipython)  # short engine tracebacks, comments above a magic (extension.py)
     if _MAGICS_CLASS in ipython.magics_manager.registry:
         return
     ipython.register_magics(TransformMagics)
@@ -59,6 +61,9 @@ def load_ipython_extension(ipython):
 
 def unload_ipython_extension(ipython):
     """Remove the magics from ``ipython`` (what ``%unload_ext minifunctorch.magics`` calls)."""
+    from .extension import uninstall
+
+    uninstall(ipython)
     manager = ipython.magics_manager
     instance = manager.registry.pop(_MAGICS_CLASS, None)
     if instance is None:

@@ -22,6 +22,10 @@ scopes (lambdas, comprehensions, inner functions) then see the parameters throug
 closures, ``return`` works, and nothing is copied per call. The price is Python's usual
 function rule that a name assigned anywhere in the body is local everywhere in it
 (``w = w * 2`` with ``w`` not an input raises UnboundLocalError, as in a function).
+The ``def`` sits inside a scope function whose variables are the *captured* notebook values
+(a notebook tensor ``X`` the cell reads, passed in as a labelled view: NOTE [Names the
+notebook gave] in names.py) and the namer ``__mft_name__``; the body sees them through
+ordinary closures, which shadow the globals of the same name.
 
 NOTE [Tracebacks point at the cell]
 The function is compiled from an AST whose line numbers are those of the whole cell (the
@@ -37,6 +41,8 @@ import hashlib
 import linecache
 
 FUNCTION_NAME = "cell"
+SCOPE_NAME = "__mft_scope__"
+NAMER_NAME = "__mft_name__"
 
 
 class CellError(ValueError):
@@ -78,16 +84,88 @@ def _has_return(statements) -> bool:
     return False
 
 
-def _function_def(statements, params):
+def _function_def(name, statements, params):
     arguments = ast.arguments(
-        posonlyargs=[], args=[ast.arg(arg=name) for name in params], vararg=None,
+        posonlyargs=[], args=[ast.arg(arg=param) for param in params], vararg=None,
         kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])
-    definition = ast.FunctionDef(name=FUNCTION_NAME, args=arguments, body=statements,
+    definition = ast.FunctionDef(name=name, args=arguments, body=statements,
                                  decorator_list=[], returns=None, type_comment=None)
     if "type_params" in ast.FunctionDef._fields:  # Python >= 3.12
         definition.type_params = []
     definition.lineno, definition.col_offset = 1, 0
     return definition
+
+
+def names_read(statements) -> set:
+    """Every name the statements read (nested scopes included): the candidates for capture.
+
+    >>> sorted(names_read(ast.parse("h = X @ w\\n[h * s for s in S]").body))
+    ['S', 'X', 'h', 's', 'w']
+    """
+    return {node.id for statement in statements for node in ast.walk(statement)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+
+
+# The statement-list fields of compound statements (if/for/while/with/try/match bodies).
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _assigned_names(target):
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            yield from _assigned_names(element)
+    elif isinstance(target, ast.Starred):
+        yield from _assigned_names(target.value)
+
+
+def _name_call(name, location):
+    call = ast.Expr(ast.Call(func=ast.Name(NAMER_NAME, ast.Load()),
+                             args=[ast.Name(name, ast.Load()), ast.Constant(name)], keywords=[]))
+    return ast.copy_location(call, location)
+
+
+def with_namer_calls(statements) -> list:
+    """``statements`` with ``__mft_name__(h, "h")`` after each assignment to a variable ``h``,
+    in the function's own scope (nested functions, lambdas and classes are left alone).
+
+    >>> tree = ast.parse("h = f(x)\\nif h:\\n    a, b = h\\nh")
+    >>> print(ast.unparse(with_namer_calls(tree.body)))
+    h = f(x)
+    __mft_name__(h, 'h')
+    if h:
+        a, b = h
+        __mft_name__(a, 'a')
+        __mft_name__(b, 'b')
+    h
+    """
+    result = []
+    for statement in statements:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            result.append(statement)
+            continue
+        for field in _BLOCKS:
+            block = getattr(statement, field, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                setattr(statement, field, with_namer_calls(block))
+            elif isinstance(block, list):  # except handlers, match cases: their bodies
+                for clause in block:
+                    clause.body = with_namer_calls(clause.body)
+        result.append(statement)
+        if isinstance(statement, ast.Assign):
+            targets = statement.targets
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            targets = [statement.target]
+        else:
+            continue
+        for target in targets:
+            result.extend(_name_call(name, statement) for name in _assigned_names(target))
+    return result
+
+
+def _no_namer(value, name):
+    """The namer of a cell compiled without one: nothing to do."""
 
 
 class CellFunction:
@@ -99,6 +177,12 @@ class CellFunction:
     builtin ``compile`` is used and the source is registered in ``linecache`` under a name
     of our own, so tracebacks still show the cell's lines.
 
+    ``capture(names)`` (optional) receives the names the body reads and returns the values
+    to pass in as closure variables (``{"X": <labelled view of X>}``); ``namer`` (optional)
+    is called as ``namer(value, "h")`` after each assignment ``h = ...`` of the body's own
+    scope, and its ``restart()`` before each call. ``result_line`` is the line of the last
+    statement, the one that gives the result (for errors raised after the body returned).
+
     >>> import torch
     >>> f = CellFunction("y = x * 2\\ny + 1", ("x",), {"torch": torch})
     >>> f(torch.tensor(1.0))
@@ -108,8 +192,10 @@ class CellFunction:
     """
 
     def __init__(self, body: str, params, namespace: dict, *, header_lines=(), compiler=None,
-                 number: int = 0, transform_ast=None):
+                 number: int = 0, transform_ast=None, capture=None, namer=None):
         self.params = tuple(params)
+        self.number = number
+        self.namer = namer
         self.namespace = namespace
         header_lines = list(header_lines)
         self.source = "\n".join(header_lines + [body])
@@ -133,15 +219,26 @@ class CellFunction:
                 "the cell must end with an expression: a magic cell is the body of a function "
                 "and its last expression is the result. Fix: end the cell with the value to "
                 "transform (e.g. `loss`), or `return` it.")
-        definition = _function_def(statements, self.params)
-        wrapper = ast.fix_missing_locations(ast.Module(body=[definition], type_ignores=[]))
+        self.result_line = statements[-1].lineno
+        self.captured = dict(capture(names_read(statements) - set(self.params))) \
+            if capture is not None else {}
+        if namer is not None:
+            statements = with_namer_calls(statements)
+        # NOTE [A cell is a function body]: def __mft_scope__(<captured>, __mft_name__):
+        #     def cell(<params>): <body>
+        #     return cell
+        definition = _function_def(FUNCTION_NAME, statements, self.params)
+        give_back = ast.Return(value=ast.Name(FUNCTION_NAME, ast.Load()), lineno=1, col_offset=0)
+        scope = _function_def(SCOPE_NAME, [definition, give_back],
+                              [*self.captured, NAMER_NAME])
+        wrapper = ast.fix_missing_locations(ast.Module(body=[scope], type_ignores=[]))
         if compiler is not None:
             code = compiler(wrapper, self.filename, "exec")
         else:
             code = compile(wrapper, self.filename, "exec")
         defined: dict = {}
         exec(code, namespace, defined)  # defines the function only: nothing runs, nothing leaks
-        self.function = defined[FUNCTION_NAME]
+        self.function = defined[SCOPE_NAME](*self.captured.values(), namer or _no_namer)
 
     def _register_source(self, compiler, number) -> str:
         if compiler is not None and hasattr(compiler, "cache"):
@@ -153,6 +250,8 @@ class CellFunction:
         return filename
 
     def __call__(self, *args):
+        if self.namer is not None:
+            self.namer.restart()  # names restart per call, as the engine's do
         return self.function(*args)
 
     def __repr__(self):

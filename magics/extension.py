@@ -13,12 +13,23 @@ namespace as it was, and the cell's own assignments never reach it (a cell is a 
 body, see NOTE [A cell is a function body] in cell.py).
 
 NOTE [Names stand for the notebook's tensors]
-The inputs are labelled with their notebook names (on a view of the tensor, never on the
-user's tensor itself), so tapes and the tape stepper show ``x`` and ``w`` rather than ``v0``
-and ``v1``. A name of the form ``v<digits>`` is not used as a label: it could clash with the
-names the engine makes up for intermediate values.
+Tapes, steppers and programs show the notebook's names: the inputs and the notebook tensors
+a cell reads are passed in as labelled views, and the cell's own variables name the values
+they are assigned (NOTE [Names the notebook gave] in names.py). So a tape over an MLP reads
+``v0:f32[6,4] = matmul X W1`` and ``h:f32[6,4] = tanh v0`` rather than ``matmul c0 W1`` and
+``v1:f32[6,4] = tanh v0``.
+
+NOTE [One line per mistake]
+A mistake in a magic's flags is one line that names the magic as written, says what is wrong
+and how to fix it (``%%grad --wtr w: unknown flag --wtr; did you mean --wrt?``); ``%%grad?``
+shows every flag. An engine error raised while the cell runs keeps its type and is shown
+short (NOTE [Short tracebacks for engine errors] in errors.py). A cell magic has to be the
+first line of its cell; comments and blank lines above it are moved below the magic lines
+(which keeps the body's line numbers), and a magic line below code is refused in one line
+(:func:`comments_below_magics`).
 """
 import contextlib
+import difflib
 import keyword
 import re
 
@@ -27,11 +38,14 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
+from IPython.utils.process import arg_split
 
 from minifunctorch import core
 
 from .cell import CellError, CellFunction, split_headers, traceback_from
-from .display import Heading, Results, Source
+from .display import Heading, NamedProgram, Results, Source
+from .errors import cell_traceback, engine_call_function, magic_traceback, renamed_message
+from .names import CellNamer, labelled
 from .stack import (
     STACKABLE,
     GradStage,
@@ -46,9 +60,6 @@ from .stack import (
     max_abs_difference,
 )
 
-_ENGINE_NAME = re.compile(r"v\d+$")
-
-
 # --- flag values ---------------------------------------------------------------------------
 def _names(values, flag) -> tuple:
     """``["x,", "w"]`` or ``["x,w"]`` -> ``("x", "w")``: names split by spaces or commas."""
@@ -59,11 +70,12 @@ def _names(values, flag) -> tuple:
             if not piece:
                 continue
             if not piece.isidentifier() or keyword.iskeyword(piece):
-                raise StackError(f"{flag} {piece!r} is not a Python variable name.")
+                raise StackError(f"{flag} {piece!r} is not a Python variable name. Fix: name "
+                                 f"notebook variables, e.g. {flag} x w.")
             names.append(piece)
     if len(set(names)) != len(names):
         repeated = sorted({n for n in names if names.count(n) > 1})
-        raise StackError(f"{flag} names {', '.join(repeated)} twice.")
+        raise StackError(f"{flag} names {', '.join(repeated)} twice. Fix: list each name once.")
     return tuple(names)
 
 
@@ -85,14 +97,14 @@ def _dims(values, flag) -> tuple:
             try:
                 dims.append(int(piece))
             except ValueError:
-                raise StackError(f"{flag} {piece!r} is not a dim: expected an int or None.") \
-                    from None
+                raise StackError(f"{flag} {piece!r} is not a dim: expected an int or None. Fix: "
+                                 f"e.g. {flag} 0 None.") from None
     return tuple(dims)
 
 
 def _positive(value, flag):
     if value is not None and value < 1:
-        raise StackError(f"{flag} {value} must be a positive number.")
+        raise StackError(f"{flag} {value} must be a positive number. Fix: e.g. {flag} 8.")
     return value
 
 
@@ -120,7 +132,8 @@ def _vmap_stage(line, args):
             f"--in-dims gives {len(in_dims)} dims for {len(over)} input(s) "
             f"({', '.join(over)}). Fix: give one dim for all, or one per --over name.")
     if all(d is None for d in in_dims):
-        raise StackError("--in-dims is None for every input: nothing would be batched.")
+        raise StackError("--in-dims is None for every input: nothing would be batched. Fix: "
+                         "give at least one --over input a batch dim, e.g. 0.")
     out_dims = _dims(args.out_dims or ["0"], "--out-dims")
     return VmapStage(
         line=line, check=args.check, quiet=args.quiet, over=over,
@@ -138,7 +151,8 @@ def _jvp_stage(line, args):
 
 def _jacobian_stage(line, args):
     if args.chunk_size is not None and args.mode == "fwd":
-        raise StackError("--chunk-size applies to --mode rev only.")
+        raise StackError("--chunk-size applies to --mode rev only. Fix: drop --chunk-size, or "
+                         "use --mode rev.")
     return JacobianStage(
         line=line, check=args.check, quiet=args.quiet, wrt=_names(args.wrt, "--wrt"),
         argnums=tuple(args.argnums or ()), mode=args.mode,
@@ -162,12 +176,6 @@ _STAGE_BUILDERS = {
 }
 
 
-def _usage(method) -> str:
-    """``usage: %%grad --wrt NAME [NAME ...] ...`` from the magic's parser."""
-    text = method.parser.format_usage().replace("::", "").strip()
-    return f"usage: %{text}" if not text.startswith("%%") else f"usage: {text}"
-
-
 def _check_input(name, value, call):
     bad = [leaf for leaf in leaves(value) if not isinstance(leaf, torch.Tensor)]
     if isinstance(value, torch.Tensor) or (isinstance(value, (tuple, list, dict))
@@ -182,16 +190,30 @@ def _check_input(name, value, call):
         "dtype=torch.float32).")
 
 
-def _labelled(name, value):
-    """A view of ``value`` labelled ``name`` (see NOTE [Names stand for the notebook's
-    tensors]); other values are returned as they are."""
-    if not isinstance(value, torch.Tensor) or _ENGINE_NAME.match(name):
-        return value
-    try:
-        alias = value.view_as(value)
-    except RuntimeError:  # tensors without views (some layouts): unlabelled is fine
-        return value
-    return core.label(alias, name)
+_NUMBER = re.compile(r"-\d|-\.\d")  # "-1" is a dim (--in-dims 0 -1), not a flag
+
+
+def unknown_flag(parser, tokens):
+    """The first token that looks like a flag but is none of ``parser``'s (argparse's own
+    abbreviations, ``--val`` for ``--value``, are flags), with the closest flag, or ``None``.
+
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser()
+    >>> _ = parser.add_argument("--wrt"); _ = parser.add_argument("--value")
+    >>> unknown_flag(parser, ["--wtr", "w"]), unknown_flag(parser, ["--val", "--wrt=w", "-1"])
+    (('--wtr', '--wrt'), None)
+    """
+    known = [option for action in parser._actions for option in action.option_strings]
+    for token in tokens:
+        if not token.startswith("-") or token in ("-", "--") or _NUMBER.match(token):
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in known or (flag.startswith("--") and any(k.startswith(flag) for k in known)):
+            continue
+        close = difflib.get_close_matches(flag, [k for k in known if k.startswith("--")], n=1,
+                                            cutoff=0.75)
+        return flag, (close[0] if close else None)
+    return None
 
 
 # --- the magics ----------------------------------------------------------------------------
@@ -436,18 +458,32 @@ class TransformMagics(Magics):
         return TapeStepper
 
     def _stage(self, magic, flags):
-        """Parse one magic line into its stage; errors are UsageErrors with the usage line."""
+        """Parse one magic line into its stage; a mistake is a one-line UsageError (NOTE [One
+        line per mistake])."""
         call = f"%%{magic} {flags}".rstrip()
         if magic not in STACKABLE:
             raise UsageError(
                 f"{call}: only {', '.join('%%' + m for m in STACKABLE)} can be stacked. Fix: "
                 f"put %%{magic} in a cell of its own.")
         method = getattr(self, magic)
+        help_hint = f"%%{magic}? lists its flags"
         try:
-            args = magic_arguments.parse_argstring(method, flags)
+            tokens = arg_split(flags, strict=True)
+        except ValueError as error:  # an unclosed quote
+            raise UsageError(f"{call}: {error}. Fix: close the quote.") from None
+        unknown = unknown_flag(method.parser, tokens)
+        if unknown is not None:
+            flag, close = unknown
+            guess = f"; did you mean {close}?" if close else ""
+            raise UsageError(f"{call}: unknown flag {flag}{guess} ({help_hint})")
+        try:
+            args = method.parser.parse_args(tokens)
+        except UsageError as error:  # argparse's own message: a missing flag, a bad choice
+            raise UsageError(f"{call}: {error} ({help_hint})") from None
+        try:
             return _STAGE_BUILDERS[magic](flags, args)
-        except (UsageError, StackError) as error:
-            raise UsageError(f"{call}: {error}\n{_usage(method)}") from None
+        except StackError as error:
+            raise UsageError(f"{call}: {error}") from None
 
     def _inputs(self, stack, stages):
         """The notebook values of the stack's parameters, checked."""
@@ -471,23 +507,30 @@ class TransformMagics(Magics):
         number = getattr(running, "execution_count", None)
         return number if number is not None else self.shell.execution_count
 
-    def _call(self, thunk, filename):
-        """Run ``thunk``; an error keeps only the traceback frames from the cell's own frame
-        down (NOTE [Tracebacks point at the cell] in cell.py)."""
+    def _call(self, thunk, body_function, stages):
+        """Run ``thunk``. An engine error is re-raised with the magic's line in its message and
+        a short traceback (NOTE [Short tracebacks for engine errors] in errors.py); any other
+        error keeps only the traceback frames from the cell's own frame down (NOTE
+        [Tracebacks point at the cell] in cell.py)."""
         __tracebackhide__ = True
+        filename = body_function.filename
         try:
             return thunk()
         except StackError as error:  # a cell result the magic cannot use (e.g. --has-aux)
             raise UsageError(str(error)) from None
+        except core.TransformError as error:
+            function = engine_call_function(str(error))
+            stage = next((s for s in stages if s.marker == function), stages[0])
+            error.args = (renamed_message(str(error), stage.call),)
+            lines = magic_traceback(error, filename, f"Cell In[{body_function.number}]",
+                                    body_function.result_line, _cell_numbers(self.shell))
+            error._render_traceback_ = lambda: lines
+            tb = traceback_from(error.__traceback__, filename)
+            raise error.with_traceback(tb) from None
         except Exception as error:
             tb = traceback_from(error.__traceback__, filename)
             if tb is not None:
                 raise error.with_traceback(tb)
-            if isinstance(error, core.TransformError):  # raised by a transform: keep the
-                last = error.__traceback__              # frame that raised it, not the path
-                while last.tb_next is not None:         # through the magics to it
-                    last = last.tb_next
-                raise error.with_traceback(last)
             raise
 
     def _run(self, magic, line, cell):
@@ -510,32 +553,37 @@ class TransformMagics(Magics):
         try:
             stack = Stack(stages)
         except StackError as error:
-            usage = f"\n{_usage(getattr(self, error.stage.magic))}" if error.stage else ""
-            raise UsageError(f"{error}{usage}") from None
+            raise UsageError(str(error)) from None
         values = self._inputs(stack, stages)
+        args = [labelled(name, value) for name, value in zip(stack.params, values)]
+
+        def capture(names):  # NOTE [Names the notebook gave] in names.py
+            return {name: labelled(name, shell.user_ns[name]) for name in sorted(names)
+                    if type(shell.user_ns.get(name)) is torch.Tensor}
         try:
             body_function = CellFunction(
                 shell.transform_cell(body), stack.params, shell.user_ns,
                 header_lines=header_lines, compiler=shell.compile,
-                number=self._cell_number(), transform_ast=shell.transform_ast)
+                number=self._cell_number(), transform_ast=shell.transform_ast,
+                capture=capture, namer=CellNamer(taken=stack.params))
         except CellError as error:
             raise UsageError(f"{first_line}: {error}") from None
-        args = [_labelled(name, value) for name, value in zip(stack.params, values)]
+        body_function.namer.reserve(body_function.captured)
         title = " ∘ ".join(header_lines)
         if trace is not None:
-            return self._trace(trace, stack, body_function, args, title)
+            return self._trace(trace, stack, body_function, args, values, title)
 
         grads = [s for s in transforms if isinstance(s, GradStage)]
         stepper = self._tape_stepper(grads[0].call) if any(s.tape for s in grads) else None
-        capture = core.capture_tapes() if grads else contextlib.nullcontext([])
-        with capture as tapes:
+        capture_tapes = core.capture_tapes() if grads else contextlib.nullcontext([])
+        with capture_tapes as tapes:
             results = self._call(lambda: stack.results(body_function, core, *args),
-                                 body_function.filename)
+                                 body_function, stages)
         check = None
         if any(s.check for s in transforms):
-            import torch.func
-            expected = self._call(lambda: stack.results(body_function, torch.func, *values),
-                                  body_function.filename)
+            from torch import func as torch_func
+            expected = self._call(lambda: stack.results(body_function, torch_func, *values),
+                                  body_function, stages)
             check = {name: max_abs_difference(results[name], expected[name])
                      for name in results}
         for name, value in results.items():
@@ -557,32 +605,105 @@ class TransformMagics(Magics):
         if tape_view is not None:
             display(tape_view)
 
-    def _trace(self, stage, stack, body_function, args, title):
+    def _trace(self, stage, stack, body_function, args, values, title):
         __tracebackhide__ = True
         if not (hasattr(core, "trace") and hasattr(core, "split_vjp")):
             raise UsageError(f"{stage.call}: this version of minifunctorch.core has no trace "
                              "(the program tracer) yet.")
         f = stack.flat_function(body_function, core)
-        filename = body_function.filename
+        stages = stack.stages
         if stage.split:
             if not args:
                 raise UsageError(f"{stage.call}: --split needs inputs to differentiate. Fix: "
                                  "name them with --inputs, or in a magic below.")
-            forward, backward = self._call(lambda: core.split_vjp(f)(*args), filename)
+            forward, backward = self._call(lambda: core.split_vjp(f)(*args), body_function,
+                                           stages)
             programs = {"forward": forward, "backward": backward}
             bound = (forward, backward)
         else:
-            program = self._call(lambda: core.trace(f)(*args), filename)
+            program = self._call(lambda: core.trace(f)(*args), body_function, stages)
             programs = {"program": program}
             bound = program
+        # shown with the notebook's names: the forward program's inputs are the stack's, the
+        # backward one's are its own (the saved values and the cotangent)
+        input_names = dict(zip(stack.params, values))
+        shown = {label: NamedProgram.of(program, input_names if label != "backward" else {})
+                 for label, program in programs.items()}
         sources = {}
         if stage.fx:
-            sources = {label: self._call(lambda p=p: p.to_fx().code, filename)
-                       for label, p in programs.items()}
+            sources = {label: self._call(lambda p=p: p.to_fx().code, body_function, stages)
+                       for label, p in shown.items()}
         if stage.out:
             self.shell.push({stage.out: bound})
-        for label, program in programs.items():
+        for label, program in shown.items():
             display(Heading(f"{title}: {label}" if label != "program" else title))
             display(program)
             if label in sources:
                 display(Source(sources[label]))
+
+
+# --- the IPython side of loading the extension ----------------------------------------------
+def _cell_numbers(shell):
+    """``filename -> In[n]`` for the code of notebook cells (IPython's compiler keeps it)."""
+    numbers = getattr(shell.compile, "_filename_map", None) or {}
+    return numbers.get
+
+
+def _render_engine_error(error):
+    """``TransformError._render_traceback_`` while the extension is loaded (NOTE [Short
+    tracebacks for engine errors] in errors.py)."""
+    from IPython import get_ipython
+    shell = get_ipython()
+    if shell is not None and shell.InteractiveTB.mode.lower() == "verbose":  # %xmode verbose
+        return shell.InteractiveTB.structured_traceback(type(error), error, error.__traceback__)
+    return cell_traceback(error, _cell_numbers(shell) if shell is not None else {}.get)
+
+
+_OUR_MAGICS = re.compile(r"%%(" + "|".join(STACKABLE) + r")(\s|\?|$)")
+
+
+def comments_below_magics(lines):
+    """IPython cleanup transformer: comment and blank lines above a magic of ours move below
+    its magic lines (the line numbers of the body stay the same); a magic line of ours below
+    code is refused in one line (NOTE [One line per mistake]).
+
+    >>> comments_below_magics(["# per-sample\\n", "%%vmap --over x\\n", "%%grad --wrt w\\n",
+    ...                        "f(x, w)\\n"])
+    ['%%vmap --over x\\n', '%%grad --wrt w\\n', '# per-sample\\n', 'f(x, w)\\n']
+    """
+    first = next((i for i, line in enumerate(lines)
+                  if line.strip() and not line.lstrip().startswith("#")), None)
+    if first is None:
+        return lines
+    if _OUR_MAGICS.match(lines[first]):
+        end = first
+        while end < len(lines) and lines[end].startswith("%%"):
+            end += 1
+        return lines[first:end] + lines[:first] + lines[end:]
+    for line in lines[first + 1:]:
+        if _OUR_MAGICS.match(line):
+            raise UsageError(
+                f"{line.strip()}: a cell magic must be the first line of its cell (only "
+                "comments and blank lines may go above it). Fix: move the code above it to a "
+                "cell of its own.")
+    return lines
+
+
+comments_below_magics.has_side_effects = True  # it may raise: IPython's check_complete skips it
+
+
+def install(shell) -> None:
+    """What loading the extension adds besides the magics: the short tracebacks of engine
+    errors and the transformer that lets comments sit above a magic."""
+    core.TransformError._render_traceback_ = _render_engine_error
+    cleanup = shell.input_transformers_cleanup
+    if comments_below_magics not in cleanup:
+        cleanup.append(comments_below_magics)
+
+
+def uninstall(shell) -> None:
+    if core.TransformError.__dict__.get("_render_traceback_") is _render_engine_error:
+        del core.TransformError._render_traceback_
+    cleanup = shell.input_transformers_cleanup
+    if comments_below_magics in cleanup:
+        cleanup.remove(comments_below_magics)

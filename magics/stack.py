@@ -73,8 +73,10 @@ class Outputs:
 
 
 def _named(function, name=FUNCTION_NAME):
-    """Name every function of the stack ``cell``: engine error messages then read
-    ``grad(cell, argnums=(1,))(<inputs>)``."""
+    """Name a function of the stack. A stage names the function it hands to its transform
+    with its :attr:`Stage.marker` (``cell0``, ``cell1``, ...), so that an engine error message,
+    which begins with the call (``grad(cell1, argnums=(0,))(<inputs>): ...``), says which
+    magic of the stack it is about (the magics then write that magic's line instead)."""
     function.__name__ = function.__qualname__ = name
     return function
 
@@ -122,7 +124,8 @@ def _select(names, argnums):
                 f"({', '.join(names)}). Fix: use --argnums between 0 and {len(names) - 1}.")
         chosen.append(names[a])
     if len(set(chosen)) != len(chosen):
-        raise StackError(f"--argnums {' '.join(map(str, argnums))} names an input twice.")
+        raise StackError(f"--argnums {' '.join(map(str, argnums))} names an input twice. Fix: "
+                         "list each position once.")
     return tuple(chosen)
 
 
@@ -168,6 +171,7 @@ class Stage:
     line: str = ""
     check: bool = False
     quiet: bool = False
+    marker: str = FUNCTION_NAME  # set by Stack: cell<position>, outermost first
 
     magic = "stage"
 
@@ -254,8 +258,8 @@ class GradStage(DifferentiatingStage):
                 extras = {**extras, self.aux_out: aux}
             return out, extras
 
-        grad_and_value = api.grad_and_value(_named(scalar_and_extras), argnums=argnums,
-                                            has_aux=True)
+        grad_and_value = api.grad_and_value(_named(scalar_and_extras, self.marker),
+                                            argnums=argnums, has_aux=True)
 
         def gradients(*args):
             grads, (value, extras) = grad_and_value(*args)
@@ -300,7 +304,8 @@ class VmapStage(Stage):
                 f"--out-dims gives {len(self.out_dims)} dims for {len(inner.parts)} output(s) "
                 f"({', '.join(inner.parts)}). Fix: give one dim for all, or one per output.")
         if self.reduce and None in self.out_dims:
-            raise StackError("--reduce needs a batch dim in every output; --out-dims has None.")
+            raise StackError("--reduce needs a batch dim in every output; --out-dims has None. "
+                             "Fix: drop --reduce, or give every output a batch dim.")
         return Outputs(_check_out(self.out, inner.parts, "output(s)"), inner.extras)
 
     def _dims(self, n_parts):
@@ -317,8 +322,8 @@ class VmapStage(Stage):
         else:
             out_dims = (part_dims, extra_dims)  # a prefix of the output (parts, extras)
         options = {"chunk_size": self.chunk_size} if self.chunk_size is not None else {}
-        vmapped = api.vmap(f, in_dims=in_dims, out_dims=out_dims, randomness=self.randomness,
-                           **options)
+        vmapped = api.vmap(_named(f, self.marker), in_dims=in_dims, out_dims=out_dims,
+                           randomness=self.randomness, **options)
         if not self.reduce:
             return _named(vmapped)
         reduce = torch.sum if self.reduce == "sum" else torch.mean
@@ -379,7 +384,8 @@ class JvpStage(Stage):
         values = tuple(self.value_out) if self.value_out else inner.parts
         if len(values) != len(inner.parts):
             raise StackError(f"--value-out gives {len(values)} name(s) for {len(inner.parts)} "
-                             f"output(s) ({', '.join(inner.parts)}).")
+                             f"output(s) ({', '.join(inner.parts)}). Fix: give one name per "
+                             "output, in that order.")
         return Outputs(parts, inner.extras + ((self.aux_out,) if self.has_aux else ()) + values)
 
     def apply(self, f, params, inner, api):
@@ -401,8 +407,8 @@ class JvpStage(Stage):
                     parts, extras = (out,), {**extras, self.aux_out: aux}
                 return parts, extras
 
-            primal_parts, tangent_parts, extras = api.jvp(_named(of_primals), primals, tangents,
-                                                          has_aux=True)
+            primal_parts, tangent_parts, extras = api.jvp(_named(of_primals, self.marker),
+                                                          primals, tangents, has_aux=True)
             return tuple(tangent_parts), {**extras, **dict(zip(value_names, primal_parts))}
         return _named(pushed)
 
@@ -448,9 +454,10 @@ class JacobianStage(DifferentiatingStage):
 
         if self.mode == "rev":
             options = {"chunk_size": self.chunk_size} if self.chunk_size is not None else {}
-            jacobian = api.jacrev(_named(checked), argnums=argnums, has_aux=True, **options)
+            jacobian = api.jacrev(_named(checked, self.marker), argnums=argnums, has_aux=True,
+                                  **options)
         else:
-            jacobian = api.jacfwd(_named(checked), argnums=argnums, has_aux=True)
+            jacobian = api.jacfwd(_named(checked, self.marker), argnums=argnums, has_aux=True)
 
         def jacobians(*args):
             per_part, extras = jacobian(*args)  # per_part[output][input]
@@ -496,8 +503,9 @@ class HessianStage(DifferentiatingStage):
         # NOTE [Hessian with extras]: core.hessian(f) is jacfwd(jacrev(f)) and, like
         # torch.func.hessian, takes no has_aux; the same composition with has_aux=True at
         # both levels carries the inner magics' extras through.
-        hessian = api.jacfwd(api.jacrev(_named(scalar_and_extras), argnums=argnums,
-                                        has_aux=True), argnums=argnums, has_aux=True)
+        hessian = api.jacfwd(api.jacrev(_named(scalar_and_extras, self.marker),
+                                        argnums=argnums, has_aux=True),
+                             argnums=argnums, has_aux=True)
 
         def hessians(*args):
             blocks, extras = hessian(*args)  # blocks[i][j] = d2 f / d arg_i d arg_j
@@ -543,6 +551,8 @@ class Stack:
 
     def __init__(self, stages):
         self.stages = list(stages)
+        for position, stage in enumerate(self.stages):
+            stage.marker = f"{FUNCTION_NAME}{position}"
         params = []
         for stage in self.stages:
             for name in stage.input_names():

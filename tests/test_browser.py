@@ -1,12 +1,19 @@
 """The tape stepper in a real browser: JupyterLab in a subprocess, headless Chromium (Debian's
 /usr/bin/chromium, no Playwright browser download) driven by Playwright.
 
-The test writes a notebook, runs it, clicks step, back and Play, checks the highlighted entry
-and the gradient map in the DOM, and saves a screenshot to test-artifacts/tape_stepper.png.
-Without Chromium it is skipped, except under CI=true, where that is a failure.
+The test writes a notebook, runs it, and checks three steppers in the DOM:
+- a one-tape stepper: step, back and Play, the highlighted entry and the gradient map;
+- a two-level stepper whose outer tape has 21 entries, at 1400 px and at 800 px wide: no
+  panel's content is wider than the panel, exactly one control bar is shown (and enabled)
+  while the panels step together, the panels sit side by side at 1400 px and stack at 800 px,
+  and the controls stay in view when the gradient map is full;
+- a 30-entry tape at 800 px: each step of the slider keeps room to be picked.
+Screenshots go to test-artifacts/ (tape_stepper.png, tape_stepper_two_levels_{1400,800}.png).
+Without Chromium the test is skipped, except under CI=true, where that is a failure.
 """
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -25,35 +32,43 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 TIMEOUT_MS = 30_000
+WIDTHS = (1400, 800)
+MIN_STEP_PX = 12  # the slider's room per step on a 30-entry tape, at 800 px
 
-# The seed's simple(a, b) = sum((a + b) * b), built straight from core + widgets.
-DIRECT_CELLS = ["""\
-import torch
-from minifunctorch.core import capture_tapes, grad, label
-from minifunctorch.widgets import TapeStepper
-
-def simple(a, b):
-    return ((a + b) * b).sum()
-
-a = label(torch.tensor([1.0, 2.0, 3.0, 4.0]), "a")
-b = label(torch.tensor([0.5, -1.0, 2.0, 0.25]), "b")
-with capture_tapes() as tapes:
-    grads = grad(simple, argnums=(0, 1))(a, b)
-TapeStepper(tapes)"""]
-
-# The notebook the browser runs uses the magics, as a student would. DIRECT_CELLS builds the
-# same tape (v0 = add a b, v1 = mul v0 b, v2 = sum v1) from core and widgets directly.
-MAGIC_CELLS = [
+# The notebook the browser runs uses the magics, as a student would.
+CELLS = [
     """\
 %load_ext minifunctorch.magics
 import torch
+from minifunctorch.core import grad
 a = torch.tensor([1.0, 2.0, 3.0, 4.0])
-b = torch.tensor([0.5, -1.0, 2.0, 0.25])""",
+b = torch.tensor([0.5, -1.0, 2.0, 0.25])
+torch.manual_seed(0)
+X, Y = torch.randn(8, 3), torch.randn(8, 1)
+W1, W2 = torch.randn(3, 4), torch.randn(4, 1)
+v = torch.linspace(0.1, 1.0, 6)
+
+def loss_of(W1, W2):
+    h = torch.tanh(X @ W1)
+    return ((h @ W2 - Y) ** 2).mean()""",
+    # one tape: v0 = add a b, v1 = mul v0 b, v2 = sum v1
     """\
 %%grad --wrt a b --tape
 ((a + b) * b).sum()""",
+    # two levels: the outer tape records the inner grad's forward and backward (21 entries)
+    """\
+%%grad --wrt W1 W2 --tape -q
+dW1 = grad(loss_of)(W1, W2)
+penalty = (dW1 ** 2).sum()
+loss_of(W1, W2) + penalty""",
+    # 30 entries
+    """\
+%%grad --wrt v --tape -q
+h = v
+for _ in range(29):
+    h = torch.sin(h)
+h.sum()""",
 ]
-CELLS = MAGIC_CELLS
 
 
 def _require(condition: bool, reason: str) -> None:
@@ -168,9 +183,18 @@ def test_tape_stepper_in_jupyterlab(jupyterlab):
                 page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
                 for _ in CELLS:
                     page.keyboard.press("Shift+Enter")
-                _check_stepper(page, expect)
-                page.locator(".mft-stepper").scroll_into_view_if_needed()
-                page.screenshot(path=str(ARTIFACTS / "tape_stepper.png"))
+                expect(page.locator(".mft-stepper")).to_have_count(3)
+                expect(page.locator(".jp-OutputArea-output[data-mime-type="
+                                    "'application/vnd.jupyter.stderr']")).to_have_count(0)
+                one_tape, two_levels, long_tape = (page.locator(".mft-stepper").nth(i)
+                                                   for i in range(3))
+                _check_stepper(page, expect, one_tape)
+                one_tape.scroll_into_view_if_needed()
+                one_tape.screenshot(path=str(ARTIFACTS / "tape_stepper.png"))
+                for width in WIDTHS:
+                    page.set_viewport_size({"width": width, "height": 900})
+                    _check_two_levels(page, expect, two_levels, width)
+                _check_slider_room(page, expect, long_tape)
             except Exception:
                 page.screenshot(path=str(ARTIFACTS / "tape_stepper_failure.png"))
                 raise
@@ -178,8 +202,79 @@ def test_tape_stepper_in_jupyterlab(jupyterlab):
             browser.close()
 
 
-def _check_stepper(page, expect):
-    stepper = page.locator(".mft-stepper")
+# Measured in the page: the right edge of everything a panel shows, against the panel's own.
+_OVERFLOW_JS = """panel => {
+    const box = panel.getBoundingClientRect();
+    let right = box.right;
+    for (const el of panel.querySelectorAll('*')) {
+        const r = el.getBoundingClientRect();
+        if (r.width > 0 && r.height > 0) right = Math.max(right, r.right);
+    }
+    return {overflow: right - box.right, scroll: panel.scrollWidth - panel.clientWidth,
+            width: box.width, top: box.top, bottom: box.bottom, left: box.left};
+}"""
+
+_BARS_JS = """stepper => [...stepper.querySelectorAll('.mft-controls')]
+    .filter(bar => bar.getClientRects().length > 0 && bar.getBoundingClientRect().height > 0)
+    .map(bar => !bar.querySelector('button.mft-step-button').disabled)"""
+
+
+def _check_two_levels(page, expect, stepper, width):
+    panels = stepper.locator(".mft-panel")
+    expect(panels).to_have_count(2)
+    expect(panels.nth(0)).to_contain_text("Autograd tape · outer")
+    expect(panels.nth(1)).to_contain_text("Autograd tape · inner")
+    expect(stepper.locator(".mft-legend")).to_contain_text("off the path")
+    stepper.locator(".mft-shared-controls").scroll_into_view_if_needed()
+    page.wait_for_timeout(300)  # the layout settles after the resize
+
+    bars = stepper.evaluate(_BARS_JS)
+    assert bars == [True], f"{width}px: visible control bars (enabled?) {bars}"
+
+    shared = stepper.locator(".mft-shared-controls")
+    shared.locator("button.mft-last").click()  # the fullest gradient maps
+    for position in range(2):  # each panel on its own last step
+        expect(panels.nth(position).locator(".mft-step")).to_contain_text(
+            re.compile(r"step (\d+) of \1\b"))
+    page.wait_for_timeout(300)
+    boxes = [panels.nth(i).evaluate(_OVERFLOW_JS) for i in range(2)]
+    for position, box in enumerate(boxes):
+        assert box["overflow"] <= 1 and box["scroll"] <= 1, (
+            f"{width}px: panel {position} content is wider than the panel: {box}")
+    first, second = boxes
+    if width >= 1400:
+        assert abs(first["top"] - second["top"]) < 2, f"{width}px: panels not side by side"
+    else:
+        assert second["top"] >= first["bottom"] - 1, f"{width}px: panels not stacked"
+        assert second["width"] > width * 0.6, f"{width}px: a stacked panel is narrow: {second}"
+    for map_rows in stepper.locator(".mft-gradmap-rows").all():
+        assert map_rows.evaluate("e => e.clientHeight <= parseFloat(getComputedStyle(e)"
+                                 ".maxHeight) + 1")  # bounded: it scrolls
+    step_button = shared.locator("button.mft-step-button").bounding_box()
+    assert 0 <= step_button["y"] and step_button["y"] + step_button["height"] <= 900, (
+        f"{width}px: the controls left the view: {step_button}")
+    # the screenshot: the whole stepper in view (a taller window, the same width)
+    page.set_viewport_size({"width": width, "height": 2000})
+    page.wait_for_timeout(300)
+    stepper.scroll_into_view_if_needed()
+    stepper.screenshot(path=str(ARTIFACTS / f"tape_stepper_two_levels_{width}.png"))
+    page.set_viewport_size({"width": width, "height": 900})
+    shared.locator("button.mft-first").click()
+
+
+def _check_slider_room(page, expect, stepper):
+    page.set_viewport_size({"width": 800, "height": 900})
+    stepper.scroll_into_view_if_needed()
+    expect(stepper.locator(".mft-panel-view .mft-title")).to_contain_text("30 entries")
+    track = stepper.locator(".mft-slider .slider-container")
+    steps = 30
+    room = track.bounding_box()["width"] / steps
+    assert room >= MIN_STEP_PX, f"the slider gives each of {steps} steps {room:.1f} px"
+    stepper.locator("button.mft-last").click()
+    expect(stepper.locator(".mft-slider .widget-readout")).to_have_text(str(steps))
+
+
+def _check_stepper(page, expect, stepper):
     step = stepper.locator(".mft-panel-view .mft-step")
     current = stepper.locator(".mft-row.mft-current")
     gradmap = stepper.locator(".mft-gradmap")

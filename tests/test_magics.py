@@ -1,6 +1,7 @@
 """The IPython magics, in a real InteractiveShell: results against torch.func, stacking,
 bindings, errors and tracebacks, load/unload, and that no wrapped value reaches the notebook."""
 import linecache
+import re
 import subprocess
 import sys
 
@@ -387,18 +388,141 @@ def test_tape_flag_and_tape_line_magic_show_the_stepper(shell):
     assert any("application/vnd.jupyter.widget-view+json" in o.data for o in captured.outputs)
 
 
-# --- errors ----------------------------------------------------------------------------------
-def test_unknown_flag_gives_usage(shell):
+# --- the notebook's names -------------------------------------------------------------------
+MLP = """
+torch.manual_seed(1)
+X = torch.randn(6, 3)
+Y = torch.randn(6, 1)
+W1 = torch.randn(3, 4)
+W2 = torch.randn(4, 1)
+"""
+MLP_CELL = ("%%grad --wrt W1 W2 --tape -q\n"
+            "h = torch.tanh(X @ W1)\n"
+            "pred = h @ W2\n"
+            "loss = ((pred - Y) ** 2).mean()\n"
+            "loss")
+
+
+def mlp_loss(W1, W2, X, Y):
+    return ((torch.tanh(X @ W1) @ W2 - Y) ** 2).mean()
+
+
+def last_tape_text(shell):
+    return str(shell.magics_manager.registry["TransformMagics"].last_tapes[0])
+
+
+def test_a_tape_over_an_mlp_shows_the_notebooks_names(shell):
+    ok(shell, MLP)
+    with capture_output() as captured:
+        ok(shell, MLP_CELL)
+    tape = last_tape_text(shell)
+    assert tape.splitlines() == [
+        "v0:f32[6,4] = matmul X W1",
+        "h:f32[6,4] = tanh v0",
+        "pred:f32[6,1] = matmul h W2",
+        "v3:f32[6,1] = sub pred Y",
+        "v4:f32[6,1] = pow v3 2",
+        "loss:f32[] = mean v4 dim=(0,1) keepdim=False",
+    ]
+    assert not re.search(r"\bc\d+\b", tape)
+    (stepper,) = [o.data["text/plain"] for o in captured.outputs]  # -q: only the stepper
+    for name in ("X", "Y", "W1", "W2", "h", "pred", "loss"):
+        assert re.search(rf"\b{name}\b", stepper), name
+    assert not re.search(r"\bc\d+\b", stepper) and re.search(r"\n  loss .*← seed", stepper)
+    expected = torch.func.grad(mlp_loss, argnums=(0, 1))(*(ns(shell)[k] for k in
+                                                            ("W1", "W2", "X", "Y")))
+    assert_close(ns(shell)["dW1"], expected[0])
+    assert_close(ns(shell)["dW2"], expected[1])
+    for name in ("X", "Y", "W1", "W2"):  # labels ride on views, never on the notebook's tensors
+        assert not hasattr(ns(shell)[name], "t_name")
+    assert not {"h", "pred", "loss"} & set(ns(shell))
+
+
+def test_names_restart_per_call(shell):
+    ok(shell, MLP)
+    ok(shell, MLP_CELL)
+    first = last_tape_text(shell)
+    ok(shell, MLP_CELL)
+    assert last_tape_text(shell) == first
+
+
+def test_a_reassigned_variable_names_each_value_once(shell):
+    ok(shell, "%%grad --wrt w --tape -q\nh = x @ w\nfor _ in range(2):\n    h = torch.sin(h)\n"
+              "h.sum()")
+    assert last_tape_text(shell).splitlines()[:3] == [
+        "h:f32[5] = matmul x w", "h_1:f32[5] = sin h", "h_2:f32[5] = sin h_1"]
+    x, w = ns(shell)["x"], ns(shell)["w"]
+    assert_close(ns(shell)["dw"], torch.func.grad(lambda w: (x @ w).sin().sin().sum())(w))
+
+
+def test_a_value_already_used_keeps_its_engine_name(shell):
+    # v0 is read by the sum before `h = ...`: renaming it would cut the tape's links
+    ok(shell, "%%grad --wrt w --tape -q\nparts = [x @ w]\ns = parts[0].sum()\nh = parts[0]\n"
+              "s + (h ** 2).sum()")
+    tape = last_tape_text(shell)
+    assert "h:" not in tape and "s:f32[] = sum v0" in tape
+    x, w = ns(shell)["x"], ns(shell)["w"]
+    assert_close(ns(shell)["dw"],
+                 torch.func.grad(lambda w: (x @ w).sum() + ((x @ w) ** 2).sum())(w))
+
+
+def test_names_of_the_engines_form_are_not_given(shell):
+    ok(shell, "%%grad --wrt w --tape -q\nv7 = x @ w\nc0 = v7 * 2\nc0.sum()")
+    assert last_tape_text(shell).splitlines()[:2] == ["v0:f32[5] = matmul x w",
+                                                      "v1:f32[5] = mul v0 2"]
+
+
+def test_trace_names_inputs_and_captured_tensors(shell):
+    with capture_output() as captured:
+        ok(shell, "%%trace --fx --out prog\n%%grad --wrt w\n((x @ w - y) ** 2).mean()")
+    shown = captured.outputs[1].data["text/plain"]
+    assert shown.splitlines()[0] == "{ lambda x:f32[5,3] y:f32[5] ; w:f32[3] ."
+    assert "  let a:f32[5] = matmul x w" in shown
+    html = captured.outputs[1].data["text/html"]
+    assert '<span class="mft-var">x</span>' in html
+    code = captured.outputs[2].data["text/plain"]  # the FX code reads with the same names
+    assert code.startswith("def forward(self, w):") and "x = self.x" in code
+    program = ns(shell)["prog"]  # the bound program is the engine's own
+    assert type(program) is core.Program and repr(program).startswith("<Program cell:")
+    assert str(program).startswith("{ lambda b:f32[5,3] c:f32[5] ; a:f32[3] .")
+    x, y, w = ns(shell)["x"], ns(shell)["y"], ns(shell)["w"]
+    assert_close(program(w), torch.func.grad(lambda w: loss(x, y, w))(w))
+
+
+# --- errors ---------------------------------------------------------------------------------
+def one_line(error):
+    """A magic's mistake is one line that begins with the magic as written."""
+    text = str(error)
+    assert "\n" not in text, text
+    return text
+
+
+def test_misspelled_flag_is_named_and_the_right_one_suggested(shell):
+    error = fails(shell, "%%grad --wtr w\n(w ** 2).sum()")
+    assert isinstance(error, UsageError)
+    assert one_line(error).startswith("%%grad --wtr w: unknown flag --wtr; did you mean --wrt?")
+    assert "required" not in str(error)  # not argparse's "the following arguments are required"
+
+
+def test_unknown_flag_without_a_close_one(shell):
     error = fails(shell, "%%grad --wrt w --bogus\n(w ** 2).sum()")
     assert isinstance(error, UsageError)
-    assert "unrecognized arguments: --bogus" in str(error)
-    assert "usage: %%grad --wrt NAME" in str(error)
+    assert one_line(error) == ("%%grad --wrt w --bogus: unknown flag --bogus (%%grad? lists its "
+                               "flags)")
 
 
-def test_missing_required_flag_gives_usage(shell):
+def test_abbreviated_flags_and_negative_dims_are_not_unknown(shell):
+    ok(shell, "%%grad --wrt x w --argn 1 -q\n(w ** 2).sum()")  # argparse's abbreviation
+    assert_close(ns(shell)["dw"], 2 * ns(shell)["w"])
+    ok(shell, "%%vmap --over x --in-dims -2 -q\nx * 2")
+    assert_close(ns(shell)["out"], ns(shell)["x"] * 2)
+
+
+def test_missing_required_flag(shell):
     error = fails(shell, "%%vmap\nx")
     assert isinstance(error, UsageError)
-    assert "--over" in str(error) and "usage: %%vmap" in str(error)
+    assert one_line(error) == ("%%vmap: the following arguments are required: --over "
+                               "(%%vmap? lists its flags)")
 
 
 @pytest.mark.parametrize("line, message", [
@@ -416,8 +540,8 @@ def test_missing_required_flag_gives_usage(shell):
 def test_bad_flag_values(shell, line, message):
     error = fails(shell, f"{line}\n(w ** 2).sum()")
     assert isinstance(error, UsageError)
-    assert message in str(error)
-    assert "usage: %%" in str(error)
+    assert one_line(error).startswith(f"{line}: ")
+    assert message in str(error) and "Fix: " in str(error)
 
 
 def test_undefined_name(shell):
@@ -433,12 +557,105 @@ def test_non_tensor_input(shell):
     assert "the input k is a int" in str(error)
 
 
-def test_non_scalar_result_gives_the_engines_error(shell, capsys):
-    error = fails(shell, "%%grad --wrt w\nx @ w")
-    assert type(error) is NonScalarOutputError
-    assert "jacrev" in str(error) and "%%jacobian" in str(error)
-    shown = capsys.readouterr().out
-    assert "magics/stack.py" not in shown and "magics/extension.py" not in shown
+def shown_error(shell, source, capsys):
+    """Run a failing cell; return the exception and what the shell printed for it."""
+    capsys.readouterr()
+    error = fails(shell, source)
+    return error, capsys.readouterr().out
+
+
+def assert_no_engine_frames(shown):
+    for sign in ("/core/", "/magics/", "site-packages", ".py:", "Traceback", "get_ipython()"):
+        assert sign not in shown, (sign, shown)
+
+
+def test_non_scalar_result_names_the_magic_and_shows_the_cell_line(shell, capsys):
+    shell.execution_count = 4
+    error, shown = shown_error(shell, "%%grad --wrt w\nx @ w", capsys)
+    assert type(error) is NonScalarOutputError  # the engine's error, with the magic's words
+    assert str(error).startswith("%%grad --wrt w: expected the function to return a scalar")
+    assert "Fix: " in str(error) and "%%jacobian" in str(error)
+    assert shown.splitlines() == ["Cell In[4], line 2", "----> 2 x @ w",
+                                  f"NonScalarOutputError: {error}"]
+
+
+def test_an_engine_error_in_a_stack_names_the_magic_it_is_about(shell, capsys):
+    # the non-scalar result is %%grad's error, although %%vmap is the outer magic
+    error, shown = shown_error(shell, "%%vmap --over x y\n%%grad --wrt w\nx * w", capsys)
+    assert str(error).startswith("%%grad --wrt w: expected the function to return a scalar")
+    assert "----> 3 x * w" in shown
+    assert_no_engine_frames(shown)
+    # an `if` on a batched value is %%vmap's, raised on the cell's own line
+    error, shown = shown_error(
+        shell, "%%vmap --over x\n%%grad --wrt w\nz = (x @ w).sin()\nif z > 0:\n    z = -z\nz",
+        capsys)
+    assert type(error) is core.BatchedControlFlowError
+    assert str(error).startswith("%%vmap --over x: Python asked for a concrete value")
+    assert "torch.where" in str(error)
+    assert "----> 4 if z > 0:" in shown
+    assert_no_engine_frames(shown)
+
+
+@pytest.mark.parametrize("source, kind, start", [
+    ("%%vmap --over x\nx + torch.randn(3)", core.RandomnessError, "%%vmap --over x: torch.randn"),
+    ("%%grad --wrt w\ntorch.linalg.eigvals(torch.outer(w, w)).real.sum()",
+     core.TransformError, "%%grad --wrt w: "),
+])
+def test_randomness_and_unsupported_ops_are_short(shell, capsys, source, kind, start):
+    error, shown = shown_error(shell, source, capsys)
+    assert isinstance(error, kind)
+    assert str(error).startswith(start)
+    assert "----> 2 " in shown and "Fix: " in shown
+    assert_no_engine_frames(shown)
+
+
+def test_a_notebook_function_called_by_the_cell_shows_its_line(shell, capsys):
+    shell.execution_count = 10
+    ok(shell, "def helper(v):\n    if v.sum() > 0:\n        return v\n    return -v")
+    shell.execution_count = 11
+    error, shown = shown_error(shell, "%%vmap --over x\nhelper(x)", capsys)
+    assert shown.splitlines()[:4] == ["Cell In[11], line 2", "----> 2 helper(x)",
+                                      "Cell In[10], line 2, in helper", "----> 2 if v.sum() > 0:"]
+
+
+def test_engine_errors_outside_magics_are_short_while_the_extension_is_loaded(shell, capsys):
+    ok(shell, "from minifunctorch.core import vmap\n"
+              "def g(x):\n    return x if x < 1 else 2 * x")
+    error, shown = shown_error(shell, "vmap(g)(torch.tensor([0.5, 3.0]))", capsys)
+    assert type(error) is core.BatchedControlFlowError
+    assert "----> 1 vmap(g)(torch.tensor([0.5, 3.0]))" in shown
+    assert "in g" in shown and "----> 3     return x if x < 1 else 2 * x".replace("    ", "") \
+        in shown
+    assert shown.strip().endswith(f"BatchedControlFlowError: {error}")
+    assert_no_engine_frames(shown)
+    ok(shell, "%xmode verbose")  # every frame, as IPython shows any other error
+    _, shown = shown_error(shell, "vmap(g)(torch.tensor([0.5, 3.0]))", capsys)
+    assert "transforms.py" in shown
+    ok(shell, "%xmode context")
+    ok(shell, "%unload_ext minifunctorch.magics")
+    assert not hasattr(core.TransformError, "_render_traceback_")
+
+
+def test_a_comment_above_a_magic_works(shell):
+    ok(shell, "# the gradient of the loss\n\n%%grad --wrt w -q\n(w ** 2).sum()")
+    assert_close(ns(shell)["dw"], 2 * ns(shell)["w"])
+    ok(shell, "# per-example gradients\n%%vmap --over x y -q\n%%grad --wrt w\n"
+              "((x @ w - y) ** 2).mean()")
+    assert ns(shell)["dw"].shape == (5, 3)
+
+
+def test_a_comment_above_keeps_the_line_numbers_of_the_cell(shell, capsys):
+    shell.execution_count = 3
+    _, shown = shown_error(shell, "# a comment\n%%grad --wrt w\nx @ w", capsys)
+    assert shown.splitlines()[:2] == ["Cell In[3], line 3", "----> 3 x @ w"]
+
+
+def test_a_magic_below_code_says_first_line(shell):
+    error = fails(shell, "z = 1\n%%grad --wrt w\n(w ** 2).sum()")
+    assert isinstance(error, UsageError)
+    assert one_line(error).startswith("%%grad --wrt w: a cell magic must be the first line of "
+                                      "its cell")
+    assert "z" not in ns(shell)  # nothing ran
 
 
 def test_has_aux_without_a_pair(shell):
@@ -502,7 +719,14 @@ def test_a_failed_cell_leaves_the_namespace_as_it_was(shell):
     fails(shell, "%%grad --wrt w --value\nnew_name = 1\n(w ** 2).sum() + undefined_name")
     fails(shell, "%%grad --wrt w --value\n(w ** 2)")  # non-scalar
     fails(shell, "%%vmap --over x w\nx @ w")          # batch sizes differ: an engine error
+    fails(shell, "%%grad --wtr w\n(w ** 2).sum()")    # a flag mistake
+    fails(shell, "%%vmap --over x\nh = x * y[0]\nif h.sum() > 0:\n    h = -h\nh")
+    fails(shell, "# a comment\n%%grad --wrt w\nloss = x @ w\nloss")
     assert ns(shell)["dw"] == "before"
+    assert not hasattr(ns(shell)["x"], "t_name") and not hasattr(ns(shell)["y"], "t_name")
+    assert "h" not in ns(shell) and "loss" not in ns(shell)
+    ok(shell, "%%grad --wrt w -q\n(w ** 2).sum()")   # and the next call works
+    assert_close(ns(shell)["dw"], 2 * ns(shell)["w"])
     assert "value" not in ns(shell) and "new_name" not in ns(shell)
     assert set(ns(shell)) - set(before) <= {"_", "__", "___", "_i", "_ii", "_iii"} | {
         k for k in ns(shell) if k.startswith("_i")}

@@ -19,8 +19,7 @@ from minifunctorch.core import (
     grad,
     label,
 )
-from minifunctorch.widgets import TapeStepper
-from minifunctorch.widgets import tape_view
+from minifunctorch.widgets import TapeStepper, tape_stepper, tape_view
 
 ROW = re.compile(r'<tr class="mft-row ([^"]*)" data-index="(\d+)">')
 GRAD_ROW = re.compile(r'<tr class="mft-grad-row[^"]*" data-name="([^"]*)">.*?'
@@ -230,8 +229,10 @@ def test_nested_grad_panels_step_together_and_separately():
     outer, inner = stepper.panels
     assert (outer.last, inner.last) == (6, 3)
     assert stepper.slider.max == 6 and stepper.together.value
-    assert "panel 1: Autograd tape (outermost)" in outer.view.value
+    assert "Autograd tape · outer" in outer.view.value
+    assert "Autograd tape · inner" in inner.view.value
     assert outer.controls.step_button.disabled and not stepper.step_button.disabled
+    assert visible_bars(stepper) == [stepper.controls]  # one bar while stepping together
 
     stepper.step_button.click()
     stepper.step_button.click()
@@ -243,6 +244,7 @@ def test_nested_grad_panels_step_together_and_separately():
 
     stepper.together.set_state({"value": False})
     assert stepper.step_button.disabled and not inner.controls.step_button.disabled
+    assert visible_bars(stepper) == [outer.controls, inner.controls]
     inner.controls.first_button.click()
     check_panel_at(inner, tapes[1], 0)
     check_panel_at(outer, tapes[0], 5)
@@ -254,7 +256,75 @@ def test_nested_grad_panels_step_together_and_separately():
     check_panel_at(outer, tapes[0], 5)
     check_panel_at(inner, tapes[1], 3)
     text = stepper.text()
-    assert text.count("final gradient map:") == 2 and "panel 2: Autograd tape" in text
+    assert text.count("final gradient map:") == 2 and "Autograd tape · inner" in text
+    assert visible_bars(stepper) == [stepper.controls]
+
+
+def visible_bars(stepper):
+    """The control bars shown (a hidden one has display none)."""
+    bars = [stepper.controls] + [panel.controls for panel in stepper.panels]
+    unique = list(dict.fromkeys(bars))
+    return [bar for bar in unique if bar.box.layout.display != "none"]
+
+
+def test_three_levels_are_labelled_outer_middle_inner():
+    with capture_tapes() as tapes:
+        grad(grad(grad(lambda x: (x.sin() * x).sum())))(torch.tensor(0.5))
+    titles = [panel.title for panel in TapeStepper(tapes).panels]
+    assert titles == ["Autograd tape · outer", "Autograd tape · middle", "Autograd tape · inner"]
+
+
+# --- layout: what keeps the stepper readable at 800 px and at 1400 px (tests/test_browser.py
+# checks it in a browser) -------------------------------------------------------------------------
+def test_panels_wrap_and_stack_below_their_minimum_width():
+    with capture_tapes() as tapes:
+        grad(grad(lambda x: (x.sin() * x).sum()))(torch.tensor(0.5))
+    stepper = TapeStepper(tapes)
+    (row,) = [child for child in stepper.children if "mft-panels" in child._dom_classes]
+    assert row.layout.flex_flow == "row wrap"
+    for panel in stepper.panels:
+        assert panel.layout.flex == f"1 1 {tape_stepper.PANEL_MIN_WIDTH}"
+        assert panel.layout.min_width == "0"
+
+
+def test_text_wraps_and_the_gradient_map_scrolls():
+    stepper, (tape,), _, _ = simple_stepper()
+    page = stepper.panels[0].view.value
+    assert "white-space: pre-wrap" in page and "overflow-wrap: anywhere" in page
+    assert "white-space: pre;" not in page
+    rows = re.search(r'<div class="mft-gradmap-rows"><table>.*?</table></div>', page)
+    assert rows and 'data-name="a"' not in rows.group(0)  # step 0: only the seed so far
+    style = re.search(r"\.mft-gradmap-rows \{([^}]*)\}", page).group(1)
+    assert "max-height" in style and "overflow-y: auto" in style
+    assert "column-reverse" in style  # starts scrolled to the newest rows
+
+
+def test_the_gradient_map_shows_the_latest_updates_last():
+    x = label(torch.tensor([0.5, 1.0]), "x")
+    with capture_tapes() as tapes:  # y = sin(x); z = x * y: x arrives before y, then again
+        grad(lambda x: (x * torch.sin(x)).sum())(x)
+    stepper = TapeStepper(tapes)
+    stepper.last_button.click()
+    page = stepper.panels[0].view.value
+    shown = [html.unescape(name) for name, _ in GRAD_ROW.findall(page)]
+    arrival = [row.name for row in tape_view.gradient_map_view(tapes[0]).rows]
+    assert arrival[-2:] == ["x", "v0"] and shown[-2:] == ["v0", "x"]  # x: updated at the end
+    assert "latest updates last" in page
+
+
+def test_legend_explains_the_row_marks():
+    stepper, _, _, _ = simple_stepper()
+    legend = stepper.children[0].value
+    for mark in ("▶ being propagated", "✓ done", "● seed", "off the path"):
+        assert mark in legend
+    for state in ("current", "done", "seed", "skipped"):
+        assert f'class="mft-{state}"' in legend
+
+
+def test_the_slider_has_a_line_of_its_own():
+    stepper, _, _, _ = simple_stepper()
+    assert stepper.slider.layout.flex == "1 1 100%"
+    assert stepper.controls.box.layout.flex_flow == "row wrap"
 
 
 # --- large tapes ---------------------------------------------------------------------------------

@@ -13,6 +13,24 @@ The buttons set the slider's value from Python. With several levels and "step to
 checked, the shared slider drives every panel's slider through a Python observer: a panel
 with fewer steps stops at its last one (a jslink cannot clamp to another slider's range).
 
+NOTE [A layout that fits]
+A stepper has to stay readable in a narrow notebook (800 px) as in a wide one, with two
+levels and a tape of tens of entries:
+- text wraps (``pre-wrap`` and ``overflow-wrap: anywhere``) instead of running past its
+  panel, so no panel is wider than its box; names, types and row numbers do not break;
+- the panels of several levels sit side by side in a wrapping flex row, each at least
+  ``PANEL_MIN_WIDTH`` wide: where two do not fit, they stack;
+- while the panels step together there is one control bar, the shared one; the panels' own
+  bars appear only when "step together" is off (and the shared one goes);
+- the gradient map is a bounded box that scrolls, so the controls above it stay in view
+  however many names it holds; its rows come in the order of their latest update and the box
+  starts scrolled to its end (a ``column-reverse`` flex box), so the names the current step
+  updated are in view; the tape shows a window of ``radius`` rows either side of
+  the current entry;
+- the step slider has a line of its own, the whole width of the bar, so that each step of a
+  30-entry tape keeps room to be picked;
+- a legend says what the row marks mean.
+
 NOTE [Escaping]
 Every name and value reaches the HTML through ``html.escape`` (``_e`` below), so a tensor
 labelled ``<b>x</b>`` shows as text. The only things read back from the front end are the
@@ -43,7 +61,13 @@ _STYLE = """<style>
 .mft-view .mft-title { font-weight: bold; margin-bottom: 2px; }
 .mft-view .mft-step { margin: 2px 0 4px 0; }
 .mft-view table { border-collapse: collapse; margin: 2px 0; }
-.mft-view td { padding: 1px 6px; white-space: pre; text-align: left; vertical-align: top; }
+.mft-view table { max-width: 100%; }
+.mft-view td { padding: 1px 6px; white-space: pre-wrap; overflow-wrap: anywhere;
+  text-align: left; vertical-align: top; }
+.mft-view td.mft-mark, .mft-view td.mft-index, .mft-view td.mft-name,
+.mft-view td.mft-type { white-space: nowrap; }
+.mft-view td.mft-sources { overflow-wrap: normal; }
+.mft-view .mft-step, .mft-view .mft-detail, .mft-view .mft-title { overflow-wrap: anywhere; }
 .mft-view .mft-row td.mft-index { color: var(--jp-content-font-color2, #666); }
 .mft-view .mft-current { background: var(--jp-warn-color3, #ffe9a8); font-weight: bold;
   outline: 1px solid var(--jp-warn-color1, #e0a000); }
@@ -56,14 +80,26 @@ _STYLE = """<style>
   padding: 2px 6px; margin: 4px 0; }
 .mft-view .mft-gradmap { border-top: 1px solid var(--jp-border-color2, #ccc);
   margin-top: 4px; padding-top: 2px; }
+.mft-view .mft-gradmap-rows { max-height: 15em; overflow-y: auto; display: flex;
+  flex-direction: column-reverse; }
 .mft-view .mft-updated { background: var(--jp-success-color3, #d9f2d9); }
 .mft-view .mft-fanin td.mft-sources { font-weight: bold; }
 </style>"""
 
 _ROW_MARK = {"current": "▶", "seed": "●", "done": "✓", "pending": " ", "skipped": " "}
 
+PANEL_MIN_WIDTH = "460px"  # NOTE [A layout that fits]: below two of these, panels stack
 
-def render_panel_html(tape, step: int, *, title: str = "", radius: int = 15,
+LEGEND_HTML = (
+    '<div class="mft-view mft-legend">'
+    '<span class="mft-current">▶ being propagated</span> · '
+    '<span class="mft-done">✓ done</span> · '
+    '<span class="mft-seed">● seed: the loss, dL/dL = 1</span> · '
+    '<span class="mft-skipped">grey italic: off the path (no gradient flows back through '
+    'it)</span></div>')
+
+
+def render_panel_html(tape, step: int, *, title: str = "", radius: int = 8,
                       max_names: int = 20, backward_pass: int = -1) -> str:
     """The HTML of one panel at ``step``: the step, the window of forward rows (the entry being
     propagated has class ``mft-current``), the cotangent and contributions, and the gradient map
@@ -122,9 +158,13 @@ def render_panel_html(tape, step: int, *, title: str = "", radius: int = 15,
 
         gradients = tape_view.gradient_map_view(tape, step, max_names, backward_pass)
         final = " (final)" if step == len(steps) - 1 else ""
-        parts.append(f'<div class="mft-gradmap"><div>gradient map after step {step}{final}:'
-                     '</div><table>')
-        for row in gradients.rows:
+        parts.append(f'<div class="mft-gradmap"><div>gradient map after step {step}{final}, '
+                     'latest updates last:</div><div class="mft-gradmap-rows"><table>')
+        # the box scrolls and starts at its end (NOTE [A layout that fits]): the names this
+        # step updated come last, so that they are the ones in view
+        step_of = {s.index: position for position, s in enumerate(steps)}
+        latest = [step_of.get(row.sources[-1], 0) for row in gradients.rows]
+        for _, row in sorted(zip(latest, gradients.rows), key=lambda pair: pair[0]):
             classes = "mft-grad-row" + (" mft-updated" if row.updated else "") + (
                 " mft-fanin" if row.fan_in else "")
             parts.append(f'<tr class="{classes}" data-name="{_e(row.name)}">'
@@ -132,7 +172,7 @@ def render_panel_html(tape, step: int, *, title: str = "", radius: int = 15,
                          f'<td class="mft-type">{_e(row.value_type)}</td>'
                          f'<td class="mft-value">{_e(row.preview)}</td>'
                          f'<td class="mft-sources">{_e(row.sources_text)}</td></tr>')
-        parts.append("</table>")
+        parts.append("</table></div>")
         if gradients.hidden:
             parts.append(f'<div class="mft-more">{_e(gradients.more_text)}</div>')
         parts.append("</div>")
@@ -162,7 +202,7 @@ class _Controls:
                                        layout=widgets.Layout(width="220px"))
         self.speed.add_class("mft-speed")
         self.slider = widgets.IntSlider(value=0, min=0, max=last, description="step",
-                                        layout=widgets.Layout(width="300px"))
+                                        layout=widgets.Layout(flex="1 1 100%", min_width="240px"))
         self.slider.add_class("mft-slider")
         self.links = [widgets.jslink((self.play, "value"), (self.slider, "value")),
                       widgets.jslink((self.speed, "value"), (self.play, "interval"))]
@@ -172,9 +212,13 @@ class _Controls:
         self.last_button.on_click(lambda _: self.go(self.slider.max))
         self.box = widgets.HBox([self.first_button, self.back_button, self.step_button,
                                  self.last_button, self.play, self.speed, self.slider],
-                                layout=widgets.Layout(flex_flow="row wrap"))
+                                layout=widgets.Layout(flex_flow="row wrap", width="100%"))
         self.box.add_class("mft-controls")
         self.set_disabled(last == 0)
+
+    def show(self, shown: bool) -> None:
+        """Show or hide the whole bar (NOTE [A layout that fits]: one bar at a time)."""
+        self.box.layout.display = None if shown else "none"
 
     def go(self, step: int) -> None:
         self.slider.value = max(self.slider.min, min(self.slider.max, int(step)))
@@ -198,7 +242,7 @@ class TapePanel(widgets.VBox):
     1
     """
 
-    def __init__(self, tape, *, title: str = "", radius: int = 15, max_names: int = 20,
+    def __init__(self, tape, *, title: str = "", radius: int = 8, max_names: int = 20,
                  backward_pass: int = -1, side_by_side: bool = False):
         self.tape = tape
         self.title = title
@@ -209,10 +253,11 @@ class TapePanel(widgets.VBox):
         self.controls = _Controls(self.last)
         self.view = widgets.HTML()
         self.view.add_class("mft-panel-view")
-        # side by side in the stepper's HBox, panels share its width (flex along the row)
+        # side by side in the stepper's wrapping row, panels share its width; where two
+        # would be narrower than PANEL_MIN_WIDTH they stack (NOTE [A layout that fits])
         super().__init__([self.controls.box, self.view],
-                         layout=widgets.Layout(flex="1 1 0px", min_width="0", height="auto",
-                                               overflow="auto", padding="0 6px")
+                         layout=widgets.Layout(flex=f"1 1 {PANEL_MIN_WIDTH}", min_width="0",
+                                               padding="0 6px", margin="0 0 8px 0")
                          if side_by_side else widgets.Layout(padding="0 6px"))
         self.add_class("mft-panel")
         self.controls.slider.observe(self._on_step, names="value")
@@ -294,7 +339,7 @@ class TapeStepper(widgets.VBox):
     the gradient-map preview, ``backward_pass`` which pass of each tape (the last by default).
     """
 
-    def __init__(self, tape_or_tapes, *, radius: int = 15, max_names: int = 20,
+    def __init__(self, tape_or_tapes, *, radius: int = 8, max_names: int = 20,
                  backward_pass: int = -1):
         tapes = _tapes_from(tape_or_tapes)
         if not isinstance(radius, int) or radius < 0:
@@ -322,10 +367,11 @@ class TapeStepper(widgets.VBox):
                       side_by_side=several)
             for position, tape in enumerate(tapes)
         ]
+        legend = widgets.HTML(_STYLE + LEGEND_HTML)
         if not several:
             self.controls = self.panels[0].controls
             self.together = None
-            super().__init__([self.panels[0]])
+            super().__init__([legend, self.panels[0]])
         else:
             self.controls = _Controls(max(panel.last for panel in self.panels))
             self.controls.box.add_class("mft-shared-controls")
@@ -334,17 +380,21 @@ class TapeStepper(widgets.VBox):
             self.together.add_class("mft-together")
             self.controls.slider.observe(self._on_shared_step, names="value")
             self.together.observe(self._on_together, names="value")
-            shared = widgets.HBox([self.controls.box, self.together])
-            panels = widgets.HBox(self.panels, layout=widgets.Layout(width="100%"))
+            panels = widgets.HBox(self.panels, layout=widgets.Layout(width="100%",
+                                                                     flex_flow="row wrap"))
             panels.add_class("mft-panels")
-            super().__init__([shared, panels])
+            super().__init__([legend, self.together, self.controls.box, panels])
             self._apply_together(True)
         self.add_class("mft-stepper")
 
-    @staticmethod
-    def _title(position, tape):
-        where = " (outermost)" if position == 0 else ""
-        return f"panel {position + 1}: {tape.level_name} tape{where}"
+    def _title(self, position, tape):
+        """``Autograd1 tape · outer``: the tapes come outermost first (capture_tapes' order).
+        The convention of the course: levels are numbered up from Torch (level 0), so an outer
+        transform has a lower level number than the ones nested inside it."""
+        count = len(self.tapes)
+        where = "outer" if position == 0 else "inner" if position == count - 1 else (
+            f"middle {position} of {count - 2}" if count > 3 else "middle")
+        return f"{tape.level_name} tape · {where}"
 
     # --- the shared controls (several levels) ---------------------------------------------------
     def _on_shared_step(self, change) -> None:
@@ -356,9 +406,13 @@ class TapeStepper(widgets.VBox):
         self._apply_together(bool(change["new"]))
 
     def _apply_together(self, together: bool) -> None:
+        """One control bar at a time (NOTE [A layout that fits]): the shared one while the
+        panels step together, each panel's own otherwise."""
         self.controls.set_disabled(not together)
+        self.controls.show(together)
         for panel in self.panels:
             panel.controls.set_disabled(together or panel.last == 0)
+            panel.controls.show(not together)
             if together:
                 panel.controls.go(self.controls.slider.value)
 

@@ -1,12 +1,12 @@
-"""Generate notebooks/02_interpreters.ipynb (Chapter 2 · interpreters)."""
-from nbcells import code, md, write
+"""Generate notebooks/03_interpreters.ipynb (Chapter 3 · interpreters)."""
+from nbcells import SOLUTION_HEADING, code, md, solution, write
 
 cells = [
 md("""
-# Chapter 2 · Interpreters: primitives, `bind`, and a stack of levels
+# Chapter 3 · Interpreters: primitives, `bind`, and a stack of levels
 
-Chapter 1 drove the levels by hand. This chapter looks at the same machine from the inside, the
-way JAX's *Autodidax* tutorial presents JAX: a numerical function is a sequence of
+Chapters [1](01_dispatchers.ipynb) and [2](02_levels.ipynb) drove the levels by hand. This
+chapter looks at the same machine from the inside, the way JAX's *Autodidax* tutorial presents JAX: a numerical function is a sequence of
 **primitive** applications, and to *transform* a function is to *interpret* each application
 differently. Evaluating computes numbers; forward-mode differentiation carries a tangent along
 with every value; batching carries a batch of values. Several interpretations can run at once,
@@ -20,6 +20,9 @@ under `vmap` · Exercise
 Every number is compared with `torch.func`.
 """),
 code("""
+%load_ext minifunctorch.magics
+# (the extension also shortens the engine's errors to the call, your line and the fix)
+
 import inspect
 import textwrap
 
@@ -368,11 +371,12 @@ Under `vmap`, `x < 1` holds one boolean per example, here `[True, False]`. A Pyt
 single answer, and there is none, so minifunctorch stops with a `BatchedControlFlowError` that
 says so and suggests the fix, rather than silently picking a branch for the whole batch.
 (`torch.func.vmap` refuses too, with its own message.)
+
+The next cell fails on purpose: under `vmap`, `x < 1` inside `g` is a batch of booleans, one per
+example, and Python's `if` cannot follow two branches at once. The error names the call, the
+line of `g` that asked, and the fix.
 """),
 code("""
-# NBVAL_RAISES_EXCEPTION
-# This cell fails on purpose: under vmap, `x < 1` inside g is a batch of booleans, one per
-# example, and Python's `if` cannot follow two branches at once.
 vmap(g)(torch.tensor([0.5, 3.0]))
 """, tags=["raises-exception"]),
 md("""
@@ -404,7 +408,7 @@ md("""
 
 ---
 
-## Exercise: forward-mode and batching rules for `cumsum`
+## Exercise · Forward-mode and batching rules for `cumsum`
 
 `torch.cumsum(x, dim)` computes running totals along `dim`. The engine has its own cumsum
 primitive (in `core/structural.py`); here we build one from scratch. The cell below creates
@@ -467,12 +471,8 @@ display(check_against(vmap(lambda x: cumsum(x, 0), in_dims=1),
                       torch.randn(4, 3), what="vmap of cumsum with in_dims=1",
                       hint="the batch dim is at bdim=1: an example's dim 0 is still dim 0"))
 """),
-md("""
-### Solution
-
-Try the exercise before reading on.
-"""),
-code("""
+md(SOLUTION_HEADING),
+solution("""
 # Solution. The jvp rule: cumsum is linear, so the tangent goes through the same cumsum.
 def cumsum_jvp(primals, tangents, *, dim):
     (x,), (x_dot,) = primals, tangents
@@ -503,4 +503,4 @@ display(check_against(jacfwd(lambda x: cumsum(x, 0)), torch.func.jacfwd(lambda x
 """),
 ]
 
-write(cells, "02_interpreters.ipynb")
+write(cells, "03_interpreters.ipynb")

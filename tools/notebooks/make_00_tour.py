@@ -8,8 +8,8 @@ def md(text):
     cells.append(md_cell(text))
 
 
-def code(text):
-    cells.append(code_cell(text))
+def code(text, tags=None):
+    cells.append(code_cell(text, tags))
 
 
 md(r"""
@@ -19,19 +19,20 @@ md(r"""
 function and it hands back another one: the gradient, the Jacobian, the same function run on a
 whole batch, or the program the function computes. Its API is torch.func's, and it is made to
 be read: each transform is one level in a stack of interpreters, and the chapters take that
-stack apart piece by piece ([1 · dispatchers](01_dispatchers.ipynb),
-[2 · interpreters](02_interpreters.ipynb), [3 · programs](03_programs.ipynb),
-[4 · source to source](04_source_to_source.ipynb),
-[5 · differentiators](05_differentiators.ipynb), [6 · whirlwind](06_whirlwind.ipynb)).
+stack apart piece by piece ([1 · dispatchers](01_dispatchers.ipynb), [2 · levels](02_levels.ipynb),
+[3 · interpreters](03_interpreters.ipynb), [4 · programs](04_programs.ipynb),
+[5 · source to source](05_source_to_source.ipynb),
+[6 · differentiators](06_differentiators.ipynb), [7 · whirlwind](07_whirlwind.ipynb)).
 
 This tour only drives it. Each transform is one *magic* line on top of an ordinary cell, and
 after each result a plain cell checks the numbers against `torch.func`.
 
-## Set-up: the magics and some data
+## 1 · Set-up: the magics and some data
 
 `%load_ext minifunctorch.magics` registers the cell magics `%%grad`, `%%vmap`, `%%jvp`,
 `%%jacobian`, `%%hessian` and `%%trace`, and the line magic `%tape`. Add a `?` to any of them
-(`%%grad?`) to list its flags.
+(`%%grad?`) to list its flags. A cell magic is the **first line of its cell**: a comment or a
+blank line may sit above it, code may not (the magic then says so).
 
 The running example is a least-squares fit: five examples `x` of three features each, their
 targets `y`, and weights `w`. `mse` is the same loss written as a plain function, for the
@@ -57,7 +58,7 @@ def mse(w, x, y):
 """)
 
 md(r"""
-## `%%grad`: a cell becomes a function, and you get its gradient
+## 2 · `%%grad`: a cell becomes a function, and you get its gradient
 
 With `%%grad --wrt x w` on top, the cell becomes the body of a function of `x` and `w`, and its
 last expression, a scalar, is what gets differentiated. Every other name (here `y`) is read
@@ -89,7 +90,7 @@ torch.testing.assert_close(dw, ref_dw)
 """)
 
 md(r"""
-## `%%vmap`: write it for one example, run it on the batch
+## 3 · `%%vmap`: write it for one example, run it on the batch
 
 With `%%vmap --over x y` on top, `x` and `y` stand for **one** example inside the cell: a row
 of three features and its target. The results come back stacked along a new first dimension,
@@ -105,7 +106,7 @@ torch.testing.assert_close(out, torch.func.vmap(lambda x, y: x @ w - y)(x, y))
 """)
 
 md(r"""
-## Stacking magics: per-sample gradients
+## 4 · Stacking magics: per-sample gradients
 
 Magics stacked at the top of a cell compose like nested calls, the first line outermost. Below,
 the cell is the loss of a single example, `%%grad` differentiates it with respect to `w`, and
@@ -124,7 +125,7 @@ torch.testing.assert_close(dw.mean(dim=0), ref_dw)  # averaged, they give the ba
 """)
 
 md(r"""
-## `%%jacobian` and `%%hessian`
+## 5 · `%%jacobian` and `%%hessian`
 
 For a vector output, `%%jacobian` gives the whole matrix of partial derivatives, bound as
 `jac_w`, of shape `(*output shape, *w.shape)`, here `(5, 3)`. `--mode rev` (the default) uses
@@ -160,7 +161,7 @@ torch.testing.assert_close(hess_w, 2 * x.T @ x / 5)
 """)
 
 md(r"""
-## `%%jvp`: one direction, one forward pass
+## 6 · `%%jvp`: one direction, one forward pass
 
 `%%jvp --wrt w --tangent t` pushes the direction `t` through the function along with `w`. It
 binds the output as `out` and the Jacobian times `t` as `out_dot`, without ever building the
@@ -178,18 +179,19 @@ torch.testing.assert_close(out_dot, jac_w[:, 1])
 """)
 
 md(r"""
-## `%%trace`: the program behind a stack
+## 7 · `%%trace`: the program behind a stack
 
 Put `%%trace` on top of a stack and you get, instead of numbers, the program the stack runs.
 Here it is the gradient of our loss. The first line lists the program's constants, then its
-input after the `;`: `b` and `c` are `x` and `y`, read from the notebook, and `a` is `w`.
-Then come the forward equations (`d` to `g`), the seed `h`, which is `dL/dL = 1`, and the
-backward equations, down to the gradient `m`, a vector-matrix product with `x`. None of them
-works out a contribution for `x` or `y`: those are constants, and the backward rules skip what
-nobody asked for. `--fx` adds the same program as Python source (a `torch.fx` module).
+input after the `;`. They keep their notebook names: `x` and `y` are constants, read from the
+notebook, and `w` is the input. The values the program computes are named `a`, `b`, ...: the
+forward equations (`a` to `d`), the seed `e`, which is `dL/dL = 1`, and the backward
+equations, down to the gradient `j`, a vector-matrix product with `x`. None of them works out
+a contribution for `x` or `y`: those are constants, and the backward rules skip what nobody
+asked for. `--fx` adds the same program as Python source (a `torch.fx` module).
 
 `--split`, in the cell after, shows reverse mode as **two** programs. The forward one returns
-the loss `g` and what the backward one will need: `e`, the residuals `x @ w - y`. The backward
+the loss `d` and what the backward one will need: `b`, the residuals `x @ w - y`. The backward
 one takes that saved value (its `a`) and the loss's cotangent (its `b`), and returns the
 gradient. `--inputs w` names the program's input, since there is no magic below to list it.
 """)
@@ -205,7 +207,7 @@ code(r"""
 """)
 
 md(r"""
-## The tape stepper
+## 8 · The tape stepper
 
 Reverse mode records a **tape** of the operations as they run, then walks it backwards. Add
 `--tape` to `%%grad` and you can watch that walk. A tiny example keeps every step on screen:
@@ -216,7 +218,9 @@ b = torch.tensor([3.0, 4.0])
 """)
 code(r"""
 %%grad --wrt a b --tape
-((a + b) * b).sum()
+s = a + b
+loss = (s * b).sum()
+loss
 """)
 code(r"""
 ref_da, ref_db = torch.func.grad(lambda a, b: ((a + b) * b).sum(), argnums=(0, 1))(a, b)
@@ -226,13 +230,15 @@ torch.testing.assert_close(db, a + 2 * b)  # b is used twice: its two contributi
 """)
 
 md(r"""
-**What you see when you step.** The tape has three entries, `v0 = add a b`, `v1 = mul v0 b`
-and the loss `v2 = sum v1` (values without a notebook name get made-up names `v0`, `v1`, ...).
-The *first*, *back*, *step* and *last* buttons, *play* and the slider move through the
-backward pass.
+**What you see when you step.** The tape has three entries, `s = add a b`, `v1 = mul s b`
+and `loss = sum v1`. Values keep the names the notebook gave them: the inputs `a` and `b`, any
+notebook tensor the cell reads, and the cell's own variables `s` and `loss`; a value that no
+variable holds gets a made-up name (`v1`). The *first*, *back*, *step* and *last* buttons,
+*play* and the slider move through the backward pass, and the legend above the tape says what
+its marks mean.
 
-- **Step 0 is the seed**: `dv2/dv2 = 1`, the gradient of the loss with respect to itself, our
-  `dL/dL = 1`.
+- **Step 0 is the seed**: `dloss/dloss = 1`, the gradient of the loss with respect to itself,
+  our `dL/dL = 1`.
 - **Each later step handles one entry**, from the last one back to the first. That entry is
   highlighted in the list (▶), and the ones already handled are ticked (✓).
 - Under the list, **incoming** is the cotangent that has reached the entry's output (the
@@ -251,21 +257,39 @@ code(r"""
 """)
 
 md(r"""
+## 9 · When something is wrong
+
+A mistake in a magic's flags is one line that names the magic as you wrote it and the fix:
+`%%grad --wtr w` answers `unknown flag --wtr; did you mean --wrt?`. When the engine refuses
+the cell itself, the error names the magic, says what went wrong and how to fix it, and points
+at your line. The next cell fails on purpose: `%%grad` needs a scalar, and `x @ w - y` is one
+residual per example.
+""")
+code(r"""
+%%grad --wrt w
+x @ w - y
+""", tags=["raises-exception"])
+md(r"""
+The same short form applies to the engine's errors anywhere in a notebook that has loaded the
+extension; `%xmode verbose` shows every frame instead, the engine's included.
+
 ## Where next
 
 Each chapter opens up one part of what you just used:
 
 1. [Dispatchers](01_dispatchers.ipynb): transforms as a stack of interpreter levels, tapes,
-   second derivatives two ways, per-sample gradients, `custom_vjp`.
-2. [Interpreters](02_interpreters.ipynb): primitives and `bind`, the interpreter stack, `jvp`,
+   second derivatives two ways, per-sample gradients.
+2. [Levels](02_levels.ipynb): `custom_vjp`, values moving between levels, the tensors that
+   let ordinary PyTorch code run under transforms, and nested derivatives kept apart.
+3. [Interpreters](03_interpreters.ipynb): primitives and `bind`, the interpreter stack, `jvp`,
    `vmap`, `jacfwd`, and Python control flow.
-3. [Programs](03_programs.ipynb): functions traced to programs, printed, typechecked,
+4. [Programs](04_programs.ipynb): functions traced to programs, printed, typechecked,
    simplified by passes, and compiled by `jit` (what `%%trace` shows).
-4. [Source to source](04_source_to_source.ipynb): reverse mode as a program transformation,
+5. [Source to source](05_source_to_source.ipynb): reverse mode as a program transformation,
    and export to FX (what `--split` and `--fx` show).
-5. [Differentiators](05_differentiators.ipynb): gradient formulas as closures over a saved
+6. [Differentiators](06_differentiators.ipynb): gradient formulas as closures over a saved
    context (where the stepper's contributions come from).
-6. [Whirlwind](06_whirlwind.ipynb): the torch.func-style API that the magics call, checked
+7. [Whirlwind](07_whirlwind.ipynb): the torch.func-style API that the magics call, checked
    against `torch.func` in every cell.
 """)
 

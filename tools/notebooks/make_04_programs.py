@@ -1,9 +1,9 @@
-"""Generate notebooks/03_programs.ipynb (Chapter 3 · programs)."""
-from nbcells import code, md, write
+"""Generate notebooks/04_programs.ipynb (Chapter 4 · programs)."""
+from nbcells import SOLUTION_HEADING, code, md, solution, solution_md, write
 
 cells = [
     md(r"""
-    # Chapter 3. Programs: a function turned into data
+    # Chapter 4 · Programs: a function turned into data
 
     So far every transform did its work *while the function ran*. Each torch call travelled
     down the stack of levels, each level handled it on the spot, and once the answer came
@@ -12,7 +12,7 @@ cells = [
 
     * **`jit`** wants to run a function many times without paying for Python and for the
       dispatcher on every call;
-    * **source-to-source reverse mode** (Chapter 4) wants a backward pass that we can print,
+    * **source-to-source reverse mode** (Chapter 5) wants a backward pass that we can print,
       read, simplify and export.
 
     Both need the computation itself as a value we can inspect: a **program**. The programs
@@ -33,6 +33,9 @@ cells = [
     It ends with an exercise: a pass of your own.
     """),
     code(r"""
+    %load_ext minifunctorch.magics
+    # (the extension also shortens the engine's errors to the call, your line and the fix)
+
     import torch
     from torch.testing import assert_close
 
@@ -45,7 +48,7 @@ cells = [
     torch.set_printoptions(precision=4)
     """),
     md(r"""
-    ## 1. Tracing: running a function on values that have no numbers
+    ## 1 · Tracing: running a function on values that have no numbers
 
     `trace(f)` returns a new function. Calling it with example arguments runs `f` exactly
     once, with a **Tracing** level on top of the stack. Instead of the real tensors, `f`
@@ -126,7 +129,7 @@ cells = [
     print(branchless)
     """),
     md(r"""
-    ## 2. The data behind the text
+    ## 2 · The data behind the text
 
     The printed form is only a view. A `Program` holds four lists:
 
@@ -173,7 +176,7 @@ cells = [
     print(constant_var.type, constant_value is W)
     """),
     md(r"""
-    ## 3. Typechecking
+    ## 3 · Typechecking
 
     `program.typecheck()` walks the equations in order and checks two things for each one:
     every variable it uses has been defined before, and the type it declares is the type
@@ -186,7 +189,9 @@ cells = [
 
     Our programs so far pass. To watch the checker fail, we corrupt a program. Programs are
     never changed in place: `program.replace(...)` makes a copy with some parts swapped. Our
-    copy claims that multiplying two `f32[3]` vectors gives an `f32[4]` result.
+    copy claims that multiplying two `f32[3]` vectors gives an `f32[4]` result. The cell after
+    it fails on purpose: equation 1 declares `d:f32[4] = mul c b`, but the shape rule of `mul`
+    derives `f32[3]` from two `f32[3]` operands, so `typecheck` raises a `TypecheckError`.
     """),
     code(r"""
     program.typecheck()
@@ -204,13 +209,10 @@ cells = [
     print(corrupted)
     """),
     code(r"""
-    # NBVAL_RAISES_EXCEPTION
-    # This cell fails on purpose: equation 1 declares `d:f32[4] = mul c b`, but the shape rule
-    # of mul derives f32[3] from two f32[3] operands, so typecheck raises TypecheckError.
     corrupted.typecheck()
     """, tags=["raises-exception"]),
     md(r"""
-    ## 4. Evaluating a program
+    ## 4 · Evaluating a program
 
     Calling `program(*args)` interprets it: it binds the inputs and constants, then runs
     each equation with `bind(prim, *operands, **params)`, and returns the outputs in the
@@ -242,7 +244,7 @@ cells = [
     print(str(trace(program)(x, y)) == str(program))   # tracing a program gives it back
     """),
     md(r"""
-    ## 5. Tracing composes with transforms
+    ## 5 · Tracing composes with transforms
 
     The Tracing level is a level like the others, so it can sit *under* a transform. In
     `trace(grad(f))(x, y)` the stack is an Autograd level on top of the Tracing level. The
@@ -297,7 +299,7 @@ cells = [
       be simple, not to cooperate: `sin a` and `cos a` are each computed twice, and several
       results are never used. Cleaning this up is the job of passes.
 
-    ## 6. Simplification passes
+    ## 6 · Simplification passes
 
     A pass is a function from a program to a new program. minifunctorch has four, each a
     few dozen lines in `core/passes.py`:
@@ -386,7 +388,7 @@ cells = [
     `k = mul j c` gives back `j`, but no pass looks inside a constant. The exercise at the
     end asks you to remove it.
 
-    ## 7. Generated code and `jit`
+    ## 7 · Generated code and `jit`
 
     Interpreting a program equation by equation still costs a Python loop and a `bind` per
     equation. `program.python_source()` writes the program out as straight-line Python
@@ -448,7 +450,7 @@ cells = [
 
     Next chapter: reverse mode done entirely on programs, exported to `torch.fx`.
 
-    ## Exercise: a pass that removes `mul v ones`
+    ## Exercise · A pass that removes `mul v ones`
 
     The simplified Hessian program above still multiplies by ones: its constant `c` holds
     only ones, and `k = mul j c` gives back `j`. Write a pass `remove_mul_by_ones(program)`
@@ -521,14 +523,13 @@ cells = [
                   hint="map each dropped `out` to its `v` in a dict, and resolve every operand "
                        "and every output through that dict")
     """),
-    md(r"""
-    ### A solution
-
+    md(SOLUTION_HEADING),
+    solution_md(r"""
     First the constants that hold only ones, then one loop over the equations. Operands are
     resolved first, so that a chain such as `d = mul b c; e = mul d c` collapses all the way
     to `b`.
     """),
-    code(r"""
+    solution(r"""
     def remove_mul_by_ones(program):
         ones = {var for var, value in program.constants if bool((value == 1).all())}
         replacement = {}   # dropped variable -> the variable that replaces it
@@ -569,4 +570,4 @@ cells = [
 
 ]
 
-write(cells, "03_programs.ipynb")
+write(cells, "04_programs.ipynb")

@@ -1,12 +1,14 @@
-"""Generate notebooks/06_whirlwind.ipynb (Chapter 6 · whirlwind tour)."""
-from nbcells import build
+"""Generate notebooks/07_whirlwind.ipynb (Chapter 7 · whirlwind tour)."""
+from nbcells import SOLUTION_HEADING, build
 
 cells = []
 md = lambda s: cells.append(("md", s))
 code = lambda s: cells.append(("code", s))
+solution = lambda s: cells.append(("solution", s))
+solution_md = lambda s: cells.append(("solution-md", s))
 
 md("""
-# Chapter 6 · A whirlwind tour of the transforms
+# Chapter 7 · A whirlwind tour of the transforms
 
 A **function transform** takes a Python function and returns a new function that computes
 something else about it: its gradient, its Jacobian, or its value on a whole batch at once.
@@ -37,7 +39,7 @@ torch.set_printoptions(precision=4)
 """)
 
 md("""
-## `grad`: the gradient
+## 1 · `grad`: the gradient
 
 `grad(f)` returns a function that computes the gradient of `f` with respect to its first
 argument. `f` must return a scalar (a 0-dim tensor), the way a loss does. Our example is the
@@ -56,7 +58,7 @@ ours
 """)
 
 md("""
-## Transforms compose: `grad` of `grad`
+## 2 · Transforms compose: `grad` of `grad`
 
 What `grad` returns is an ordinary function, so it can be transformed again. Two `grad`s give
 the second derivative, `6x`, and three the third, the constant `6`:
@@ -72,7 +74,7 @@ second, third
 """)
 
 md("""
-## `vmap`: write it for one example, run it on a batch
+## 3 · `vmap`: write it for one example, run it on a batch
 
 `vmap(f)` maps `f` over a batch dimension (dim 0 by default) of its inputs. You write `f` for a
 **single** example; `vmap(f)` takes a batch and returns the stacked results, as a loop would,
@@ -111,7 +113,7 @@ ours
 """)
 
 md("""
-## Per-sample gradients: `vmap(grad(loss))`
+## 4 · Per-sample gradients: `vmap(grad(loss))`
 
 Composing the two gives what `loss.backward()` cannot: the gradient of the loss **for each
 example separately**. Differential privacy needs it (each example's gradient is clipped before
@@ -170,7 +172,7 @@ print("the mean of the per-sample gradients is the batch gradient")
 """)
 
 md("""
-## `vjp`: reverse mode with your own cotangent
+## 5 · `vjp`: reverse mode with your own cotangent
 
 `vjp(f, *primals)` runs `f` once and returns its output and a function `vjp_fn`. Given a
 cotangent `v` shaped like the output, `vjp_fn(v)` returns the vector-Jacobian product `vᵀJ`,
@@ -193,7 +195,7 @@ vjp_fn(cotangent)
 """)
 
 md("""
-## `jvp`: forward mode
+## 6 · `jvp`: forward mode
 
 `jvp(f, primals, tangents)` returns `f(*primals)` together with the Jacobian-vector product
 `J·t`: how fast the outputs change when the inputs move along the tangents. Both come out of
@@ -217,7 +219,7 @@ ours
 """)
 
 md("""
-## Jacobians: `jacrev` and `jacfwd`
+## 7 · Jacobians: `jacrev` and `jacfwd`
 
 `jacrev(f)(x)` builds the full Jacobian by reverse mode: one vjp per output element, all run
 together by `vmap` over the rows of an identity matrix. `jacfwd(f)(x)` builds the same matrix
@@ -254,7 +256,7 @@ by_rev
 """)
 
 md("""
-## Batched Jacobians: `vmap(jacrev(f))`
+## 8 · Batched Jacobians: `vmap(jacrev(f))`
 
 One Jacobian per example of a batch, without a loop: `vmap` of a Jacobian transform. For the
 network on our 6 examples that is 6 matrices of shape `(3, 4)`; for the softmax on 10 vectors,
@@ -272,7 +274,7 @@ print(tuple(ours_model.shape), tuple(ours_softmax.shape))
 """)
 
 md("""
-## Hessians
+## 9 · Hessians
 
 The Hessian is the Jacobian of the gradient, so any two Jacobian transforms stacked give it:
 `jacrev(jacrev(f))`, or `jacfwd(jacrev(f))`, forward over reverse. For a scalar `f` the inner
@@ -300,7 +302,7 @@ ours
 """)
 
 md("""
-## Swapping libraries
+## 10 · Swapping libraries
 
 Since the names and signatures match, moving code between torch.func and minifunctorch is a
 one-line change: write it against a module name, and choose what that name means,
@@ -351,7 +353,7 @@ Each one returns an ordinary function, so they stack: `grad(grad(f))`, `vmap(gra
 """)
 
 md("""
-## Exercise: per-sample gradient norms
+## Exercise · Per-sample gradient norms
 
 Differentially private training clips each example's gradient to a maximum norm before
 averaging. For that it needs, for every example `i`, the norm of its gradient taken over *all*
@@ -393,16 +395,16 @@ check_against(per_sample_grad_norms, norms_by_loop, params, xs, targets,
                    "over the parameters, and take the square root.")
 """)
 
-md("""
-### Solution
+md(SOLUTION_HEADING)
 
+solution_md("""
 `vmap(grad(loss))` gives one gradient per example for each parameter. Flattening each to
 `(6, -1)` puts every example's numbers in one row, so summing the squares along dim 1 and then
 across the parameters gives each example's squared norm. No loop over examples: the batch
 dimension is carried through by `vmap`.
 """)
 
-code("""
+solution("""
 def per_sample_grad_norms(params, xs, targets):
     per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, xs, targets)
     squared = sum(g.flatten(1).pow(2).sum(1) for g in per_sample.values())
@@ -417,4 +419,4 @@ check_against(per_sample_grad_norms, norms_by_loop, params, xs, targets,
                    "over the parameters, and take the square root.")
 """)
 
-build(cells, "06_whirlwind.ipynb", "ch06")
+build(cells, "07_whirlwind.ipynb", "ch07")

@@ -1,12 +1,14 @@
-"""Generate notebooks/05_differentiators.ipynb (Chapter 5 · differentiators)."""
-from nbcells import build
+"""Generate notebooks/06_differentiators.ipynb (Chapter 6 · differentiators)."""
+from nbcells import SOLUTION_HEADING, build
 
 cells = []
 md = lambda s: cells.append(("md", s))
 code = lambda s: cells.append(("code", s))
+solution = lambda s: cells.append(("solution", s))
+solution_md = lambda s: cells.append(("solution-md", s))
 
 md("""
-# Chapter 5 · Differentiators: gradient formulas as closures
+# Chapter 6 · Differentiators: gradient formulas as closures
 
 Every primitive in minifunctorch knows how to differentiate itself through one small Python
 function, its **vjp rule**. This chapter is about the shape of that function.
@@ -247,7 +249,7 @@ in two. The forward half returns the output **and** a tuple of what the closure 
 backward half is a function of that tuple and of the output's cotangent. What was implicit in
 the closure becomes an explicit value handed from one half to the other.
 
-`split_vjp(f)(*example_args)`, which Chapter 4 met briefly, does this for a whole function.
+`split_vjp(f)(*example_args)`, which Chapter 5 met briefly, does this for a whole function.
 It traces `f` under an Autograd level, collects the values that the recorded backward
 closures captured, and returns two programs, `fwd` and `bwd`:
 """)
@@ -417,13 +419,13 @@ the choice is easy to see: the saved context is exactly what the closure names.
 - What a rule saves is a trade-off between memory (keeping tensors alive) and compute
   (rebuilding them in the backward); `custom_vjp` lets you make that choice yourself.
 
-After the exercise below, Chapter 6 steps back to the user's view: the whole torch.func API,
+After the exercise below, Chapter 7 steps back to the user's view: the whole torch.func API,
 each transform checked against `torch.func`.
 """)
 
 
 md("""
-## Exercise: the differentiator of `hypot`
+## Exercise · The differentiator of `hypot`
 
 `torch.hypot(x, y)` computes `sqrt(x**2 + y**2)` element by element, and broadcasts its two
 arguments against each other. With `out = hypot(x, y)`, its partial derivatives are `x / out`
@@ -479,9 +481,9 @@ code("""
 check_primitive(hypot_p, torch.hypot, hx, hy)
 """)
 
-md("""
-### Solution
+md(SOLUTION_HEADING)
 
+solution_md("""
 The backward needs `x`, `y` and `out`. Keeping `out` costs nothing, since it is the result and
 exists anyway; recomputing it would cost a square root. The raw products `ct * x / out` and
 `ct * y / out` have the broadcast shape `(3, 4)`, so `sum_to_size` brings `y`'s back to
@@ -493,7 +495,7 @@ Once it passes, your rule is a differentiator like the built-in ones: try
 produces.
 """)
 
-code("""
+solution("""
 def hypot_vjp(x, y):
     out = bind(hypot_p, x, y)
 
@@ -511,4 +513,4 @@ code("""
 check_primitive(hypot_p, torch.hypot, hx, hy)
 """)
 
-build(cells, "05_differentiators.ipynb", "ch05")
+build(cells, "06_differentiators.ipynb", "ch06")

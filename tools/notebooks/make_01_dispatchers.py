@@ -1,5 +1,5 @@
 """Generate notebooks/01_dispatchers.ipynb (Chapter 1 · dispatchers)."""
-from nbcells import code, md, write
+from nbcells import SOLUTION_HEADING, code, md, solution, write
 
 cells = [
 md("""
@@ -13,14 +13,19 @@ batch at once. minifunctorch calls these interpreters **dispatchers** (or **leve
 you stack them, each one doing its own job and passing the real work to the one below.
 
 This chapter drives the dispatchers *by hand*, calling `d.mul(a, b)` on an explicit object, so
-that nothing is hidden. Only near the end do we meet the tensor class that lets ordinary
-PyTorch code (`torch.sin(x)`, `x * y`) run under `grad` and `vmap`.
+that nothing is hidden. [Chapter 2](02_levels.ipynb) then follows values from level to level,
+and meets the tensor class that lets ordinary PyTorch code (`torch.sin(x)`, `x * y`) run under
+`grad` and `vmap`.
 
 **Contents.** 1 · Torch and Logger · 2 · Autograd records a tape · 3 · The tape is data ·
 4 · Where backward ops go · 5 · Second derivatives with one shared tape · 6 · Second
-derivatives with two levels · 7 · Per-sample gradients · 8 · `custom_vjp` · 9 · Lifting and
-lowering · 10 · Values as real tensors · 11 · Perturbation confusion · Exercise · Appendix:
-the two doors
+derivatives with two levels · 7 · Per-sample gradients · Exercise
+
+**Levels: numbers, outer and inner.** Levels are numbered up from `Torch`, which is level 0: a
+level built on level *k* is level *k + 1*. A transform applied *outside* another one is built
+first, so it gets the **lower** number: in `grad(grad(f))` the outer `grad` is level 1 and the
+inner one level 2. The course calls them *outer* and *inner*, and the tape stepper labels its
+panels that way, outer first.
 
 Every number we compute is compared with `torch.func`.
 """),
@@ -29,8 +34,7 @@ import torch
 import torch.nn.functional as F
 import torch.func
 
-from minifunctorch.core import (Autograd, Batched, FuncTensor, Logger, Torch, Value, custom_vjp,
-                                grad, label, reset_names, vmap)
+from minifunctorch.core import Autograd, Batched, Logger, Torch, grad, label, reset_names, vmap
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4)
@@ -70,7 +74,7 @@ md("""
 Each printed line reads *result : shape = expression*. What we get back is a tensor, but not
 a plain one: it shows a `LoggedValue`, a value that **belongs to level 1**, and whose
 **payload** is the torch tensor underneath (a value of level 0). Every level wraps the values
-of the level below in the same way; sections 9 and 10 come back to this.
+of the level below in the same way; chapter 2 comes back to this.
 
 ## 2 · The Autograd dispatcher records a tape
 
@@ -234,10 +238,12 @@ operations down to the level below, as in section 4; but the level below is now 
 which **records them on its own tape**. Nothing special is needed for that: recording is just
 what a level does with the operations it receives.
 
-We compute the same numbers, then show the two tapes side by side, outermost level first.
-`TapeStepper` (from `minifunctorch.widgets`) shows each tape; in JupyterLab its buttons and
-slider step through the backward passes one entry at a time, and without a running kernel it
-shows the tapes and their final gradients as text.
+We compute the same numbers, then show the two tapes. `TapeStepper` (from
+`minifunctorch.widgets`) shows each tape in a panel, the outer level (`Autograd1`, level 1)
+first: its panels are labelled *outer* and *inner*. In JupyterLab one control bar steps both
+panels together (untick "step together" to step each on its own); the legend above them says
+what the row marks mean. Without a running kernel it shows the tapes and their final gradients
+as text.
 """),
 code("""
 reset_names()
@@ -264,7 +270,8 @@ What to notice:
   `create_graph=True` it records *everything*, including a last backward pass that nobody
   differentiates. Two levels record the forward pass twice and nothing more. What separate
   levels buy is independence: that is what lets a *different* transform sit between the two
-  levels (section 7), and what keeps nested derivatives from mixing up (section 11).
+  levels (section 7), and what keeps nested derivatives from mixing up (chapter 2,
+  perturbation confusion).
 
 ## 7 · A level in between: per-sample gradients
 
@@ -327,241 +334,6 @@ the batch level had translated them: shapes `f32[2,4]`, and the sum now runs ove
 because the batch dimension sits in front. Entries 4–9 are `Autograd3`'s backward pass, batched
 the same way. (`c0`, used but never defined, is the seed of ones: a constant for
 `Autograd1`.)
-
-## 8 · `custom_vjp`: a backward pass you write yourself
-
-Sometimes you know a better backward than the one autodiff would derive: cheaper, more stable,
-or deliberately different. `@custom_vjp` marks a function whose gradient comes from two
-functions you supply: `fwd(*args)` returns the output and what to save; `bwd(saved, ct)` returns
-one cotangent per argument.
-
-Our example is SiLU, `x * sigmoid(x)`. Its derivative is `s * (1 + x * (1 - s))` with
-`s = sigmoid(x)`, so saving `s` in the forward pass spares the backward pass a second sigmoid.
-
-Seen through the explicit API (second half of the cell), the custom function is a **single
-tape entry**, and the logger below shows the operations of `silu_fwd` during the forward pass
-and those of `silu_bwd` during the backward pass. (`d.adopt(x)` makes `x` a value of `d`'s
-level; section 9 explains it.)
-"""),
-code("""
-@custom_vjp
-def silu(x):
-    return x * torch.sigmoid(x)
-
-
-def silu_fwd(x):
-    s = torch.sigmoid(x)
-    return x * s, (x, s)                     # output, saved context
-
-
-def silu_bwd(saved, ct):
-    x, s = saved
-    return (ct * s * (1 + x * (1 - s)),)     # one cotangent per argument
-
-
-silu.defvjp(silu_fwd, silu_bwd)
-
-torch.manual_seed(0)
-x = label(torch.randn(4), "x")
-same(grad(lambda x: silu(x).sum())(x), torch.func.grad(lambda x: F.silu(x).sum())(x),
-     "grad of our silu vs torch.func")
-print()
-
-reset_names()
-d = Autograd(Logger(Torch(), name="[Torch]"))
-print("-- forward")
-L = d.sum(silu(d.adopt(x)))
-print(d.tape)
-print("-- backward")
-(gx,) = d.grad(L, [x])
-same(gx.payload, torch.func.grad(lambda x: F.silu(x).sum())(x), "dL/dx vs torch.func")
-"""),
-md("""
-A custom function must survive the other transforms too. When it reaches a `Batched` level, the
-batching rule makes a *batched* custom function, named `vmap(silu)`, whose function, `fwd` and
-`bwd` are all vmapped, and hands that to the level below. An Autograd level under the batch
-therefore still records one custom entry, and still uses the hand-written backward.
-
-(In the other order, an Autograd level *above* the others uses `silu_fwd` and `silu_bwd` itself,
-and the levels below just see their ordinary operations, as in the cell above. JAX makes the
-same choice.)
-"""),
-code("""
-reset_names()
-torch.manual_seed(0)
-xs = label(torch.randn(3, 4), "xs")
-below = Autograd(Torch(), name="Autograd1")
-batch = Batched(below, length=3)
-ys = silu(batch.adopt(xs))          # three examples of shape (4,)
-print(below.tape)
-(g_xs,) = below.grad(below.sum(ys), [xs])
-same(g_xs, torch.func.grad(lambda xs: F.silu(xs).sum())(xs), "gradient through vmap(silu)")
-"""),
-
-md("""
-## 9 · Lifting and lowering: how values join a level and leave it
-
-Every value belongs to one level and wraps a value of the level below. Two conversions move
-values between levels.
-
-**Lifting**, `d.adopt(value)`: a plain tensor becomes a value of `d`'s level, wrapped once per
-level of the stack. For `Autograd` and `Logger` the wrapper adds nothing but a name. For
-`Batched` it is a *reading* of the tensor: dimension 0 is taken as the batch and hidden. The
-explicit API adopts every argument of `d.mul(...)`, `d.sum(...)`, ... automatically; that is
-how the plain tensors `A` and `B` entered the three-level stack of section 7.
-
-**Lowering** goes the other way: a value of a higher level, seen from a lower one. In section 7,
-`level1.mul(g_a, g_a)` received `g_a`, a per-example gradient that belongs to level 2. Adopting
-it into level 1 *lowers* it, and the batch dimension becomes visible again, in front.
-"""),
-code("""
-def show_levels(value):
-    \"\"\"Print a value one level per line, from its own level down to the torch tensor.\"\"\"
-    value = value.value if isinstance(value, FuncTensor) else value  # the value it shows
-    while isinstance(value, Value):
-        extra = f", bdim={value.bdim}" if hasattr(value, "bdim") else ""
-        print(f"level {value.dispatcher.level}  {value.dispatcher.name:<9}  "
-              f"{type(value).__name__}{extra}, shape seen here {tuple(value.shape)}")
-        value = value.payload
-    print(f"level 0  Torch      {value!r}")
-
-
-t = label(torch.tensor([5.0, 7.0]), "t")
-show_levels(level3.adopt(t))
-
-try:
-    level3.adopt(torch.ones(3))            # dim 0 has size 3, but the batch has length 2
-except ValueError as error:
-    print(type(error).__name__ + ":", error)
-
-print()
-print("g_a belongs to level", g_a.dispatcher.level, "with shape", tuple(g_a.shape))
-lowered = level1.adopt(g_a)
-print("lowered to level", lowered.dispatcher.level, "it has shape", tuple(lowered.shape))
-"""),
-
-md("""
-## 10 · Values as real tensors: ordinary PyTorch code under `grad` and `vmap`
-
-Real code calls `torch.sin(x)`, not `d.sin(x)`. Two pieces close the gap.
-
-1. **A global stack of levels.** `grad(f)(x)` creates an Autograd level on top of the *current*
-   level, makes it current while `f` runs, and makes `x` a value of that level (an
-   `AutogradValue`).
-2. **A tensor that shows the value.** `f` receives a `FuncTensor`: a real `torch.Tensor`
-   (so `isinstance(x, torch.Tensor)` holds, and nn.Modules accept it) that holds no numbers of
-   its own, only the value. It defines `__torch_function__`, the hook PyTorch calls when one
-   of the arguments of a torch function is a tensor subclass. So `torch.sin(x)` lands in
-   minifunctorch, which finds the highest level among the values and lets that level run the
-   operation; the result is shown to `f` as a new FuncTensor.
-
-Why two objects, a value and a tensor? The levels' own work (rules, backward closures) runs on
-light values; only what user code sees needs to be a tensor, and a tensor subclass costs about
-ten times more to create.
-
-The first cell looks inside `f` under `grad` and under `vmap(grad(...))`: the stack grows with
-nesting. The second cell rebuilds `grad` from these pieces, with the helpers that
-minifunctorch's own `grad` uses: `new_level` stacks a level on the current one,
-`transform_scope` makes it current while `f` runs (and pops it afterwards, even on an error),
-`as_tensor` shows a value to `f` as a FuncTensor, and `unwrap` takes the value back out of a
-tensor (so that `my_grad(my_grad(f))` works: the inner call receives a FuncTensor).
-"""),
-code("""
-from minifunctorch.core.dispatch import current_dispatcher
-
-
-def f(x):
-    print(f"inside f: x is a {type(x).__name__} of level {x.dispatcher.level} "
-          f"(its value: {type(x.value).__name__});",
-          "current stack:", current_dispatcher())
-    y = torch.sin(x) * x             # torch sees a FuncTensor and hands the call over
-    print("torch.sin(x) * x ->", repr(y))
-    return y
-
-
-x = torch.tensor(0.5)
-same(grad(f)(x), torch.func.grad(lambda x: torch.sin(x) * x)(x), "grad(f) vs torch.func")
-print()
-_ = vmap(grad(f))(torch.tensor([0.5, 1.0]))
-"""),
-code("""
-from minifunctorch.core.dispatch import new_level, transform_scope
-from minifunctorch.core.tensor import as_tensor, unwrap
-
-
-def my_grad(f):
-    def grad_f(x):
-        level = new_level(Autograd)              # on top of whatever level is current
-        with transform_scope(level):
-            x_value = level.wrap_input(unwrap(x))  # x, as a value of the new level
-            out = f(as_tensor(x_value))          # ... shown to f as a tensor
-        (g,) = level.grad(out, [x_value])        # walk this level's tape
-        return g
-    return grad_f
-
-
-x = torch.tensor(0.5)
-same(my_grad(torch.sin)(x), torch.func.grad(torch.sin)(x), "my_grad(sin)")
-same(my_grad(my_grad(torch.sin))(x), torch.func.grad(torch.func.grad(torch.sin))(x),
-     "my_grad(my_grad(sin))")
-xs = torch.tensor([0.0, 0.5, 1.0])
-same(vmap(my_grad(torch.sin))(xs), torch.func.vmap(torch.func.grad(torch.sin))(xs),
-     "vmap(my_grad(sin))")
-"""),
-
-md("""
-## 11 · Perturbation confusion
-
-Here is a function with a derivative *inside* it:
-
-$$g(x) = x \\cdot \\frac{d}{dy}(x + y)\\Big|_{y=1}$$
-
-The inner derivative is 1 whatever `x` is, so `g(x) = x` and `g'(x) = 1`; minifunctorch and
-`torch.func` agree. But getting 1 is not automatic. Take PyTorch's eager autograd (second half
-of the cell), which keeps **one graph for everything** and, with `.backward()`, adds gradients
-into every leaf that took part. The inner "derivative with respect to `y`" also deposits a
-gradient into `x.grad`, and the outer derivative adds its own on top.
-"""),
-code("""
-one = torch.tensor(1.0)
-x = torch.tensor(3.0)
-ours = grad(lambda x: x * grad(lambda y: x + y)(one))(x)
-reference = torch.func.grad(lambda x: x * torch.func.grad(lambda y: x + y)(one))(x)
-print("ours:", ours, "| torch.func:", reference)
-same(ours, reference, "nested grad")
-print()
-
-x = torch.tensor(3.0, requires_grad=True)
-y = torch.tensor(1.0, requires_grad=True)
-(x + y).backward()                 # meant as d/dy (x + y) ...
-inner = y.grad                     # ... which is 1, but x.grad received 1 as well
-(x * inner).backward()             # the outer d/dx
-print("x.grad =", x.grad, "but the derivative is 1")
-"""),
-md("""
-That is **perturbation confusion**: on one shared tape, nothing says which differentiation a
-variable belongs to, so the inner derivative "sees" the outer variable `x` as something to
-differentiate and mixes the two. (Forward mode with a single tangent slot per value fails the
-same way: `x` already carries the outer tangent, so `x + y` gets a tangent of 2.)
-
-Levels fix it. The outer `grad` gives `x` level 1, the inner `grad` gives `y` level 2, and
-`x + y` is recorded only on the level-2 tape, with `x` as a **constant** input: the inner
-backward pass can only ever reach `y`. Look inside:
-"""),
-code("""
-def outer_fn(x):
-    def inner_fn(y):
-        z = x + y
-        print(f"inside: x is level {x.dispatcher.level}, y is level {y.dispatcher.level}, "
-              f"z = x + y is level {z.dispatcher.level}")
-        show_levels(z)
-        return z
-    inner_grad = grad(inner_fn)(one)
-    print("inner derivative:", inner_grad)
-    return x * inner_grad
-
-
-print("result:", grad(outer_fn)(torch.tensor(3.0)))
 """),
 
 md("""
@@ -573,21 +345,20 @@ md("""
 - A **tape** is a list of entries with backward closures; `grad` is a loop over it in reverse.
 - Higher derivatives: record the backward on the same tape (`create_graph=True`), or stack
   Autograd levels (one tape each, forward pass duplicated, levels independent).
-- Independent levels let `vmap` sit between two `grad`s (per-sample gradients) and keep nested
-  derivatives apart (no perturbation confusion).
-- `custom_vjp` swaps in a hand-written backward, and survives batching as `vmap(f)`.
-- `adopt` lifts values into a level, lowering takes them back down. A `FuncTensor`, a real
-  `torch.Tensor` showing one value, lets ordinary PyTorch code reach the current level
-  through `__torch_function__` (and `__torch_dispatch__` for everything else).
+- Independent levels let `vmap` sit between two `grad`s: per-sample gradients.
+- Levels are numbered up from `Torch` (level 0); the outer transform has the lower number.
+
+[Chapter 2](02_levels.ipynb) follows values from one level to another, and shows how ordinary
+PyTorch code reaches the levels.
 
 ---
 
-## Exercise: a vjp rule for a new primitive
+## Exercise · A vjp rule for a new primitive
 
 `softplus(x) = log(1 + exp(x))` is not a primitive of minifunctorch. Below we create it as one
-and register rules for forward mode and for batching (chapter 2 explains those tables). The
-**reverse-mode rule is missing**: write `softplus_vjp` as a *differentiator closure*, the way
-every rule in `core/autograd.py` is written:
+and register rules for forward mode and for batching ([chapter 3](03_interpreters.ipynb)
+explains those tables). The **reverse-mode rule is missing**: write `softplus_vjp` as a
+*differentiator closure*, the way every rule in `core/autograd.py` is written:
 
 ```python
 def some_vjp(x):
@@ -619,7 +390,7 @@ def softplus_vjp(x):
 vjp_rules[softplus_p] = softplus_vjp
 
 
-# Given: the forward-mode rule and the batching rule (see chapter 2).
+# Given: the forward-mode rule and the batching rule (see chapter 3).
 def softplus_jvp(primals, tangents):
     (x,), (x_dot,) = primals, tangents
     return softplus(x), ops.mul(x_dot, ops.sigmoid(x))
@@ -642,12 +413,8 @@ display(check_against(vmap(grad(grad(softplus))), torch.func.vmap(torch.func.gra
                       torch.randn(5), what="second derivative of softplus, per element",
                       hint="the backward closure must use ops.*, so that it can be differentiated again"))
 """),
-md("""
-### Solution
-
-Try the exercise before reading on.
-"""),
-code("""
+md(SOLUTION_HEADING),
+solution("""
 # Solution. The forward result is softplus(x), bound on the level below. The backward closure
 # captures x and multiplies the incoming cotangent by sigmoid(x). Because it is written with
 # ops.*, a level below can record its operations: that is what makes grad(grad(softplus)) work.
@@ -667,67 +434,6 @@ display(check_primitive(softplus_p, F.softplus, torch.randn(5)))
 display(check_against(vmap(grad(grad(softplus))), torch.func.vmap(torch.func.grad(torch.func.grad(F.softplus))),
                       torch.randn(5), what="second derivative of softplus, per element",
                       hint="the backward closure must use ops.*, so that it can be differentiated again"))
-"""),
-
-md("""
----
-
-## Appendix · The two doors
-
-Section 10 said that a FuncTensor hands every torch call to minifunctorch. There are two ways in,
-and a call takes the first that knows it.
-
-1. **The front door, `__torch_function__`.** Torch passes the function as the user called it
-   (`torch.sin`, `Tensor.reshape`, `F.conv2d`). A table, `torch_api.TORCH_FUNCTIONS`, maps the
-   common ones onto `ops`, which bind primitives. This is the fast path, and the one whose
-   programs read like the code you wrote.
-2. **The back door, `__torch_dispatch__`.** Any other function is handed back to torch, whose
-   own C++ lowers it to *aten* ops, torch's internal vocabulary (`aten.sub.Tensor`,
-   `aten.sum.dim_IntList`), and each aten op comes back to minifunctorch. It then tries, in
-   order: its aten table (`aten_api.ATEN_OPS`, onto the same `ops`); an in-place op computed
-   out of place; one of torch's own decompositions into other aten ops; what the level itself
-   can do without a rule (vmap loops over the examples; grad and jvp run an op whose results
-   cannot carry a derivative, such as integer indices); and otherwise an error that names the
-   op.
-
-`torch.trapezoid` is not in the front table, so it takes the back door; the program shows what
-it became. The primitives are the same ones the front door uses: the back door adds breadth,
-not a second engine.
-"""),
-code("""
-from minifunctorch.core import TransformError, capture_fallbacks, torch_api, trace
-
-print("front door knows torch.sin:", torch.sin in torch_api.TORCH_FUNCTIONS)
-print("front door knows torch.trapezoid:", torch.trapezoid in torch_api.TORCH_FUNCTIONS)
-print(trace(torch.trapezoid)(torch.ones(5)))
-same(grad(lambda x: torch.trapezoid(x * x))(torch.arange(5.0)),
-     torch.func.grad(lambda x: torch.trapezoid(x * x))(torch.arange(5.0)), "grad of trapezoid")
-"""),
-md("""
-The last two steps show on an op that nobody taught minifunctorch: a custom op registered with
-`torch.library`, which torch cannot decompose. Under `vmap` it runs once per example (correct,
-but a Python loop: `capture_fallbacks` names every op that took that slow path, so that it can
-get a batching rule). Under `grad` there is no way to differentiate it, and the error says so.
-"""),
-code("""
-@torch.library.custom_op("course::scaled_cube", mutates_args=())
-def scaled_cube(x: torch.Tensor) -> torch.Tensor:
-    return 2 * x ** 3
-
-
-@scaled_cube.register_fake
-def _(x):
-    return torch.empty_like(x)
-
-
-xs = torch.arange(6.0).reshape(3, 2)
-with capture_fallbacks() as used:
-    same(vmap(scaled_cube)(xs), 2 * xs ** 3, "vmap of an op without a batching rule")
-print("took the per-example fallback:", dict(used))
-try:
-    grad(lambda x: scaled_cube(x).sum())(xs[0])
-except TransformError as error:
-    print(type(error).__name__ + ":", error)
 """),
 ]
 

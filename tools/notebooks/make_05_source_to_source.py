@@ -1,11 +1,11 @@
-"""Generate notebooks/04_source_to_source.ipynb (Chapter 4 · source-to-source reverse mode)."""
-from nbcells import code, md, write
+"""Generate notebooks/05_source_to_source.ipynb (Chapter 5 · source-to-source reverse mode)."""
+from nbcells import SOLUTION_HEADING, code, md, solution, solution_md, write
 
 cells = [
     md(r"""
-    # Chapter 4. Source-to-source reverse mode
+    # Chapter 5 · Source-to-source reverse mode
 
-    In Chapter 3, `trace(grad(f))` gave us the gradient of `f` as a program. This chapter
+    In Chapter 4, `trace(grad(f))` gave us the gradient of `f` as a program. This chapter
     turns that observation into a tool: `vjp_program` is reverse mode as a
     **program-to-program** transformation. It takes the program of `f` and returns the
     program of its vector-Jacobian product, forward pass and backward pass together, as one
@@ -51,7 +51,7 @@ cells = [
     torch.set_printoptions(precision=4)
     """),
     md(r"""
-    ## 1. The shape of a VJP program
+    ## 1 · The shape of a VJP program
 
     `vjp_program(program)` returns a program whose inputs are the inputs of `program`
     followed by one cotangent per output, and whose outputs are the outputs of `program`
@@ -77,7 +77,7 @@ cells = [
     `d` and `e`: the derivative of the sine, evaluated at the *saved* input `a`, times the
     incoming cotangent. Both the output `c` and the input cotangent `e` are returned.
 
-    ## 2. First showcase: `sin(trace(x)) * x`
+    ## 2 · First showcase: `sin(trace(x)) * x`
 
     A function that mixes a reduction, a scalar function and broadcasting:
     """),
@@ -142,7 +142,7 @@ cells = [
     print(x_bar)
     """),
     md(r"""
-    ## 3. Second showcase: `x.T @ x`
+    ## 3 · Second showcase: `x.T @ x`
 
     For `Y = XᵀX` with `X` of shape `5×2`, the derivative is `dY = dXᵀ X + Xᵀ dX`, and
     pairing it with a cotangent `V` (a `2×2` matrix) gives `X̄ = X Vᵀ + X V`. The matmul
@@ -174,7 +174,7 @@ cells = [
     `a`, which is just `a`. `fold_identities`, one of the passes that `vjp_program` runs
     (section 4), saw the two transposes cancel, so `f` multiplies `a` itself.
 
-    ## 4. How `vjp_program` is built
+    ## 4 · How `vjp_program` is built
 
     `vjp_program` contains no derivative rules at all. It runs the program of `f` under an
     **Autograd level placed on top of a Tracing level**, then asks Autograd for the
@@ -185,7 +185,7 @@ cells = [
       reaches Tracing, which records it as an equation;
     * on the way back, the closures run; the values they captured are traced values, so
       every operation they perform becomes one more equation;
-    * finally the program is simplified with the passes of Chapter 3.
+    * finally the program is simplified with the passes of Chapter 4.
 
     The rules are the very ones that `grad` uses on real numbers. Here is the rule of `sin`,
     called directly: it returns the result and a backward closure. On real tensors the
@@ -239,7 +239,7 @@ cells = [
     assert_close(wave_vjp(x4, v4), (expected_out, pull_back(v4)[0]))
     """),
     md(r"""
-    ## 5. Splitting forward and backward
+    ## 5 · Splitting forward and backward
 
     The VJP program keeps the two passes together, which is right when both run at once.
     A training step, though, runs the forward pass, does other work, and runs the backward
@@ -267,7 +267,7 @@ cells = [
     `fwd` saves `s = tr(X)` (for the cosine), `sin(s)` and `X` itself. `bwd` never
     recomputes the forward pass: it starts from those values.
 
-    ## 6. Exporting to `torch.fx`
+    ## 6 · Exporting to `torch.fx`
 
     `program.to_fx()` builds a `torch.fx.GraphModule`: one `placeholder` node per input,
     one `call_function` node per equation whose target is the plain torch function or
@@ -293,7 +293,7 @@ cells = [
     writes the vector onto its diagonal. `new_zeros` is a method call, a `call_method` node,
     which section 7 leaves out when it pairs the graph's nodes with the equations.
 
-    ## 7. Shapes
+    ## 7 · Shapes
 
     Several rules need shapes while the backward program is being built: the backward of
     `sum` spreads a cotangent back to the input's shape, the backward of `diagonal` builds
@@ -319,7 +319,7 @@ cells = [
         print(f"{names[var]}:{var.type:9} {node.op:14} {node.name}")
     """),
     md(r"""
-    ## 8. Compared with `make_fx(jacrev(f))`
+    ## 8 · Compared with `make_fx(jacrev(f))`
 
     `torch.func` can be traced too. `make_fx` runs a function with tracing tensors at the
     level of PyTorch's dispatcher, so it records **ATen** operators, the operator set that
@@ -380,13 +380,13 @@ cells = [
     * `vjp_program(trace(f)(x))` is reverse mode as a program transformation: one readable
       program from `(inputs, cotangents)` to `(outputs, input cotangents)`.
     * It is built from the tape's rules run on a Tracing level, plus the passes of
-      Chapter 3; `split_vjp` cuts the same computation into a forward and a backward
+      Chapter 4; `split_vjp` cuts the same computation into a forward and a backward
       program joined by the saved values.
     * Every variable is typed, so rules can use shapes while the program is built; the
       export to `torch.fx` reads like hand-written code.
     """),
     md(r"""
-    ## Exercise: a VJP rule for a new primitive
+    ## Exercise · A VJP rule for a new primitive
 
     The error function `erf` is not one of minifunctorch's primitives. The cell below adds
     it: a `Primitive` is a name and a torch implementation, and `bind` applies it. Tracing
@@ -444,14 +444,13 @@ cells = [
                   hint="backward(ct) returns (ct * 2 / sqrt(pi) * ops.exp(-(x * x)),): the chain "
                        "rule through x * 2.0 is the mul rule's job, not yours")
     """),
-    md(r"""
-    ### A solution
-
+    md(SOLUTION_HEADING),
+    solution_md(r"""
     The closure captures `x`, the input: that is the saved context of this rule. (Saving
     `out` instead would not help here, since the derivative of `erf` is not a function of
     its value the way the derivative of `exp` is.)
     """),
-    code(r"""
+    solution(r"""
     def erf_vjp(x):
         out = bind(erf_p, x)
 
@@ -475,4 +474,4 @@ cells = [
     """),
 ]
 
-write(cells, "04_source_to_source.ipynb")
+write(cells, "05_source_to_source.ipynb")

@@ -1,8 +1,8 @@
 """Helpers shared by the notebook generators: make cells, write them as a notebook.
 
 A generator writes the notebook's cells only; outputs come from executing it
-(``make notebooks``). The target is ``notebooks/<name>`` next to this folder, or the path
-given as the generator's first command-line argument.
+(``make notebooks``). The target is ``notebooks/<name>`` at the top of the repository, or
+the path given as the generator's first command-line argument.
 """
 import sys
 import textwrap
@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent
+NOTEBOOKS = Path(__file__).resolve().parent.parent.parent / "notebooks"
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
 
@@ -26,6 +26,32 @@ def code(text, tags=None):
     if tags:
         cell.metadata["tags"] = list(tags)
     return cell
+
+
+def hidden(cell):
+    """A cell of an exercise's solution, shown collapsed by JupyterLab (``source_hidden``)
+    until the student opens it; tagged ``solution``. nbval and ``make notebooks`` run a hidden
+    code cell like any other, which proves that the reference solution passes its check."""
+    cell.metadata.setdefault("tags", []).append("solution")
+    cell.metadata["jupyter"] = {"source_hidden": True}
+    return cell
+
+
+def solution(text):
+    """The reference solution's code, collapsed (see :func:`hidden`)."""
+    return hidden(code(text))
+
+
+def solution_md(text):
+    """The explanation of a solution, collapsed (see :func:`hidden`)."""
+    return hidden(md(text))
+
+
+SOLUTION_HEADING = """### Solution
+
+Try the exercise before you open the solution: it is in the collapsed cells below (click a
+collapsed cell's bar, or its "⋯", to show it). Running it replaces your code, and the check
+after it runs on the solution."""
 
 
 def _target(name):
@@ -58,11 +84,13 @@ def write(cells, name):
 
 
 def build(pairs, name, prefix):
-    """Write ``pairs`` of ``("md" | "code", source)`` as notebook ``name``, with the cell
-    ids ``<prefix>-00``, ``<prefix>-01``, ..."""
+    """Write ``pairs`` of ``(kind, source)`` as notebook ``name`` (kind: "md", "code", or
+    "solution" / "solution-md" for the collapsed cells of a solution), with the cell ids
+    ``<prefix>-00``, ``<prefix>-01``, ..."""
+    makers = {"md": md, "code": code, "solution": solution, "solution-md": solution_md}
     cells = []
     for index, (kind, source) in enumerate(pairs):
-        cell = md(source) if kind == "md" else code(source)
+        cell = makers[kind](source)
         cell.id = f"{prefix}-{index:02d}"
         cells.append(cell)
     _save(new_notebook(cells=cells), _target(name))
