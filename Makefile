@@ -22,7 +22,7 @@ CHAPTERS = $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 LAB_ARGS ?=
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup lab test test-fast notebooks bench bench-quick coverage clean
+.PHONY: setup lab test test-fast notebooks bench bench-quick coverage torchfunc-suite clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ bench-quick: setup
 # `make test` runs a sampled version of it (tests/test_opinfo.py).
 coverage: setup
 	$(BIN)/python tools/coverage.py
+
+# PyTorch's own torch.func tests on torch.func and on minifunctorch (an hour or more on two
+# cores): SUITE is the folder holding PyTorch's test files (docs/TORCHFUNC-SUITE.md says which).
+torchfunc-suite: setup
+	@test -n "$(SUITE)" || { echo "usage: make torchfunc-suite SUITE=<folder with PyTorch's test/functorch files>"; exit 2; }
+	nice -n 10 $(BIN)/python tools/torchfunc_suite.py "$(SUITE)" --out docs/TORCHFUNC-SUITE-REPORT.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info
