@@ -295,15 +295,20 @@ def broadcasting_batch(prim):
     _KEEPS_BDIM.add(prim)
 
     def rule(values, bdims, **params):
-        # fast path: the batched operands share one bdim and rank, the rest are numbers
-        shared_bdim, shared_rank, aligned = None, None, True
+        # fast path: the batched operands share one bdim and rank; the rest are numbers, or
+        # (with the batch dim in front) tensors of 1 to rank - 1 dims, which broadcast against
+        # the logical dims only and promote dtypes as they would unbatched (no 0-d operand)
+        shared_bdim, shared_rank, aligned, unbatched_ranks = None, None, True, []
         for value, bdim in zip(values, bdims):
             if bdim is None:
-                aligned = aligned and isinstance(value, (int, float, bool))
+                if not isinstance(value, (int, float, bool)):
+                    unbatched_ranks.append(value.dim())
             elif shared_bdim is None:
                 shared_bdim, shared_rank = bdim, value.dim()
             else:
                 aligned = aligned and bdim == shared_bdim and value.dim() == shared_rank
+        if aligned and unbatched_ranks:
+            aligned = shared_bdim == 0 and all(0 < r < shared_rank for r in unbatched_ranks)
         if aligned:
             return bind(prim, *values, **params), shared_bdim
         ranks = [len(ops.shape_of(v)) - (b is not None) for v, b in zip(values, bdims)]

@@ -1,5 +1,7 @@
 """Values are real tensors: what user code sees inside a transform, what transforms return,
 and the silent wrong answers and crashes of the old wrappers (each a regression test)."""
+import math
+
 import pytest
 import torch
 import torch.func as tf
@@ -87,6 +89,19 @@ def test_a_batched_float32_with_a_float64_0d_tensor_promotes_per_example():
     w = torch.ones(3, dtype=torch.float32)  # a dimensioned operand keeps float32
     f = lambda v: v + w  # noqa: E731
     assert mf.vmap(f)(batch[:, 0]).dtype == tf.vmap(f)(batch[:, 0]).dtype
+
+
+@pytest.mark.parametrize("in_dim", [0, 1])
+@pytest.mark.parametrize("other_shape", [(), (3,), (2, 3), (1, 3)])
+@pytest.mark.parametrize("other_dtype", [torch.float32, torch.float64, torch.int64])
+def test_a_batched_tensor_with_an_unbatched_tensor_broadcasts_and_promotes_per_example(
+        in_dim, other_shape, other_dtype):
+    xs = torch.randn(4, 2, 3) if in_dim == 0 else torch.randn(2, 4, 3)
+    other = torch.arange(1, 1 + math.prod(other_shape)).reshape(other_shape).to(other_dtype)
+    for f in (lambda v: v * other, lambda v: other - v, lambda v: torch.maximum(v, other)):
+        ours, theirs = mf.vmap(f, in_dims=in_dim)(xs), tf.vmap(f, in_dims=in_dim)(xs)
+        assert ours.dtype == theirs.dtype
+        torch.testing.assert_close(ours, theirs)
 
 
 @pytest.mark.parametrize("like", [torch.ones_like, torch.zeros_like,
