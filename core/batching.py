@@ -380,8 +380,9 @@ def reduction_batch(prim):
         (x,), (bdim,) = values, bdims
         if not dim:
             rank = len(ops.shape_of(x)) - 1
-            if rank == 0:
-                return ops.convert(x, prim.shape_rule(x, dim=dim, keepdim=keepdim)[1]), bdim
+            if rank == 0:  # the dtype of the op on one 0-d example (the batch may be empty)
+                example = torch.empty((), dtype=x.dtype, device="meta")
+                return ops.convert(x, prim.shape_rule(example, dim=dim, keepdim=keepdim)[1]), bdim
             dim = tuple(range(rank))
         out = bind(prim, x, dim=tuple(physical_dim(d, bdim) for d in dim), keepdim=keepdim)
         out_bdim = bdim if keepdim else bdim - sum(1 for d in dim if d < bdim)

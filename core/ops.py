@@ -54,6 +54,14 @@ def normalize_dims(dim, rank: int, *, op: str) -> tuple:
     return tuple(sorted({normalize_dim(d, rank, op=op) for d in dim}))
 
 
+def reduction_dims(dim, rank: int, *, op: str) -> tuple:
+    """The dims a reduction (sum, mean, amax, amin) reduces: like ``normalize_dims``, except
+    that an empty list means every dim, as in torch (``x.sum(dim=())`` is ``x.sum()``)."""
+    if dim is not None and not isinstance(dim, int) and len(dim) == 0:
+        dim = None
+    return normalize_dims(dim, rank, op=op)
+
+
 def keepdim_shape(shape, dim) -> tuple:
     """The shape a reduction over ``dim`` keeps with keepdim=True (reduced dims become 1)."""
     return tuple(1 if i in dim else size for i, size in enumerate(shape))
@@ -124,23 +132,23 @@ def where(condition, x, y): return bind(P.where_p, condition, x, y)
 
 # --- reductions ----------------------------------------------------------------------------
 def sum(x, dim=None, keepdim=False, *, dtype=None):
-    out = bind(P.sum_p, x, dim=normalize_dims(dim, _rank(x), op="sum"), keepdim=keepdim)
+    out = bind(P.sum_p, x, dim=reduction_dims(dim, _rank(x), op="sum"), keepdim=keepdim)
     return out if dtype is None else convert(out, dtype)
 
 
 def mean(x, dim=None, keepdim=False, *, dtype=None):
     if dtype is not None:
         x = convert(x, dtype)
-    return bind(P.mean_p, x, dim=normalize_dims(dim, _rank(x), op="mean"), keepdim=keepdim)
+    return bind(P.mean_p, x, dim=reduction_dims(dim, _rank(x), op="mean"), keepdim=keepdim)
 
 
 def amax(x, dim=(), keepdim=False):
-    dims = normalize_dims(None if dim == () else dim, _rank(x), op="amax")
+    dims = reduction_dims(dim, _rank(x), op="amax")
     return bind(P.amax_p, x, dim=dims, keepdim=keepdim)
 
 
 def amin(x, dim=(), keepdim=False):
-    dims = normalize_dims(None if dim == () else dim, _rank(x), op="amin")
+    dims = reduction_dims(dim, _rank(x), op="amin")
     return bind(P.amin_p, x, dim=dims, keepdim=keepdim)
 
 
