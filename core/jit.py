@@ -12,7 +12,16 @@ Called on values of a transform (``vmap(jit(f))``, ``grad(jit(f))``), jit still 
 for the signature, but evaluates the program with ``bind``, equation by equation, so the
 surrounding transform applies its rules to each of them. This is how a jaxpr is handled
 inside JAX's transforms.
+
+NOTE [A bounded cache]
+Each signature keeps a traced program and its generated code alive, so a jit called over
+ever new shapes would grow without end (800 shapes held about 77 MB). The cache keeps the
+``max_signatures`` most recently used (64 unless given) and drops the least recently used one
+beyond that: a dropped signature is traced again if it comes back. torch.compile bounds its
+recompilations the same way (``torch._dynamo.config.cache_size_limit``); JAX's jit caches
+are LRU caches too.
 """
+import collections
 import functools
 
 import optree
@@ -47,9 +56,10 @@ def _signature(leaves):
 
 
 class _Compiled:
-    __slots__ = ("program", "run", "out_treedef", "has_transformed_constants")
+    __slots__ = ("program", "run", "out_treedef", "has_transformed_constants", "key")
 
-    def __init__(self, program, backend):
+    def __init__(self, program, backend, key):
+        self.key = key  # its entry in jit._cache
         self.program = program
         self.out_treedef = program.out_treedef
         self.has_transformed_constants = any(isinstance(c, Value)
@@ -80,18 +90,27 @@ class jit:
     1
 
     ``f.program_for(*args)`` returns the Program that a call with these arguments replays.
+    At most ``max_signatures`` programs are kept, the most recently used (NOTE [A bounded
+    cache]).
     """
 
-    def __init__(self, f, backend=None):
+    def __init__(self, f, backend=None, *, max_signatures=64):
         if backend not in (None, "inductor"):
             raise TransformUsageError(
                 f"jit(f, backend={backend!r}): expected backend=None (generated Python) or "
                 "'inductor' (torch.compile)."
             )
+        if isinstance(max_signatures, bool) or not isinstance(max_signatures, int) or \
+                max_signatures < 1:
+            raise TransformUsageError(
+                f"jit(f, max_signatures={max_signatures!r}): expected a positive int, the "
+                "number of input signatures whose programs are kept."
+            )
         functools.update_wrapper(self, f)
         self.function = f
         self.backend = backend
-        self._cache: dict = {}
+        self.max_signatures = max_signatures
+        self._cache = collections.OrderedDict()  # signature -> _Compiled, least recent first
         self._plain_cache: dict = {}  # the same entries, for calls with plain tensors only
 
     def __call__(self, *args, **kwargs):
@@ -104,12 +123,15 @@ class jit:
             except AttributeError:  # an argument without a shape: use the general path
                 compiled = None
             if compiled is not None:
+                self._cache.move_to_end(compiled.key)
                 return optree.tree_unflatten(compiled.out_treedef, list(compiled.run(*args)))
         leaves, treedef = optree.tree_flatten((args, kwargs))
         leaves = [unwrap(leaf) for leaf in leaves]
         key = (treedef, _signature(leaves))
         compiled = self._cache.get(key)
-        if compiled is None:
+        if compiled is not None:
+            self._cache.move_to_end(key)
+        else:
             compiled = self._compile(args, kwargs, key)
             if not kwargs and compiled.run is not None and \
                     all(type(a) is torch.Tensor for a in args):
@@ -126,9 +148,13 @@ class jit:
 
     def _compile(self, args, kwargs, key):
         program = simplify(trace_flat(self.function, args, kwargs))
-        compiled = _Compiled(program, self.backend)
+        compiled = _Compiled(program, self.backend, key)
         if not compiled.has_transformed_constants:
             self._cache[key] = compiled
+            while len(self._cache) > self.max_signatures:
+                _, dropped = self._cache.popitem(last=False)
+                for plain_key in [k for k, c in self._plain_cache.items() if c is dropped]:
+                    del self._plain_cache[plain_key]
         return compiled
 
     def program_for(self, *args, **kwargs):
@@ -140,7 +166,7 @@ class jit:
         return compiled.program
 
     def cache_size(self) -> int:
-        """How many signatures have been traced (a repeated signature does not re-trace)."""
+        """How many signatures have a traced program in the cache (at most max_signatures)."""
         return len(self._cache)
 
     def __repr__(self):

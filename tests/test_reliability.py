@@ -45,3 +45,56 @@ EMPTY_BATCH = [("max", lambda a: a.max(), torch.float32), ("max", lambda a: a.ma
 def test_a_reduction_over_an_empty_batch(name, f, dtype):
     xs = torch.empty(0, dtype=dtype)
     same(mf.vmap(f)(xs), tf.vmap(f)(xs))
+
+
+# --- jit's cache is bounded (least recently used out) ---------------------------------------
+def test_jit_keeps_the_most_recently_used_signatures_only():
+    traces = []
+
+    def f(x):
+        traces.append(tuple(x.shape))
+        return (x.sin() ** 2).sum()
+
+    g = mf.jit(mf.grad(f), max_signatures=4)
+    for n in range(1, 7):  # six shapes: the first two are dropped
+        torch.testing.assert_close(g(torch.ones(n)), tf.grad(f)(torch.ones(n)))
+    assert g.cache_size() == 4
+    traced = len(traces)
+    g(torch.ones(6))  # cached, most recent: no trace
+    g(torch.ones(3))  # cached (least recent of the four), becomes most recent
+    assert len(traces) == traced
+    g(torch.ones(1))  # dropped earlier: traced again, and drops shape 4, now the least recent
+    assert len(traces) == traced + 1 and g.cache_size() == 4
+    g(torch.ones(3))
+    assert len(traces) == traced + 1
+    g(torch.ones(4))
+    assert len(traces) == traced + 2
+
+
+def test_jit_over_many_shapes_keeps_memory_bounded():
+    import gc
+    import tracemalloc
+
+    f = lambda x: torch.tanh(x @ x.T).sum()  # noqa: E731
+    g = mf.jit(mf.grad(f), max_signatures=8)
+    for n in range(1, 41):  # warm: the cache is full, torch's own caches are made
+        g(torch.ones(n, 3))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(41, 201):
+            g(torch.ones(n, 3))
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert g.cache_size() == 8
+    # unbounded, the 160 programs held about 1.5 MB here; bounded, about 0.2 MB
+    assert grown < 600_000, grown
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "8"])
+def test_jit_max_signatures_must_be_a_positive_int(bad):
+    with pytest.raises(mf.TransformError, match="max_signatures"):
+        mf.jit(lambda x: x, max_signatures=bad)
