@@ -10,12 +10,21 @@ the function, and its rules are built from ``fwd`` and ``bwd``.
 - Batching makes a new custom function whose function, ``fwd`` and ``bwd`` are vmapped, and
   binds it one level down, so an Autograd level below vmap still sees a custom function (the
   seed's "batchify" of ``custom_vjp``).
+
+NOTE [Rule tables do not keep a custom function alive]
+The rule tables are module-level dicts. Had they held the custom function's bound methods,
+every definition would live as long as the process: a notebook cell that defines one, run
+ten times, would leave ten in the tables. So the tables hold small functions that reach the
+definition through a weak reference, and a finalizer takes the primitive's rules out of the
+tables when the definition is garbage. (JAX avoids the question: its custom_vjp rules live
+on the primitive's parameters, not in a global table.)
 """
 import functools
+import weakref
 
 from .autograd import vjp_rules
 from .batching import batching_rules
-from .errors import TransformUsageError
+from .errors import MissingRuleError, TransformUsageError
 from .forward import jvp_rules
 from .primitives import Primitive
 from .tensor import as_tensor, as_tensors, unwrap_all, unwrap_tree
@@ -69,10 +78,7 @@ class custom_vjp:
     def defvjp(self, fwd, bwd):
         """Attach the forward (returns ``(out, saved)``) and backward (``bwd(saved, ct)``)."""
         self.fwd, self.bwd = fwd, bwd
-        prim = self.prim
-        vjp_rules[prim] = self._vjp_rule
-        jvp_rules[prim] = self._jvp_rule
-        batching_rules[prim] = self._batching_rule
+        _register_rules(self)
         return self
 
     def __call__(self, *args):
@@ -106,3 +112,30 @@ class custom_vjp:
                            vmap(self.bwd, in_dims=(0, 0)))
             self._batched_versions[key] = batched
         return bind(batched.prim, *values), 0
+
+
+# --- the rule tables hold a custom function weakly ----------------------------------------------
+def _register_rules(custom):
+    """Rules of ``custom.prim`` that look the definition up through a weak reference
+    (NOTE [Rule tables do not keep a custom function alive])."""
+    prim, definition = custom.prim, weakref.ref(custom)
+
+    def alive():
+        custom = definition()
+        if custom is None:
+            raise MissingRuleError(
+                f"{prim.name}: its custom_vjp definition no longer exists (it was garbage "
+                "collected), but a program still uses it. Fix: keep the custom_vjp function "
+                "alive while programs that call it run."
+            )
+        return custom
+
+    vjp_rules[prim] = lambda *args: alive()._vjp_rule(*args)
+    jvp_rules[prim] = lambda primals, tangents: alive()._jvp_rule(primals, tangents)
+    batching_rules[prim] = lambda values, bdims: alive()._batching_rule(values, bdims)
+    weakref.finalize(custom, _forget_rules, prim)
+
+
+def _forget_rules(prim):
+    for table in (vjp_rules, jvp_rules, batching_rules):
+        table.pop(prim, None)

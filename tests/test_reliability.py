@@ -98,3 +98,31 @@ def test_jit_over_many_shapes_keeps_memory_bounded():
 def test_jit_max_signatures_must_be_a_positive_int(bad):
     with pytest.raises(mf.TransformError, match="max_signatures"):
         mf.jit(lambda x: x, max_signatures=bad)
+
+
+# --- custom rules do not outlive their definition ---------------------------------------------
+def test_redefining_a_custom_vjp_does_not_grow_the_rule_tables():
+    import gc
+
+    def define():  # what a notebook cell that defines a custom_vjp does on each run
+        @mf.custom_vjp
+        def clip_gradient(x):
+            return x
+
+        clip_gradient.defvjp(lambda x: (x, ()), lambda saved, ct: (ct.clamp(-1, 1),))
+        return clip_gradient
+
+    x = torch.linspace(-3, 3, 5)
+    clip_gradient = define()
+    torch.testing.assert_close(mf.grad(lambda x: (clip_gradient(x) * 4).sum())(x),
+                               torch.ones(5))
+    torch.testing.assert_close(mf.vmap(mf.grad(lambda x: clip_gradient(x) * 4))(x),
+                               torch.ones(5))
+    gc.collect()
+    sizes = (len(mf.vjp_rules), len(mf.jvp_rules), len(mf.batching_rules))
+    for _ in range(10):
+        clip_gradient = define()
+        torch.testing.assert_close(mf.vmap(mf.grad(lambda x: clip_gradient(x) * 4))(x),
+                                   torch.ones(5))
+    gc.collect()
+    assert (len(mf.vjp_rules), len(mf.jvp_rules), len(mf.batching_rules)) == sizes
