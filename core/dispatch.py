@@ -23,6 +23,7 @@ decide. This is what lets a backward closure recorded under ``grad`` run later u
 """
 import contextlib
 import gc
+import threading
 
 import torch
 
@@ -296,17 +297,29 @@ def _explicit_call():
 
 
 # --- the stack of transform levels -------------------------------------------------------------
-_transform_stack: list[Dispatcher] = [TORCH]
+# NOTE [One stack of levels per thread]
+# Two threads that each run transforms must not see each other's levels: a level pushed by
+# one thread would become the other's current level, and a torch.rand on a plain tensor in
+# one thread would look like a random call inside the other's vmap. So the stack lives in a
+# threading.local, as functorch keeps its DynamicLayer stack in thread-local state (and JAX
+# its trace state).
+class _PerThread(threading.local):
+    def __init__(self):
+        self.transform_stack = [TORCH]  # the bottom level is shared: it has no state
+
+
+_per_thread = _PerThread()
 
 
 def transform_levels() -> tuple:
-    """The levels of the transforms running now, outermost first (without the Torch level)."""
-    return tuple(_transform_stack[1:])
+    """The levels of the transforms running now in this thread, outermost first (without the
+    Torch level)."""
+    return tuple(_per_thread.transform_stack[1:])
 
 
 def current_dispatcher() -> Dispatcher:
     """The innermost active level: a new transform level is pushed on top of it."""
-    return _transform_stack[-1]
+    return _per_thread.transform_stack[-1]
 
 
 class _TransformScope:
@@ -318,9 +331,10 @@ class _TransformScope:
         self.level = level
 
     def __enter__(self):
-        if len(_transform_stack) == 1:
+        stack = _per_thread.transform_stack
+        if len(stack) == 1:
             reset_names()
-        _transform_stack.append(self.level)
+        stack.append(self.level)
         # NOTE [Garbage collection during a transform]
         # A transform allocates many small objects per op (wrappers, closures, tape entries),
         # and every few hundred allocations the cyclic collector would walk the young
@@ -336,7 +350,7 @@ class _TransformScope:
     def __exit__(self, *exc_info):
         if self.gc_paused:
             gc.enable()
-        popped = _transform_stack.pop()
+        popped = _per_thread.transform_stack.pop()
         assert popped is self.level, "transform levels must be popped in the order they were pushed"
 
 

@@ -6,18 +6,27 @@ dispatch.py), so that the same notebook cell prints the same names on every run.
 need to be unique inside one top-level call: that is the scope of every tape and program.
 """
 import itertools
+import threading
 
-_counter = itertools.count()
+
+class _PerThread(threading.local):
+    """Each thread numbers its own values (NOTE [One stack of levels per thread] in
+    dispatch.py): a transform starting in one thread must not restart another's names."""
+
+    def __init__(self):
+        self.counter = itertools.count()
+
+
+_per_thread = _PerThread()
 
 
 def fresh_name() -> str:
-    return f"v{next(_counter)}"
+    return f"v{next(_per_thread.counter)}"
 
 
 def reset_names() -> None:
     """Restart value names at v0. Called at the start of each top-level transform."""
-    global _counter
-    _counter = itertools.count()
+    _per_thread.counter = itertools.count()
 
 
 def label(tensor, name: str | None = None):

@@ -458,7 +458,7 @@ class Outcome:
 def _ours(run, *args):
     """Our result (or exception), the fallbacks it used, and whether it left the engine
     clean. A hang is cut by an alarm."""
-    stack_depth = len(dispatch._transform_stack)
+    stack_depth = len(dispatch._per_thread.transform_stack)
     modes = torch._C._len_torch_function_stack()
     previous = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, CALL_TIME_LIMIT)
@@ -472,8 +472,8 @@ def _ours(run, *args):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     left = None
-    if len(dispatch._transform_stack) != stack_depth:
-        del dispatch._transform_stack[stack_depth:]
+    if len(dispatch._per_thread.transform_stack) != stack_depth:
+        del dispatch._per_thread.transform_stack[stack_depth:]
         left = "left a transform level on the stack"
     while torch._C._len_torch_function_stack() > modes:
         torch._C._pop_torch_function_stack()

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 from minifunctorch.core import grad, hessian, jacrev, jvp, simplify, trace, vjp, vmap
-from minifunctorch.core.dispatch import _transform_stack
+from minifunctorch.core.dispatch import transform_levels
 from minifunctorch.core.passes import (
     eliminate_common_subexpressions,
     eliminate_dead_code,
@@ -16,9 +16,9 @@ from minifunctorch.core.passes import (
 
 @pytest.fixture(autouse=True)
 def _no_level_left_behind():
-    assert len(_transform_stack) == 1, "a previous test left a transform level"
+    assert not transform_levels(), "a previous test left a transform level"
     yield
-    assert len(_transform_stack) == 1, f"the test left transform levels: {_transform_stack}"
+    assert not transform_levels(), f"the test left transform levels: {transform_levels()}"
 
 
 def rand(seed, *shape):

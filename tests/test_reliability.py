@@ -126,3 +126,63 @@ def test_redefining_a_custom_vjp_does_not_grow_the_rule_tables():
                                    torch.ones(5))
     gc.collect()
     assert (len(mf.vjp_rules), len(mf.jvp_rules), len(mf.batching_rules)) == sizes
+
+
+# --- threads: each has its own stack of levels ------------------------------------------------
+def _in_threads(work, count=4):
+    import sys
+    import threading
+
+    errors = []
+
+    def run(k):
+        try:
+            work(k)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often, inside transforms
+    try:
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[0]
+
+
+def test_transforms_in_concurrent_threads():
+    x = torch.randn(4, 3, dtype=torch.float64)
+
+    def f(k):
+        return lambda a: ((a * (k + 1)).sin() ** 2).sum()
+
+    # torch.func's answers, computed before (its forward AD levels are not per-thread)
+    expected = [(tf.vmap(tf.grad(f(k)))(x), tf.jacrev(torch.sin)(x[k]),
+                 tf.jvp(f(k), (x,), (x,))) for k in range(4)]
+
+    def work(k):
+        for _ in range(60):
+            per_sample, jacobian, (out, out_dot) = expected[k]
+            torch.testing.assert_close(mf.vmap(mf.grad(f(k)))(x), per_sample)
+            torch.testing.assert_close(mf.jacrev(torch.sin)(x[k]), jacobian)
+            torch.testing.assert_close(mf.jvp(f(k), (x,), (x,)), (out, out_dot))
+
+    _in_threads(work)
+    assert not mf.dispatch.transform_levels()
+
+
+def test_random_calls_in_one_thread_while_another_runs_vmap():
+    x = torch.randn(4, 3)
+
+    def work(k):
+        for _ in range(200):
+            if k % 2:
+                mf.vmap(torch.sin, randomness="error")(x)
+            else:
+                assert torch.rand(3).shape == (3,)  # not inside any vmap of this thread
+
+    _in_threads(work)
