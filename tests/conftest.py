@@ -24,8 +24,8 @@ def _no_level_left_behind(request):
         yield
         return
     from minifunctorch.core import dispatch
-    assert len(dispatch._transform_stack) == 1, "a previous test left a transform level"
+    assert not dispatch.transform_levels(), "a previous test left a transform level"
     yield
-    assert len(dispatch._transform_stack) == 1, (
-        f"the test left transform levels on the stack: {dispatch._transform_stack}"
+    assert not dispatch.transform_levels(), (
+        f"the test left transform levels on the stack: {dispatch.transform_levels()}"
     )

@@ -45,7 +45,7 @@ def shell():
     yield shell
     InteractiveShell.clear_instance()
     from minifunctorch.core import dispatch
-    assert len(dispatch._transform_stack) == 1, "a magic left a transform level behind"
+    assert not dispatch.transform_levels(), "a magic left a transform level behind"
 
 
 def ok(shell, source):

@@ -35,14 +35,14 @@ from minifunctorch.core import (
     vmap,
 )
 from minifunctorch.core import primitives as P
-from minifunctorch.core.dispatch import _transform_stack
+from minifunctorch.core.dispatch import transform_levels
 
 
 @pytest.fixture(autouse=True)
 def _no_level_left_behind():
-    assert len(_transform_stack) == 1, "a previous test left a transform level"
+    assert not transform_levels(), "a previous test left a transform level"
     yield
-    assert len(_transform_stack) == 1, f"the test left transform levels: {_transform_stack}"
+    assert not transform_levels(), f"the test left transform levels: {transform_levels()}"
 
 
 def rand(seed, *shape, low=None):
