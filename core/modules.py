@@ -22,6 +22,8 @@ and the fix. torch's function is taken from ``torch._functorch.functional_call``
 looked up as ``torch.func.functional_call`` at call time, which a user (or
 tools/torchfunc_shim.py) may have pointed at this very function.
 """
+from collections.abc import Sequence
+
 import torch
 from torch._functorch.functional_call import functional_call as _torch_functional_call
 
@@ -64,7 +66,7 @@ def _merge(dicts, call) -> dict:
     """One dict of every given tensor: torch.func's rules for a dict or a sequence of them."""
     if isinstance(dicts, dict):
         return dicts
-    if not isinstance(dicts, (tuple, list)):
+    if not isinstance(dicts, Sequence):
         raise ModuleArgumentError(
             f"Expected parameter_and_buffer_dicts to be a dict, or a list/tuple of dicts, but "
             f"got {type(dicts)}. {call}: expected {{name: tensor}} or a tuple of such dicts "
@@ -109,6 +111,9 @@ def _check_refused_modules(module, call):
             "nn.DataParallel. Fix: pass its .module.")
 
 
+_USE_NAMES = "Fix: use the names of module.named_parameters() and module.named_buffers()."
+
+
 def _check_keys_and_values(module, tensors, call):
     """What torch's swap would trip over, refused before anything is swapped."""
     for key, value in tensors.items():
@@ -118,7 +123,7 @@ def _check_keys_and_values(module, tensors, call):
                 f"{key!r}. Fix: key the tensors by name.")
         if value is not None and not isinstance(value, torch.Tensor):
             raise ModuleTypeError(
-                f"{value!r} is not an instance of torch.Tensor. {call}: the value for {key!r} "
+                f"{value} is not an instance of torch.Tensor. {call}: the value for {key!r} "
                 f"is a {type(value).__name__}. Fix: pass tensors (torch.as_tensor(...)).")
         owner, path = module, ""
         *owner_names, attribute = key.split(".")
@@ -127,23 +132,19 @@ def _check_keys_and_values(module, tensors, call):
             if not hasattr(owner, part):
                 raise ModuleAttributeError(
                     f"{owner._get_name()} has no attribute `{part}`. {call}: the key {key!r} "
-                    f"goes through {path!r}, which the module does not have. Fix: use the names "
-                    "of module.named_parameters() and module.named_buffers().")
+                    f"goes through {path!r}, which the module does not have. {_USE_NAMES}")
             owner = getattr(owner, part)
             if not isinstance(owner, torch.nn.Module):
                 raise ModuleTypeError(
-                    f"submodule `{path}`: {type(owner).__name__} is not an instance of "
-                    f"torch.nn.Module. {call}: the key {key!r} goes through it. Fix: use the "
-                    "names of module.named_parameters() and module.named_buffers().")
+                    f"submodule `{path}`: {owner} is not an instance of torch.nn.Module. "
+                    f"{call}: the key {key!r} goes through it. {_USE_NAMES}")
         if attribute in owner._parameters or attribute in owner._buffers:
             continue
         current = getattr(owner, attribute, None)
         if current is not None and not isinstance(current, torch.Tensor):
             raise ModuleTypeError(
-                f"attribute `{attribute}`: {type(current).__name__} is not an instance of "
-                f"torch.Tensor. {call}: the key {key!r} names an attribute that is not a "
-                "tensor. Fix: use the names of module.named_parameters() and "
-                "module.named_buffers().")
+                f"attribute `{attribute}`: {current} is not an instance of torch.Tensor. "
+                f"{call}: the key {key!r} names an attribute that is not a tensor. {_USE_NAMES}")
 
 
 def _tied_groups(module) -> dict:
@@ -223,12 +224,12 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
     call = _describe(module, parameter_and_buffer_dicts, tie_weights, strict)
     tensors = _merge(parameter_and_buffer_dicts, call)
     _check_refused_modules(module, call)
-    _check_keys_and_values(module, tensors, call)
     groups = _tied_groups(module)
     if tie_weights:
         _check_tied_values(tensors, groups, call)
     if strict:
         _check_strict(module, tensors, groups, tie_weights, call)
+    _check_keys_and_values(module, tensors, call)
     return _torch_functional_call(module, parameter_and_buffer_dicts, args, kwargs,
                                   tie_weights=tie_weights, strict=strict)
 
