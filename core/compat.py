@@ -37,7 +37,9 @@ def _strip_state(model, named, placeholder):
     """Replace each tensor that ``named`` lists in ``model`` by a meta placeholder (one per
     distinct tensor); return (tensors, their first names, {first name: all of its names})."""
     first_name, names_map = {}, {}
-    for name, tensor in named(remove_duplicate=False):
+    # listed before any replacement: a submodule reached under two names (self.b = self.a)
+    # would otherwise show its placeholders the second time, as new tensors
+    for name, tensor in list(named(remove_duplicate=False)):
         key = id(tensor)
         if key not in first_name:
             first_name[key] = (name, tensor, placeholder(torch.empty_like(tensor, device="meta")))

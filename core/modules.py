@@ -6,26 +6,32 @@ over arguments, and a module keeps its state in attributes. ``stack_module_state
 an ensemble for ``vmap``; ``replace_all_batch_norm_modules_`` removes the running statistics
 that batch norm would otherwise update in place under ``vmap``.
 
-NOTE [functional_call delegates the swap to torch.func's]
+NOTE [functional_call reuses torch.func's swap]
 torch.func.functional_call swaps the given tensors into the module's ``_parameters`` and
-``_buffers`` tables (torch.nn.utils.stateless), calls it, and swaps the originals back in a
-``finally``. It never looks inside the tensors: it only needs ``isinstance(t, torch.Tensor)``
-and identity, and a FuncTensor (tensor.py) is a real torch.Tensor. So torch's own swap runs
-unchanged under this engine's transforms (tests/test_modules.py checks it under grad, vjp,
-jvp and vmap against torch.func), and reusing it gives torch.func's exact semantics: tied
-weights (``tie_weights``), keys that the module does not have (``strict``), a tuple of dicts,
-and in-place updates of buffers written back into the caller's dict.
-What this module adds is the checks, made before the swap so that a misuse raises this
-engine's errors: they derive from the builtin exception torch.func raises (ValueError,
-RuntimeError, AttributeError, TypeError), begin with torch.func's wording, then name the call
-and the fix. torch's function is taken from ``torch._functorch.functional_call`` rather than
-looked up as ``torch.func.functional_call`` at call time, which a user (or
-tools/torchfunc_shim.py) may have pointed at this very function.
+``_buffers`` tables (``_reparametrize_module`` in torch.nn.utils.stateless), calls the module,
+and swaps the originals back in a ``finally``. It never looks inside the tensors: it needs
+only ``isinstance(t, torch.Tensor)`` and identity, and a FuncTensor (tensor.py) is a real
+torch.Tensor. So torch's own swap runs unchanged under this engine's transforms
+(tests/test_modules.py checks it under grad, vjp, jvp and vmap against torch.func), and
+reusing it gives torch.func's exact semantics: tied weights (``tie_weights``), keys the module
+does not have (``strict``), a tuple of dicts, and buffers that the module reassigns written
+back into the caller's dict.
+Two differences, both on purpose:
+- The checks come first, here, so that a misuse raises this engine's errors: they derive
+  from the builtin exception torch.func raises (ValueError, RuntimeError, AttributeError,
+  TypeError), begin with torch.func's wording, then name the call and the fix.
+- The originals are put back in the reverse order of the swap (torch's ``stack_weights=True``
+  option). torch.func restores in the same order, which is wrong when one submodule is
+  reachable under two names (``self.b = self.a``): with tie_weights, ``a.weight`` and
+  ``b.weight`` are the same slot, the second swap records the first's new tensor as the
+  "original", and the module keeps the caller's tensor after the call (pytorch/pytorch
+  issue 164759). Under a transform that tensor would be a value of a finished level left
+  inside the user's module. In reverse order each slot gets back what it held.
 """
 from collections.abc import Sequence
 
 import torch
-from torch._functorch.functional_call import functional_call as _torch_functional_call
+from torch.nn.utils.stateless import _reparametrize_module
 
 from .errors import TransformUsageError
 
@@ -219,7 +225,7 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
     ...
     minifunctorch.core.modules.ModuleStateError: Error(s) in reparametrizing for Linear:...Missing key(s): 'bias'...
 
-    Swapping is torch.func's own (NOTE [functional_call delegates the swap to torch.func's]).
+    The swap is torch.func's own (NOTE [functional_call reuses torch.func's swap]).
     """
     call = _describe(module, parameter_and_buffer_dicts, tie_weights, strict)
     tensors = _merge(parameter_and_buffer_dicts, call)
@@ -230,8 +236,15 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
     if strict:
         _check_strict(module, tensors, groups, tie_weights, call)
     _check_keys_and_values(module, tensors, call)
-    return _torch_functional_call(module, parameter_and_buffer_dicts, args, kwargs,
-                                  tie_weights=tie_weights, strict=strict)
+    if args is None:
+        args = ()
+    elif not isinstance(args, tuple):
+        args = (args,)
+    # ``tensors`` is the caller's own dict when one dict was given: torch.func writes buffers
+    # that the module reassigns back into it, and so does this
+    with _reparametrize_module(module, tensors, tie_weights=tie_weights, strict=strict,
+                               stack_weights=True):
+        return module(*args, **(kwargs or {}))
 
 
 # --- ensembles ---------------------------------------------------------------------------------

@@ -331,6 +331,44 @@ def test_tied_weights_in_an_ensemble():
         torch.testing.assert_close(outputs, torch.stack([m(TOKENS) for m in models]))
 
 
+def test_a_submodule_under_two_names_is_restored():
+    """``self.again = self.linear``: 'linear.weight' and 'again.weight' are one slot. torch.func
+    leaves the given tensor in the module after the call (pytorch/pytorch issue 164759); here
+    the module gets its own tensors back, also after a transform."""
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 3).to(DTYPE)
+            self.again = self.linear
+
+        def forward(self, x):
+            return self.again(torch.tanh(self.linear(x)))
+
+    model = Twice()
+    original = dict(model.named_parameters(remove_duplicate=False))
+    x = randn(2, 3)
+    for tie_weights in (True, False):
+        p = {k: v * 2 for k, v in params_of(model).items()}
+
+        def program(ft):
+            fresh = Twice()  # torch.func leaves p's tensors in the module it calls
+            return ft.grad(lambda p: ft.functional_call(
+                fresh, p, x, tie_weights=tie_weights).sum())(p)
+        both(program)
+        out = mf.functional_call(model, p, x, tie_weights=tie_weights)
+        grads = mf.grad(lambda p: mf.functional_call(model, p, x, tie_weights=tie_weights)
+                        .sum())(p)
+        both_given = {**p, "again.weight": p["linear.weight"], "again.bias": p["linear.bias"]}
+        mf.functional_call(model, both_given, x, tie_weights=tie_weights)
+        assert dict(model.named_parameters(remove_duplicate=False)) == original
+        with torch.no_grad():
+            manual = copy.deepcopy(model)
+            manual.linear.weight.copy_(p["linear.weight"])
+            manual.linear.bias.copy_(p["linear.bias"])
+            torch.testing.assert_close(out, manual(x))
+        assert set(grads) == {"linear.weight", "linear.bias"}
+
+
 # --- strict -----------------------------------------------------------------------------------------
 def test_strict_accepts_exactly_the_state():
     lm = TiedLM()
@@ -575,11 +613,14 @@ class WithBuffer(nn.Module):
         self.linear = nn.Linear(3, 3).to(DTYPE)
         self.bias = nn.Parameter(torch.randn(3, dtype=DTYPE))
         self.weight = self.linear.weight  # a tied parameter
+        self.scale = nn.Linear(3, 3, bias=False).to(DTYPE)
+        self.scale_again = self.scale  # one submodule under two names
         self.register_buffer("offset", torch.randn(3, dtype=DTYPE))
         self.register_buffer("offset_tied", self.offset)
 
     def forward(self, x):
         x = self.linear(x) + F.linear(x, self.weight) + self.bias
+        x = self.scale_again(self.scale(x))
         return x + self.offset + self.offset_tied
 
 
@@ -621,7 +662,7 @@ def test_make_functional_with_buffers_matches_functorch():
     f_func, f_params, f_buffers = functorch_mf.make_functional_with_buffers(model)
     assert _state_structure(func, params, buffers) == \
         _state_structure(f_func, f_params, f_buffers)
-    assert len(params) == 3 and len(buffers) == 1, "tied tensors are returned once"
+    assert len(params) == 4 and len(buffers) == 1, "tied tensors are returned once"
     assert_same((params, buffers), (f_params, f_buffers))
     torch.testing.assert_close(func(params, buffers, x), f_func(f_params, f_buffers, x))
     grads = mf.grad(lambda p, b: func(p, b, x).sum(), argnums=(0, 1))(params, buffers)
@@ -633,7 +674,7 @@ def test_make_functional_with_buffers_matches_functorch():
     # the functional module's own state stays meta, before and after calls
     assert all(t.device.type == "meta" for t in (*func.stateless_model.parameters(),
                                                  *func.stateless_model.buffers()))
-    with pytest.raises(ValueError, match=r"expected 3 parameters .* got 2"):
+    with pytest.raises(ValueError, match=r"expected 4 parameters .* got 2"):
         func(params[:2], buffers, x)
 
 
