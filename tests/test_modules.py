@@ -30,15 +30,15 @@ DTYPE = torch.float64
 # torch.func's side of each program: the transforms, and functorch's compatibility API
 TORCH = types.SimpleNamespace(
     **{name: getattr(tf, name) for name in (
-        "grad", "vjp", "jvp", "vmap", "jacrev", "functional_call", "stack_module_state",
-        "replace_all_batch_norm_modules_")},
+        "grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "functional_call",
+        "stack_module_state", "replace_all_batch_norm_modules_")},
     make_functional=functorch_mf.make_functional,
     make_functional_with_buffers=functorch_mf.make_functional_with_buffers,
     combine_state_for_ensemble=functorch_mf.combine_state_for_ensemble)
 OURS = types.SimpleNamespace(
     **{name: getattr(mf, name) for name in (
-        "grad", "vjp", "jvp", "vmap", "jacrev", "functional_call", "stack_module_state",
-        "replace_all_batch_norm_modules_")},
+        "grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "functional_call",
+        "stack_module_state", "replace_all_batch_norm_modules_")},
     make_functional=compat.make_functional,
     make_functional_with_buffers=compat.make_functional_with_buffers,
     combine_state_for_ensemble=compat.combine_state_for_ensemble)
@@ -227,6 +227,9 @@ def test_functional_call_under_grad_vjp_jvp_jacrev():
     both(lambda ft: ft.grad(loss(ft))(p))
     both(lambda ft: ft.jvp(loss(ft), (p,), (tangent,)))
     both(lambda ft: ft.jacrev(lambda p: ft.functional_call(model, p, x))(p))
+    both(lambda ft: ft.jacfwd(lambda p: ft.functional_call(model, p, x))(p))
+    both(lambda ft: ft.hessian(lambda b: ft.functional_call(
+        model, {**p, "2.bias": b}, x).pow(3).sum())(p["2.bias"]))
 
     def pulled(ft):
         out, vjp_fn = ft.vjp(lambda p: ft.functional_call(model, p, x), p)
