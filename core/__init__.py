@@ -33,8 +33,17 @@ from .source_to_source import split_vjp, vjp_program
 from .passes import simplify
 from .jit import jit
 from .primitives import PRIMITIVES, Primitive
-from .transforms import (
+from .modules import (
+    ModuleArgumentError,
+    ModuleAttributeError,
+    ModuleStateError,
+    ModuleTypeError,
     functional_call,
+    replace_all_batch_norm_modules_,
+    stack_module_state,
+)
+from .compat import combine_state_for_ensemble, make_functional, make_functional_with_buffers
+from .transforms import (
     grad,
     grad_and_value,
     hessian,
@@ -42,7 +51,6 @@ from .transforms import (
     jacrev,
     jvp,
     linearize,
-    stack_module_state,
     vjp,
     vmap,
 )
@@ -54,7 +62,9 @@ __all__ = [
     "TransformError", "TransformUsageError", "TypecheckError", "UnsupportedOperationError",
     "batching_rules", "bind", "capture_tapes", "custom_vjp", "functional_call", "grad",
     "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "jvp_rules", "label", "linearize",
-    "stack_module_state",
+    "stack_module_state", "replace_all_batch_norm_modules_", "make_functional",
+    "make_functional_with_buffers", "combine_state_for_ensemble", "ModuleArgumentError",
+    "ModuleAttributeError", "ModuleStateError", "ModuleTypeError",
     "reset_names", "vjp", "vjp_rules", "vmap", "trace", "Program", "Var", "Literal",
     "Equation", "Tracing", "TracerValue", "split_vjp", "vjp_program", "simplify", "jit",
     "Value", "AutogradValue", "BatchedValue", "ForwardValue", "LoggedValue", "capture_fallbacks",

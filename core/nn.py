@@ -1356,8 +1356,11 @@ def _bn_backward_input(ct, x, weight, stat0, stat1, *, training, eps):
 
 
 def _bn_backward_params(ct, x, stat0, stat1, *, training, eps):
+    # grad_weight and grad_bias do not depend on the weight, but torch's own derivative of
+    # this kernel (an outer .backward() through it, as in MAML) needs a defined one: ones
+    ones = torch.ones(x.shape[1], dtype=x.dtype, device=x.device)
     _, grad_weight, grad_bias = aten.native_batch_norm_backward(
-        ct, x, *_bn_backward_arguments(x, None, stat0, stat1, training), training, eps,
+        ct, x, *_bn_backward_arguments(x, ones, stat0, stat1, training), training, eps,
         [False, True, True])
     return torch.stack([grad_weight, grad_bias])
 

@@ -682,15 +682,8 @@ def maml_omniglot(api, n_way=5, k_spt=1, k_qry=2, task_num=2, channels=8, n_inne
 # (test_batch_norm_meta_gradient_under_vmap checks the loop against finite differences). So
 # the oracle for the Omniglot program is torch.func running the tasks in a Python loop, which
 # is what functorch's maml-omniglot-ptonly.py does; under vmap the engine must give the same.
-ENGINE_GAP_BATCH_NORM = pytest.mark.xfail(
-    strict=True, raises=RuntimeError,
-    reason="engine gap: core/nn.py _bn_backward_params calls aten.native_batch_norm_backward "
-           "with weight=None; when its inputs require grad (an outer .backward() through grad), "
-           "torch's double backward of that kernel needs a defined weight and raises 'Expected "
-           "a proper Tensor but got None (or an undefined Tensor in C++) for argument #0 'self''")
 
 
-@ENGINE_GAP_BATCH_NORM
 def test_maml_omniglot():
     ours = maml_omniglot(minifunctorch.core)
     theirs = maml_omniglot(torch.func, vmap_tasks=False)
@@ -707,7 +700,6 @@ def batch_norm_meta_loss(api, a, w, x, use_vmap):
     return sum(api.grad(loss, argnums=1)(a, w, example).pow(2).sum() for example in x)
 
 
-@ENGINE_GAP_BATCH_NORM
 def test_batch_norm_meta_gradient_under_vmap():
     torch.manual_seed(0)
     x = torch.randn(3, 2, 3, 5, dtype=torch.float64)
