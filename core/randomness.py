@@ -54,6 +54,8 @@ ERROR_MODE = ("vmap: called random operation while in randomness error mode. Ple
 SAME_BATCHED = "Vmap does not currently support same randomness with a batched tensor input."
 INPLACE_UNBATCHED = ("vmap: Cannot ask for different inplace randomness on an unbatched tensor. "
                      "This will appear like same randomness.")
+OUT_VARIANT = ("vmap: We do not support calling out variants of random operations inside of vmap. "
+               "Please use non-out variants as a workaround")
 
 
 def draw(func, args, kwargs):
@@ -63,6 +65,12 @@ def draw(func, args, kwargs):
     if not levels:
         return NotImplemented
     kind, name = _KINDS[func]
+    if kwargs.get("out") is not None:
+        raise InPlaceError(
+            f"{OUT_VARIANT}. {levels[-1].call}: {name}(..., out=...) would write random "
+            "numbers into a tensor of its own. Fix: use the returned value "
+            f"(y = {name}(...)), and copy it where needed."
+        )
     return kind(levels, func, name, args, dict(kwargs))
 
 
@@ -127,7 +135,8 @@ def _check(level, name, batched=False):
 
 # --- factories: torch.rand(2, 3), torch.randint(10, (2, 3)), torch.normal(0., 1., (2, 3)) -----
 def _split_size(func, args, kwargs):
-    """(arguments before the size, the size) of a factory call; the size is taken out."""
+    """(arguments before the size, the size) of a factory call; the size is taken out (and
+    given back as ``size=``, which every overload accepts)."""
     if "size" in kwargs:
         return tuple(args), tuple(kwargs.pop("size"))
     if func in (torch.rand, torch.randn):
@@ -144,7 +153,7 @@ def _factory(levels, func, name, args, kwargs):
 
 def _factory_at(levels, func, name, front, size, kwargs):
     if not levels:
-        return _bottom(func, (*front, size), kwargs)
+        return _bottom(func, front, dict(kwargs, size=size))
     level, outer = levels[-1], levels[:-1]
     _check(level, name)
     if level.randomness == "same":
@@ -234,6 +243,21 @@ def _binary_pointwise(levels, func, name, mean, std, rest, kwargs):
     return _batched(level, _binary_pointwise(outer, func, name, mean, std, rest, kwargs))
 
 
+def _binomial(levels, func, name, args, kwargs):
+    count = args[0] if args else kwargs.pop("count")
+    prob = args[1] if len(args) > 1 else kwargs.pop("prob")
+    return _binary_pointwise(levels, func, name, count, prob, tuple(args[2:]), kwargs)
+
+
+def _refused(levels, func, name, args, kwargs):
+    """rrelu draws its slopes inside one aten op that torch.func has no rule for."""
+    raise RandomnessError(
+        f"vmap: we do not yet support aten::rrelu. {levels[-1].call}: {name} draws random "
+        "slopes (and torch.func refuses it under vmap even in eval mode). Fix: use "
+        "F.leaky_relu with a fixed slope, or call rrelu outside of vmap."
+    )
+
+
 def _multinomial(levels, func, name, args, kwargs):
     if not levels:
         return _bottom(func, args, kwargs)
@@ -276,7 +300,7 @@ def _fill(levels, func, name, x, extra, kwargs):
         return fresh
     level, outer = levels[-1], levels[:-1]
     x, batched = _at(level, x)
-    p, p_batched = (_at(level, extra[0]) if extra and isinstance(extra[0], torch.Tensor)
+    p, p_batched = (_at(level, extra[0]) if extra and isinstance(extra[0], (torch.Tensor, Value))
                     else (None, False))
     _check(level, name, p_batched)
     if p_batched and not batched:
@@ -364,7 +388,10 @@ _register(_factory, torch.rand, torch.randn, torch.randint)
 _register(_normal, torch.normal)
 _register(_randperm, torch.randperm)
 _register(_like, torch.rand_like, torch.randn_like, torch.randint_like)
-_register(_unary, torch.bernoulli, torch.Tensor.bernoulli, torch.poisson)
+_register(_unary, torch.bernoulli, torch.Tensor.bernoulli, torch.poisson, torch._standard_gamma,
+          torch._sample_dirichlet)
+_register(_binomial, torch.binomial)
+_register(_refused, torch.rrelu, torch.rrelu_, F.rrelu, F.rrelu_)
 _register(_multinomial, torch.multinomial, torch.Tensor.multinomial)
 _register(_in_place, torch.Tensor.random_, torch.Tensor.uniform_, torch.Tensor.normal_,
           torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.log_normal_,
