@@ -59,8 +59,23 @@ OUT_VARIANT = ("vmap: We do not support calling out variants of random operation
 
 
 def draw(func, args, kwargs):
-    """A random function called while a transform runs user code; NotImplemented when no
-    vmap is running (the transform mode then treats it as any other function)."""
+    """A random function called while a transform runs user code (the transform mode hands
+    it over): its numbers, following the ``randomness`` of every vmap level running. Returns
+    NotImplemented when no vmap is running (the mode then treats it as any other function).
+
+    >>> import torch
+    >>> from minifunctorch.core import vmap
+    >>> _ = torch.manual_seed(0)
+    >>> drawn = vmap(lambda x: x + torch.rand(2), randomness="different")(torch.zeros(3, 2))
+    >>> _ = torch.manual_seed(0)
+    >>> torch.equal(drawn, torch.rand(3, 2))     # one draw of shape (3, 2)
+    True
+    >>> _ = torch.manual_seed(0)
+    >>> shared = vmap(lambda x: x + torch.rand(2), randomness="same")(torch.zeros(3, 2))
+    >>> _ = torch.manual_seed(0)
+    >>> torch.equal(shared, torch.rand(2).expand(3, 2))   # one draw, shared
+    True
+    """
     levels = [level for level in transform_levels() if isinstance(level, Batched)]
     if not levels:
         return NotImplemented
@@ -225,22 +240,32 @@ def _pointwise(levels, func, name, args, kwargs, position):
     return out if level.randomness == "same" else _batched(level, out)
 
 
-def _binary_pointwise(levels, func, name, mean, std, rest, kwargs):
+def _binary_pointwise(levels, func, name, first, second, rest, kwargs):
+    """normal(mean, std) and binomial(count, prob) with two tensors: 'different' expands the
+    first one when neither is batched; the batched ones get their batch dims in front, and
+    the same number of example dims."""
     if not levels:
-        return _bottom(func, (mean, std, *rest), kwargs)
+        return _bottom(func, (first, second, *rest), kwargs)
     level, outer = levels[-1], levels[:-1]
-    mean, mean_batched = _at(level, mean)
-    std, std_batched = _at(level, std)
-    _check(level, name, mean_batched or std_batched)
+    first, first_batched = _at(level, first)
+    second, second_batched = _at(level, second)
+    _check(level, name, first_batched or second_batched)
     if level.randomness == "same":
-        return _binary_pointwise(outer, func, name, mean, std, rest, kwargs)
-    if not mean_batched and not std_batched:
-        mean, mean_batched = _with_batch(level, mean), True
-    # the batched ones get the same number of example dims (1s after the batch dim)
-    rank = max(mean.dim() - mean_batched, std.dim() - std_batched)
-    mean, std = (reshape(v, v.shape[0], *[1] * (rank + 1 - v.dim()), *v.shape[1:])
-                 if batched else v for v, batched in ((mean, mean_batched), (std, std_batched)))
-    return _batched(level, _binary_pointwise(outer, func, name, mean, std, rest, kwargs))
+        return _binary_pointwise(outer, func, name, first, second, rest, kwargs)
+    if not first_batched and not second_batched:
+        first, first_batched = _with_batch(level, first), True
+    rank = max(first.dim() - first_batched, second.dim() - second_batched)
+    first, second = (_padded(v, rank) if batched else v
+                     for v, batched in ((first, first_batched), (second, second_batched)))
+    return _batched(level, _binary_pointwise(outer, func, name, first, second, rest, kwargs))
+
+
+def _padded(value, rank):
+    """A value with its batch dim in front, given ``rank`` example dims (1s after the batch
+    dim), so that it lines up with another operand as torch broadcasts."""
+    missing = rank + 1 - value.dim()
+    return value if missing <= 0 else reshape(value, value.shape[0], *[1] * missing,
+                                              *value.shape[1:])
 
 
 def _binomial(levels, func, name, args, kwargs):
@@ -319,8 +344,7 @@ def _fill(levels, func, name, x, extra, kwargs):
         )
     if p is not None:
         if p_batched:  # p's example dims lined up with x's
-            rank = x.dim() - 1
-            p = reshape(p, p.shape[0], *[1] * (rank + 1 - p.dim()), *p.shape[1:])
+            p = _padded(p, x.dim() - batched)
         extra = (p, *extra[1:])
     if level.randomness == "same" and batched:
         # one draw of one example's shape, written into every example
@@ -361,10 +385,11 @@ def _dropout_kind(feature, alpha, in_place):
 
 
 def _functional_body(func):
-    """``F.dropout2d`` & co. without their own torch-function check, so that the transform
-    mode sees the ``torch.feature_dropout`` they call (the mode is off while it handles a
-    call, and would otherwise miss every call made inside)."""
-    module_globals = dict(func.__globals__, has_torch_function_unary=lambda *a: False)
+    """``F.dropout2d`` & co. (and nn.init's fills) without their own torch-function check, so
+    that the transform mode sees the ``torch.feature_dropout`` or ``Tensor.uniform_`` they
+    call: while the mode handles a call it is off, and would miss every call made inside."""
+    module_globals = dict(func.__globals__, has_torch_function_unary=lambda *a: False,
+                          torch=_TorchWithoutChecks())
     body = types.FunctionType(func.__code__, module_globals, func.__name__, func.__defaults__)
     body.__kwdefaults__ = func.__kwdefaults__
 
@@ -372,6 +397,15 @@ def _functional_body(func):
         with user_code():
             return body(*args, **kwargs)
     return kind
+
+
+class _TorchWithoutChecks:
+    """``torch`` as seen by a function body above, whose ``torch.overrides`` check finds no
+    torch function to call (nn.init asks ``torch.overrides.has_torch_function_variadic``)."""
+    overrides = types.SimpleNamespace(has_torch_function_variadic=lambda *a: False)
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
 
 
 # --- the table --------------------------------------------------------------------------------
@@ -402,5 +436,6 @@ for _feature in (False, True):
         _register(_dropout_kind(_feature, _alpha, False), getattr(torch, _base))
         _register(_dropout_kind(_feature, _alpha, True), getattr(torch, _base + "_"))
 for _func in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
-              F.feature_alpha_dropout):
+              F.feature_alpha_dropout, torch.nn.init.uniform_, torch.nn.init.normal_,
+              torch.nn.init.kaiming_uniform_):
     _register(_functional_body(_func), _func)
