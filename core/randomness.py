@@ -33,6 +33,11 @@ own rule: factories (``rand``), ``*_like``, pointwise ops whose numbers come fro
 fills (``uniform_``) and dropout, which draws its mask with ``bernoulli`` and multiplies.
 Random numbers are constants for grad and jvp (torch declares their derivatives zero), so
 only the vmap levels take part.
+
+Limits. A random aten op called directly on a plain tensor (``torch.ops.aten.bernoulli(t)``)
+is no torch function, so the mode never sees it; on a batched value it reaches the back door
+(``Batched.random_op``). Dropout follows torch's CPU composition; on CUDA torch uses its fused
+kernel, so the masks there are valid draws but not torch.func's numbers.
 """
 import types
 
@@ -206,6 +211,12 @@ def _randperm(levels, func, name, args, kwargs):
 
 # --- *_like: only the shape of the tensor matters ---------------------------------------------
 def _like(levels, func, name, args, kwargs):
+    if not args:
+        args = (kwargs.pop("input"),)
+    return _like_at(levels, func, name, tuple(args), kwargs)
+
+
+def _like_at(levels, func, name, args, kwargs):
     if not levels:
         return _bottom(func, args, kwargs)
     level, outer = levels[-1], levels[:-1]
@@ -214,10 +225,10 @@ def _like(levels, func, name, args, kwargs):
     if level.randomness == "same":
         if batched:
             x = getitem(x, 0)  # the shape of one example
-        return _like(outer, func, name, (x, *args[1:]), kwargs)
+        return _like_at(outer, func, name, (x, *args[1:]), kwargs)
     if not batched:
         x = _with_batch(level, x)
-    return _batched(level, _like(outer, func, name, (x, *args[1:]), kwargs))
+    return _batched(level, _like_at(outer, func, name, (x, *args[1:]), kwargs))
 
 
 # --- pointwise ops whose numbers come from a tensor: bernoulli(p), poisson, normal ------------
@@ -408,6 +419,40 @@ class _TorchWithoutChecks:
         return getattr(torch, name)
 
 
+# --- the back door: random aten ops on batched values -------------------------------------------
+def aten_random_op(level, name, values, kwargs):
+    """A random aten op that reached the back door with a value of vmap ``level``
+    (``torch.ops.aten.bernoulli(x)``, or an op inside a decomposition): the front door's rule
+    for it, or NotImplemented for an op without one (``Batched.random_op`` then runs it once
+    per example, or refuses). As at the front door, every vmap running takes part, the ones
+    inside ``level`` too (for them the value is the same for every example). No engine code
+    of an inner vmap reaches here with an op of this table: its per-example loop runs only
+    the ops that have no rule here."""
+    entry = _ATEN_KINDS.get(name)
+    levels = [other for other in transform_levels() if isinstance(other, Batched)]
+    if entry is None or level not in levels:  # (a Batched level of the explicit API)
+        return NotImplemented
+    kind, op = entry
+    return kind(levels, op, name, as_tensors(tuple(values)), dict(as_tensors(kwargs)))
+
+
+def _aten_kinds():
+    aten = torch.ops.aten
+    kinds = {}
+    for kind, ops in [
+        (_unary, [aten.bernoulli.default, aten.bernoulli.p, aten.poisson.default,
+                  aten._standard_gamma.default, aten._sample_dirichlet.default]),
+        (_normal, [aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor]),
+        (_binomial, [aten.binomial.default]),
+        (_multinomial, [aten.multinomial.default]),
+        (_like, [aten.rand_like.default, aten.randn_like.default, aten.randint_like.default,
+                 aten.randint_like.low_dtype]),
+    ]:
+        for op in ops:
+            kinds[str(op)] = (kind, op)
+    return kinds
+
+
 # --- the table --------------------------------------------------------------------------------
 _KINDS = {}
 
@@ -439,3 +484,4 @@ for _func in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
               F.feature_alpha_dropout, torch.nn.init.uniform_, torch.nn.init.normal_,
               torch.nn.init.kaiming_uniform_):
     _register(_functional_body(_func), _func)
+_ATEN_KINDS = _aten_kinds()
