@@ -481,7 +481,7 @@ for _feature in (False, True):
         _register(_dropout_kind(_feature, _alpha, False), getattr(torch, _base))
         _register(_dropout_kind(_feature, _alpha, True), getattr(torch, _base + "_"))
 for _func in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
-              F.feature_alpha_dropout, torch.nn.init.uniform_, torch.nn.init.normal_,
-              torch.nn.init.kaiming_uniform_):
+              F.feature_alpha_dropout, F.gumbel_softmax, torch.nn.init.uniform_,
+              torch.nn.init.normal_, torch.nn.init.kaiming_uniform_):
     _register(_functional_body(_func), _func)
 _ATEN_KINDS = _aten_kinds()

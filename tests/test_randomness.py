@@ -32,6 +32,11 @@ def _full(*shape, value=0.4):
     return torch.full(shape, value)
 
 
+def _fill_row(x):
+    x[1].uniform_()  # an in-place fill through a view writes into its base
+    return x
+
+
 # (name, f(x) for one example, the shape of one example); "plain" cases ignore x and draw from
 # a tensor made inside the function (the same for every example)
 CASES = [
@@ -86,6 +91,10 @@ CASES = [
     ("dropout_of_a_plain_tensor", lambda x: x.sum() + F.dropout(torch.ones(5), 0.5), (2, 4)),
     ("randn_out", lambda x: torch.randn(3, out=torch.empty(3)), (2, 4)),
     ("rrelu", lambda x: F.rrelu(x, training=False), (2, 4)),
+    ("gumbel_softmax", lambda x: F.gumbel_softmax(x, tau=0.5), (2, 4)),
+    ("fill_through_a_view", lambda x: _fill_row(x.clone()), (2, 4)),
+    ("distribution_rsample",
+     lambda x: torch.distributions.Normal(x, 1.0, validate_args=False).rsample(), (2, 4)),
 ]
 # the in-place fills, on the batched input and on a tensor made inside the function
 for _method, _args in [("random_", ()), ("uniform_", ()), ("normal_", ()), ("exponential_", ()),
