@@ -18,10 +18,12 @@ Nested vmaps compose: each level, innermost first, rewrites the call for the lev
 ``vmap(vmap(f, randomness='different'), randomness='different')`` draws ``(B0, B1, *shape)``
 at once. With ``chunk_size``, 'different' draws chunk by chunk, and 'same' replays the
 generator's state at every chunk, so that every chunk shares the first chunk's draw
-(transforms.py). torch.func does this in C++: each vmap level carries a ``RandomnessType``
-(Error/Same/Different, ``functorch/DynamicLayer.h`` and the vmap interpreter), and the rules in
-``functorch/BatchRulesRandomness.cpp`` read it (``check_randomness``, the in-place and the
-pointwise random rules); the Python side is ``torch/_functorch/vmap.py``.
+(transforms.py). torch.func does this in C++: each vmap interpreter carries a
+``RandomnessType`` (Error, Same, Different: ``aten/src/ATen/functorch/Interpreter.h``, read
+through ``VmapInterpreterPtr::randomness()``), and the batching rules of
+``functorch/BatchRulesRandomness.cpp`` consult it (``check_randomness``, and the factory,
+``*_like``, pointwise, multinomial and in-place rules that this file mirrors); the chunks are
+``_chunked_vmap`` in ``torch/_functorch/vmap.py``.
 
 How the calls get here: ``torch.rand(3)`` inside a vmapped function receives no wrapped value,
 so no FuncTensor sees it; the transform mode does (tensor.py, NOTE [Tensors created inside a
@@ -31,13 +33,17 @@ mode looks every function up in it once anyway). Each function belongs to a kind
 own rule: factories (``rand``), ``*_like``, pointwise ops whose numbers come from a tensor
 (``bernoulli(p)``, ``poisson``, ``normal(mean, std)``), ``multinomial``, ``randperm``, in-place
 fills (``uniform_``) and dropout, which draws its mask with ``bernoulli`` and multiplies.
-Random numbers are constants for grad and jvp (torch declares their derivatives zero), so
-only the vmap levels take part.
+Python wrappers that draw inside (``F.dropout2d``, ``F.gumbel_softmax``, nn.init's fills) run
+with the mode on, so that it sees the draws they make. Random numbers are constants for grad
+and jvp (torch declares their derivatives zero), so only the vmap levels take part.
 
 Limits. A random aten op called directly on a plain tensor (``torch.ops.aten.bernoulli(t)``)
-is no torch function, so the mode never sees it; on a batched value it reaches the back door
-(``Batched.random_op``). Dropout follows torch's CPU composition; on CUDA torch uses its fused
-kernel, so the masks there are valid draws but not torch.func's numbers.
+is no torch function, so the mode never sees it; on a batched value it reaches the back door,
+where ``aten_random_op`` gives it the same rule. The functional form of an in-place fill
+(``torch.ops.aten.uniform(x)``) has no rule in torch.func either: both run it once per example
+under 'different', and where torch.func's fallback then ignores 'same' and 'error', this engine
+refuses. Dropout follows torch's CPU composition; on CUDA torch uses its fused kernel, so the
+masks there are valid draws but not torch.func's numbers.
 """
 import types
 
