@@ -1,84 +1,493 @@
-"""Random creation functions under vmap: ``randomness='error' | 'same' | 'different'``.
+"""Random functions under vmap: ``randomness='error' | 'same' | 'different'``.
 
-NOTE [Random functions meet the transform mode]
-``torch.rand(3)`` inside a vmapped function receives no wrapped value, so no
-``__torch_function__`` of a FuncTensor sees it. The transform mode does (tensor.py, NOTE
-[Tensors created inside a transform]): while a transform runs user code it sees every torch
-call, and it hands the random creation functions listed here to ``draw``, which follows the
-``randomness`` of every vmap level on the transform stack:
-- ``'error'`` raises a RandomnessError that names the function and the fix;
-- ``'same'`` draws once, shared by every example;
-- ``'different'`` draws one sample per example (a new leading dim, returned as a batched
-  value). Under nested vmaps each level asks the one outside it for its numbers, so the draw
-  gets every batch dim.
-``rand_like(x)`` and ``randn_like(x)`` draw for the shape of one example, so they work on a
-batched ``x``. Random aten ops applied to a wrapped value (``F.dropout(x)``) reach the back
-door, where ``Batched.random_op`` follows the same modes. torch.func does the same in C++: its
-vmap level keeps a randomness setting that every random kernel consults
-(``functorch/BatchRulesRandomness.cpp``).
+NOTE [Randomness under vmap]
+A random function inside ``vmap`` is ambiguous: should every example get its own numbers, or
+share one draw? vmap's ``randomness`` answers, with torch.func's contract:
+- ``'error'`` (the default) refuses any random call, with torch.func's wording ("called random
+  operation while in randomness error mode");
+- ``'same'`` makes one draw for one example and shares it: ``torch.rand(3)`` draws 3 numbers.
+  An op whose numbers come from a batched tensor (``torch.bernoulli(p)`` with a batched ``p``)
+  has no single draw to share, and is refused;
+- ``'different'`` makes ONE draw for the whole batch: ``torch.rand(3)`` is ``torch.rand(B, 3)``
+  seen as a batched value, so with the same seed the numbers are bit-equal to torch.func's.
+  An unbatched tensor argument is first expanded along a new batch dim (``bernoulli(p)`` draws
+  ``B`` samples of ``p``); an in-place fill of an unbatched tensor (``plain.uniform_()``) has no
+  room for ``B`` draws, and is refused.
+Nested vmaps compose: each level, innermost first, rewrites the call for the level outside it
+(a bigger shape, an expanded tensor) and asks that level to make it, so
+``vmap(vmap(f, randomness='different'), randomness='different')`` draws ``(B0, B1, *shape)``
+at once. With ``chunk_size``, 'different' draws chunk by chunk, and 'same' replays the
+generator's state at every chunk, so that every chunk shares the first chunk's draw
+(transforms.py). torch.func does this in C++: each vmap interpreter carries a
+``RandomnessType`` (Error, Same, Different: ``aten/src/ATen/functorch/Interpreter.h``, read
+through ``VmapInterpreterPtr::randomness()``), and the batching rules of
+``functorch/BatchRulesRandomness.cpp`` consult it (``check_randomness``, and the factory,
+``*_like``, pointwise, multinomial and in-place rules that this file mirrors); the chunks are
+``_chunked_vmap`` in ``torch/_functorch/vmap.py``.
+
+How the calls get here: ``torch.rand(3)`` inside a vmapped function receives no wrapped value,
+so no FuncTensor sees it; the transform mode does (tensor.py, NOTE [Tensors created inside a
+transform]), and it hands every function of ``torch_api.RANDOM_FUNCTIONS`` to ``draw`` before
+anything else, plain or batched arguments alike. The table costs other functions nothing (the
+mode looks every function up in it once anyway). Each function belongs to a kind with its
+own rule: factories (``rand``), ``*_like``, pointwise ops whose numbers come from a tensor
+(``bernoulli(p)``, ``poisson``, ``normal(mean, std)``), ``multinomial``, ``randperm``, in-place
+fills (``uniform_``) and dropout, which draws its mask with ``bernoulli`` and multiplies.
+Python wrappers that draw inside (``F.dropout2d``, ``F.gumbel_softmax``, nn.init's fills) run
+with the mode on, so that it sees the draws they make. Random numbers are constants for grad
+and jvp (torch declares their derivatives zero), so only the vmap levels take part.
+
+Limits. A random aten op called directly on a plain tensor (``torch.ops.aten.bernoulli(t)``)
+is no torch function, so the mode never sees it; on a batched value it reaches the back door,
+where ``aten_random_op`` gives it the same rule. The functional form of an in-place fill
+(``torch.ops.aten.uniform(x)``) has no rule in torch.func either: both run it once per example
+under 'different', and where torch.func's fallback then ignores 'same' and 'error', this engine
+refuses. Dropout follows torch's CPU composition; on CUDA torch uses its fused kernel, so the
+masks there are valid draws but not torch.func's numbers.
 """
+import types
+
 import torch
+import torch.nn.functional as F
 
-from .batching import Batched
+from .batching import Batched, BatchedValue, move_bdim
 from .dispatch import transform_levels
-from .errors import RandomnessError
-from .tensor import as_tensor, unwrap
+from .errors import InPlaceError, RandomnessError
+from .ops import expand, getitem, reshape, stack
+from .tensor import FuncTensor, _write, as_tensor, as_tensors, unwrap, user_code
 from .torch_api import RANDOM_FUNCTIONS
+from .values import Value
 
-# the ones that 'different' knows how to batch: the size-taking ones, and the *_like ones
-# with the size-taking function that draws for them
-_SIZED = {torch.rand, torch.randn}
-_LIKE = {torch.rand_like: torch.rand, torch.randn_like: torch.randn}
+# torch.func's own wording, which the messages start with (people search for it)
+ERROR_MODE = ("vmap: called random operation while in randomness error mode. Please either use "
+              "the 'same' or 'different' randomness flags on vmap or perform the randomness "
+              "operation out of vmap")
+SAME_BATCHED = "Vmap does not currently support same randomness with a batched tensor input."
+INPLACE_UNBATCHED = ("vmap: Cannot ask for different inplace randomness on an unbatched tensor. "
+                     "This will appear like same randomness.")
+OUT_VARIANT = ("vmap: We do not support calling out variants of random operations inside of vmap. "
+               "Please use non-out variants as a workaround")
 
 
 def draw(func, args, kwargs):
-    """A random creation function called while a transform runs user code; NotImplemented
-    when no vmap is running (the transform mode then treats it as any other factory)."""
+    """A random function called while a transform runs user code (the transform mode hands
+    it over): its numbers, following the ``randomness`` of every vmap level running. Returns
+    NotImplemented when no vmap is running (the mode then treats it as any other function).
+
+    >>> import torch
+    >>> from minifunctorch.core import vmap
+    >>> _ = torch.manual_seed(0)
+    >>> drawn = vmap(lambda x: x + torch.rand(2), randomness="different")(torch.zeros(3, 2))
+    >>> _ = torch.manual_seed(0)
+    >>> torch.equal(drawn, torch.rand(3, 2))     # one draw of shape (3, 2)
+    True
+    >>> _ = torch.manual_seed(0)
+    >>> shared = vmap(lambda x: x + torch.rand(2), randomness="same")(torch.zeros(3, 2))
+    >>> _ = torch.manual_seed(0)
+    >>> torch.equal(shared, torch.rand(2).expand(3, 2))   # one draw, shared
+    True
+    """
     levels = [level for level in transform_levels() if isinstance(level, Batched)]
     if not levels:
         return NotImplemented
-    return _draw_at(levels, func, args, kwargs)
+    kind, name = _KINDS[func]
+    if kwargs.get("out") is not None:
+        raise InPlaceError(
+            f"{OUT_VARIANT}. {levels[-1].call}: {name}(..., out=...) would write random "
+            "numbers into a tensor of its own. Fix: use the returned value "
+            f"(y = {name}(...)), and copy it where needed."
+        )
+    return kind(levels, func, name, args, dict(kwargs))
 
 
-def _draw_at(levels, func, args, kwargs):
-    """Draw for the innermost of ``levels`` (outermost first), the others outside it."""
-    if not levels:
-        return func(*args, **kwargs)
-    level, outer = levels[-1], levels[:-1]
-    name = torch.overrides.resolve_name(func) or getattr(func, "__name__", str(func))
+# --- helpers ---------------------------------------------------------------------------------
+def _name(func):
+    return torch.overrides.resolve_name(func) or getattr(func, "__qualname__", str(func))
+
+
+def _at(level, value):
+    """``value`` seen by ``level``'s rule: (its payload with the batch dim in front, True), or
+    (the value itself, False) when it is the same for every example of ``level``. Values of
+    the levels above (grad, jvp) are lowered: random numbers are constants for them."""
+    value = unwrap(value)
+    while isinstance(value, Value) and value.dispatcher.level > level.level:
+        value = value.dispatcher.lower(value)
+    if isinstance(value, BatchedValue) and value.dispatcher is level:
+        return move_bdim(value.payload, value.bdim, 0), True
+    return value, False
+
+
+def _batched(level, value):
+    """A draw with the batch in front, as a value of ``level``."""
+    return level.wrap_input(value, 0)
+
+
+def _with_batch(level, value):
+    """An unbatched tensor broadcast along a new front batch dim (torch.func's expand)."""
+    return expand(value, level.length, *value.shape)
+
+
+def _plain(value):
+    """The tensor under a value of a level that is not vmap's (a constant for random ops)."""
+    value = unwrap(value)
+    while isinstance(value, Value):
+        value = value.dispatcher.lower(value)
+    return value
+
+
+def _bottom(func, args, kwargs):
+    """``func`` below every vmap level: torch's own call (a grad or jvp level still running
+    sees it through its FuncTensor, and keeps the numbers as constants)."""
+    return unwrap(func(*as_tensors(args), **as_tensors(kwargs)))
+
+
+def _check(level, name, batched=False):
+    """torch.func's check_randomness: 'error' refuses, and 'same' refuses a batched input."""
     if level.randomness == "error":
         raise RandomnessError(
-            f"{level.call}: {name} was called under vmap with randomness='error'. Fix: pass "
-            "randomness='different' (independent draws per example) or 'same' (one draw "
-            "shared by the batch) to vmap, or draw the random numbers outside of vmap."
+            f"{ERROR_MODE}. {level.call}: {name} draws random numbers under vmap with "
+            "randomness='error'. Fix: pass randomness='different' (independent draws per "
+            "example) or 'same' (one draw shared by the batch) to vmap, or draw the random "
+            "numbers outside of vmap."
         )
-    if func in _LIKE:
-        # Draw for the shape of one example (torch's own rand_like cannot take a batched
-        # value), with the size-taking function, through the levels outside this one.
-        example = args[0]
-        kwargs = dict(kwargs)
-        kwargs.setdefault("dtype", example.dtype)
-        kwargs.setdefault("device", example.device)
-        sized = _LIKE[func]
-        if level.randomness == "same":
-            return _draw_at(outer, sized, tuple(example.shape), kwargs)
-        drawn = _draw_at(outer, sized, (level.length, *example.shape), kwargs)
-        return as_tensor(level.wrap_input(unwrap(drawn), 0))
-    if level.randomness == "same" or func not in _SIZED:
-        if level.randomness == "different":
-            raise RandomnessError(
-                f"{level.call}: {name} cannot draw per-example samples under "
-                "randomness='different'. Fix: use torch.rand or torch.randn, or draw "
-                "outside of vmap."
-            )
-        return _draw_at(outer, func, args, kwargs)
-    size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) \
-        else args
-    drawn = _draw_at(outer, func, (level.length, *size), kwargs)
-    return as_tensor(level.wrap_input(unwrap(drawn), 0))
+    if batched and level.randomness == "same":
+        raise RandomnessError(
+            f"{SAME_BATCHED} {level.call}: {name} got a tensor that varies over the batch "
+            "under randomness='same', so there is no single draw to share. Fix: pass "
+            f"randomness='different', or give {name} a tensor that is the same for every "
+            "example."
+        )
 
 
-for _func in (torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal,
-              torch.rand_like, torch.randn_like, torch.randint_like, torch.bernoulli,
-              torch.multinomial):
-    RANDOM_FUNCTIONS[_func] = draw
+# --- factories: torch.rand(2, 3), torch.randint(10, (2, 3)), torch.normal(0., 1., (2, 3)) -----
+def _split_size(func, args, kwargs):
+    """(arguments before the size, the size) of a factory call; the size is taken out (and
+    given back as ``size=``, which every overload accepts)."""
+    if "size" in kwargs:
+        return tuple(args), tuple(kwargs.pop("size"))
+    if func in (torch.rand, torch.randn):
+        if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
+            return (), tuple(args[0])
+        return (), tuple(args)
+    return tuple(args[:-1]), tuple(args[-1])  # randint(high, size), normal(mean, std, size)
+
+
+def _factory(levels, func, name, args, kwargs):
+    front, size = _split_size(func, args, kwargs)
+    return _factory_at(levels, func, name, front, size, kwargs)
+
+
+def _factory_at(levels, func, name, front, size, kwargs):
+    if not levels:
+        return _bottom(func, front, dict(kwargs, size=size))
+    level, outer = levels[-1], levels[:-1]
+    _check(level, name)
+    if level.randomness == "same":
+        return _factory_at(outer, func, name, front, size, kwargs)
+    return _batched(level, _factory_at(outer, func, name, front, (level.length, *size), kwargs))
+
+
+def _normal(levels, func, name, args, kwargs):
+    """torch.normal's overloads: floats and a size (a factory), or tensor mean and/or std."""
+    mean = args[0] if args else kwargs.pop("mean")
+    std = args[1] if len(args) > 1 else kwargs.pop("std", 1.0)
+    rest = tuple(args[2:])
+    mean_is_tensor, std_is_tensor = isinstance(mean, torch.Tensor), isinstance(std, torch.Tensor)
+    if not mean_is_tensor and not std_is_tensor:
+        if not rest and "size" not in kwargs:
+            return NotImplemented  # normal(0., 1.) without a size: torch's own error
+        return _factory(levels, func, name, (mean, std, *rest), kwargs)
+    if mean_is_tensor and std_is_tensor:
+        return _binary_pointwise(levels, func, name, mean, std, rest, kwargs)
+    position = 0 if mean_is_tensor else 1
+    return _pointwise(levels, func, name, (mean, std, *rest), kwargs, position)
+
+
+def _randperm(levels, func, name, args, kwargs):
+    if not levels:
+        return _bottom(func, args, kwargs)
+    level, outer = levels[-1], levels[:-1]
+    _check(level, name)
+    if level.randomness == "same":
+        return _randperm(outer, func, name, args, kwargs)
+    # a permutation cannot be drawn for a batch at once: one draw per example, as torch.func
+    return _batched(level, stack([_randperm(outer, func, name, args, kwargs)
+                                  for _ in range(level.length)], 0))
+
+
+# --- *_like: only the shape of the tensor matters ---------------------------------------------
+def _like(levels, func, name, args, kwargs):
+    if not args:
+        args = (kwargs.pop("input"),)
+    return _like_at(levels, func, name, tuple(args), kwargs)
+
+
+def _like_at(levels, func, name, args, kwargs):
+    if not levels:
+        return _bottom(func, args, kwargs)
+    level, outer = levels[-1], levels[:-1]
+    _check(level, name)
+    x, batched = _at(level, args[0])
+    if level.randomness == "same":
+        if batched:
+            x = getitem(x, 0)  # the shape of one example
+        return _like_at(outer, func, name, (x, *args[1:]), kwargs)
+    if not batched:
+        x = _with_batch(level, x)
+    return _batched(level, _like_at(outer, func, name, (x, *args[1:]), kwargs))
+
+
+# --- pointwise ops whose numbers come from a tensor: bernoulli(p), poisson, normal ------------
+def _unary(levels, func, name, args, kwargs):
+    if not args:
+        args = (kwargs.pop("input"),)
+    return _pointwise(levels, func, name, tuple(args), kwargs, 0)
+
+
+def _pointwise(levels, func, name, args, kwargs, position):
+    if not levels:
+        return _bottom(func, args, kwargs)
+    level, outer = levels[-1], levels[:-1]
+    x, batched = _at(level, args[position])
+    _check(level, name, batched)
+    if level.randomness == "different" and not batched:
+        x = _with_batch(level, x)
+    args = (*args[:position], x, *args[position + 1:])
+    out = _pointwise(outer, func, name, args, kwargs, position)
+    return out if level.randomness == "same" else _batched(level, out)
+
+
+def _binary_pointwise(levels, func, name, first, second, rest, kwargs):
+    """normal(mean, std) and binomial(count, prob) with two tensors: 'different' expands the
+    first one when neither is batched; the batched ones get their batch dims in front, and
+    the same number of example dims."""
+    if not levels:
+        return _bottom(func, (first, second, *rest), kwargs)
+    level, outer = levels[-1], levels[:-1]
+    first, first_batched = _at(level, first)
+    second, second_batched = _at(level, second)
+    _check(level, name, first_batched or second_batched)
+    if level.randomness == "same":
+        return _binary_pointwise(outer, func, name, first, second, rest, kwargs)
+    if not first_batched and not second_batched:
+        first, first_batched = _with_batch(level, first), True
+    rank = max(first.dim() - first_batched, second.dim() - second_batched)
+    first, second = (_padded(v, rank) if batched else v
+                     for v, batched in ((first, first_batched), (second, second_batched)))
+    return _batched(level, _binary_pointwise(outer, func, name, first, second, rest, kwargs))
+
+
+def _padded(value, rank):
+    """A value with its batch dim in front, given ``rank`` example dims (1s after the batch
+    dim), so that it lines up with another operand as torch broadcasts."""
+    missing = rank + 1 - value.dim()
+    return value if missing <= 0 else reshape(value, value.shape[0], *[1] * missing,
+                                              *value.shape[1:])
+
+
+def _binomial(levels, func, name, args, kwargs):
+    count = args[0] if args else kwargs.pop("count")
+    prob = args[1] if len(args) > 1 else kwargs.pop("prob")
+    return _binary_pointwise(levels, func, name, count, prob, tuple(args[2:]), kwargs)
+
+
+def _refused(levels, func, name, args, kwargs):
+    """rrelu draws its slopes inside one aten op that torch.func has no rule for."""
+    raise RandomnessError(
+        f"vmap: we do not yet support aten::rrelu. {levels[-1].call}: {name} draws random "
+        "slopes (and torch.func refuses it under vmap even in eval mode). Fix: use "
+        "F.leaky_relu with a fixed slope, or call rrelu outside of vmap."
+    )
+
+
+def _multinomial(levels, func, name, args, kwargs):
+    if not levels:
+        return _bottom(func, args, kwargs)
+    level, outer = levels[-1], levels[:-1]
+    probs, batched = _at(level, args[0] if args else kwargs.pop("input"))
+    args = args[1:] if args else ()
+    _check(level, name, batched)
+    if level.randomness == "same":
+        return _multinomial(outer, func, name, (probs, *args), kwargs)
+    rows = probs.dim() - batched == 2  # (B, M, S) draws as (B * M, S)
+    if not batched:
+        probs = _with_batch(level, probs)
+    if rows:
+        probs = reshape(probs, -1, probs.shape[-1])
+    out = _multinomial(outer, func, name, (probs, *args), kwargs)
+    if rows:
+        out = reshape(out, level.length, -1, out.shape[-1])
+    return _batched(level, out)
+
+
+# --- in-place fills: x.uniform_(), x.bernoulli_(p), ... --------------------------------------
+def _in_place(levels, func, name, args, kwargs):
+    target, extra = args[0], tuple(args[1:])
+    new_value = _fill(levels, func, name, unwrap(target), extra, kwargs)
+    if type(target) is FuncTensor:
+        return _write(target, new_value, f"{name}(...)")
+    if isinstance(new_value, Value):
+        return _write(target, new_value, f"{name}(...)")  # refuses, with the engine's message
+    return torch.Tensor.copy_(target, new_value)
+
+
+def _fill(levels, func, name, x, extra, kwargs):
+    """The new value of ``x`` after the in-place fill ``func`` (computed on a fresh tensor
+    with ``x``'s strides, so that the numbers land where torch.func's in-place fill puts
+    them)."""
+    if not levels:
+        x = _plain(x)
+        fresh = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+        func(fresh, *[_plain(e) for e in extra], **kwargs)
+        return fresh
+    level, outer = levels[-1], levels[:-1]
+    x, batched = _at(level, x)
+    p, p_batched = (_at(level, extra[0]) if extra and isinstance(extra[0], (torch.Tensor, Value))
+                    else (None, False))
+    _check(level, name, p_batched)
+    if p_batched and not batched:
+        raise InPlaceError(
+            f"vmap: inplace bernoulli(self, *extra_args) is not possible because there exists "
+            f"a Tensor `other` in extra_args that has more elements than `self`. {level.call}: "
+            f"{name} writes a draw from a batched p into a tensor that is the same for every "
+            "example. Fix: use the out-of-place torch.bernoulli(p)."
+        )
+    if level.randomness == "different" and not batched:
+        raise RandomnessError(
+            f"{INPLACE_UNBATCHED} {level.call}: {name} fills a tensor that is the same for "
+            "every example, which cannot hold a draw per example. Fix: fill a batched tensor "
+            "(torch.empty_like of a batched input), use an out-of-place random function, or "
+            "pass randomness='same'."
+        )
+    if p is not None:
+        if p_batched:  # p's example dims lined up with x's
+            p = _padded(p, x.dim() - batched)
+        extra = (p, *extra[1:])
+    if level.randomness == "same" and batched:
+        # one draw of one example's shape, written into every example
+        shape = x.shape[1:]
+        return _fill(outer, func, name, torch.empty(shape, dtype=x.dtype, device=x.device),
+                     extra, kwargs)
+    out = _fill(outer, func, name, x, extra, kwargs)
+    return _batched(level, out) if batched else out
+
+
+# --- dropout: a bernoulli mask, then arithmetic -------------------------------------------------
+_ALPHA = 1.7580993408473766  # SELU's alpha, which alpha dropout keeps the statistics of
+
+
+def _dropout_kind(feature, alpha, in_place):
+    """torch.dropout & co. (what F.dropout calls), as torch composes them on the CPU: a
+    bernoulli mask drawn for one example's shape (or its feature shape), scaled, multiplied
+    in; alpha dropout also shifts. Only the mask's draw follows the randomness mode, so
+    'same' works on a batched input (one mask for all)."""
+    def kind(levels, func, name, args, kwargs):
+        positional = dict(zip(("input", "p", "train"), args), **kwargs)
+        x, p, train = positional["input"], positional["p"], positional["train"]
+        if not train or not 0 < p < 1 or x.numel() == 0 or (feature and x.dim() < 2):
+            return NotImplemented  # no numbers are drawn (or torch reports the argument)
+        shape = (x.shape[0], x.shape[1], *[1] * (x.dim() - 2)) if feature else x.shape
+        base = torch.empty(shape, dtype=x.dtype, device=x.device)
+        noise = as_tensor(_pointwise(levels, torch.bernoulli, name, (base, 1 - p), {}, 0))
+        with user_code():  # the arithmetic goes through the engine like user code
+            if alpha:
+                a = 1.0 / ((_ALPHA * _ALPHA * p + 1) * (1 - p)) ** 0.5
+                shift = noise.add(-1).mul_(_ALPHA * a).add_(_ALPHA * a * p)
+                noise.mul_(a)
+                out = x.mul_(noise) if in_place else x.mul(noise)
+                return out.add_(shift)
+            noise.div_(1 - p)
+            return x.mul_(noise) if in_place else x.mul(noise)
+    return kind
+
+
+def _functional_body(func):
+    """``F.dropout2d`` & co. (and nn.init's fills) without their own torch-function check, so
+    that the transform mode sees the ``torch.feature_dropout`` or ``Tensor.uniform_`` they
+    call: while the mode handles a call it is off, and would miss every call made inside."""
+    module_globals = dict(func.__globals__, has_torch_function_unary=lambda *a: False,
+                          torch=_TorchWithoutChecks())
+    body = types.FunctionType(func.__code__, module_globals, func.__name__, func.__defaults__)
+    body.__kwdefaults__ = func.__kwdefaults__
+
+    def kind(levels, func, name, args, kwargs):
+        with user_code():
+            return body(*args, **kwargs)
+    return kind
+
+
+class _TorchWithoutChecks:
+    """``torch`` as seen by a function body above, whose ``torch.overrides`` check finds no
+    torch function to call (nn.init asks ``torch.overrides.has_torch_function_variadic``)."""
+    overrides = types.SimpleNamespace(has_torch_function_variadic=lambda *a: False)
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+# --- the back door: random aten ops on batched values -------------------------------------------
+def aten_random_op(level, name, values, kwargs):
+    """A random aten op that reached the back door with a value of vmap ``level``
+    (``torch.ops.aten.bernoulli(x)``, or an op inside a decomposition): the front door's rule
+    for it, or NotImplemented for an op without one (``Batched.random_op`` then runs it once
+    per example, or refuses). As at the front door, every vmap running takes part, the ones
+    inside ``level`` too (for them the value is the same for every example). No engine code
+    of an inner vmap reaches here with an op of this table: its per-example loop runs only
+    the ops that have no rule here."""
+    entry = _ATEN_KINDS.get(name)
+    levels = [other for other in transform_levels() if isinstance(other, Batched)]
+    if entry is None or level not in levels:  # (a Batched level of the explicit API)
+        return NotImplemented
+    kind, op = entry
+    return kind(levels, op, name, as_tensors(tuple(values)), dict(as_tensors(kwargs)))
+
+
+def _aten_kinds():
+    aten = torch.ops.aten
+    kinds = {}
+    for kind, ops in [
+        (_unary, [aten.bernoulli.default, aten.bernoulli.p, aten.poisson.default,
+                  aten._standard_gamma.default, aten._sample_dirichlet.default]),
+        (_normal, [aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor]),
+        (_binomial, [aten.binomial.default]),
+        (_multinomial, [aten.multinomial.default]),
+        (_like, [aten.rand_like.default, aten.randn_like.default, aten.randint_like.default,
+                 aten.randint_like.low_dtype]),
+    ]:
+        for op in ops:
+            kinds[str(op)] = (kind, op)
+    return kinds
+
+
+# --- the table --------------------------------------------------------------------------------
+_KINDS = {}
+
+
+def _register(kind, *funcs):
+    for func in funcs:
+        _KINDS[func] = (kind, _name(func))
+        RANDOM_FUNCTIONS[func] = draw
+
+
+_register(_factory, torch.rand, torch.randn, torch.randint)
+_register(_normal, torch.normal)
+_register(_randperm, torch.randperm)
+_register(_like, torch.rand_like, torch.randn_like, torch.randint_like)
+_register(_unary, torch.bernoulli, torch.Tensor.bernoulli, torch.poisson, torch._standard_gamma,
+          torch._sample_dirichlet)
+_register(_binomial, torch.binomial)
+_register(_refused, torch.rrelu, torch.rrelu_, F.rrelu, F.rrelu_)
+_register(_multinomial, torch.multinomial, torch.Tensor.multinomial)
+_register(_in_place, torch.Tensor.random_, torch.Tensor.uniform_, torch.Tensor.normal_,
+          torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.log_normal_,
+          torch.Tensor.cauchy_, torch.Tensor.bernoulli_)
+for _feature in (False, True):
+    for _alpha in (False, True):
+        _base = ("feature_" if _feature else "") + ("alpha_" if _alpha else "") + "dropout"
+        _register(_dropout_kind(_feature, _alpha, False), getattr(torch, _base))
+        _register(_dropout_kind(_feature, _alpha, True), getattr(torch, _base + "_"))
+for _func in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
+              F.feature_alpha_dropout, F.gumbel_softmax, torch.nn.init.uniform_,
+              torch.nn.init.normal_, torch.nn.init.kaiming_uniform_):
+    _register(_functional_body(_func), _func)
+_ATEN_KINDS = _aten_kinds()
