@@ -142,19 +142,24 @@ class Batched(Dispatcher):
     draws_random_numbers = True
 
     def random_op(self, name, run, values, kwargs):
-        """A random aten op on batched values: its draws follow vmap's ``randomness``."""
+        """A random aten op on batched values: its draws follow vmap's ``randomness``
+        (randomness.py, NOTE [Randomness under vmap])."""
+        from .randomness import ERROR_MODE, SAME_BATCHED, aten_random_op  # (it imports us)
+        drawn = aten_random_op(self, name, values, kwargs)
+        if drawn is not NotImplemented:
+            return drawn
         if self.randomness == "different":
             return self.unknown_op(name, run, values, kwargs)  # independent draws per example
         if self.randomness == "error":
             raise RandomnessError(
-                f"{self.call}: the random operation {name} was called under vmap with "
-                "randomness='error'. Fix: pass randomness='different' (independent draws per "
-                "example) to vmap, or draw the random numbers outside of vmap."
+                f"{ERROR_MODE}. {self.call}: the random operation {name} was called under "
+                "vmap with randomness='error'. Fix: pass randomness='different' (independent "
+                "draws per example) to vmap, or draw the random numbers outside of vmap."
             )
         raise RandomnessError(
-            f"{self.call}: the random operation {name} on a batched value is not supported "
-            "with randomness='same'. Fix: pass randomness='different', or draw the random "
-            "numbers outside of vmap."
+            f"{SAME_BATCHED} {self.call}: the random operation {name} on a batched value is "
+            "not supported with randomness='same'. Fix: pass randomness='different', or draw "
+            "the random numbers outside of vmap."
         )
 
     def unknown_op(self, name, run, values, kwargs):

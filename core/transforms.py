@@ -432,8 +432,13 @@ def _vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs):
         return _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims,
                           randomness, call, originals)
     outputs = []
+    # randomness='same' replays the generator at each chunk, so that every chunk shares the
+    # first one's draw (randomness.py, NOTE [Randomness under vmap])
+    state = torch.get_rng_state() if randomness == "same" else None
     for start in range(0, size, chunk_size):
         stop = min(start + chunk_size, size)
+        if state is not None:
+            torch.set_rng_state(state)
         # d may be negative (in_dims=-1): count the leading full slices from the front
         chunk = [leaf if d is None else
                  ops.getitem(leaf, (slice(None),) * (d % leaf.dim()) + (slice(start, stop),))

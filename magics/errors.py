@@ -51,9 +51,14 @@ def renamed_message(message: str, call: str) -> str:
     '%%grad --wrt w: expected a scalar. Fix: sum it.'
     >>> renamed_message("torch.foo is not supported. Fix: ...", "%%vmap --over x")
     '%%vmap --over x: torch.foo is not supported. Fix: ...'
+    >>> renamed_message("vmap: called random operation. vmap(cell0)(<inputs>): torch.rand ...",
+    ...                 "%%vmap --over x")
+    'vmap: called random operation. %%vmap --over x: torch.rand ...'
     """
-    match = _ENGINE_CALL.match(message)
-    return f"{call}: {message[match.end():] if match else message}"
+    match = _ENGINE_CALL.search(message)  # (after torch.func's own words, if it has them)
+    if match is None:
+        return f"{call}: {message}"
+    return f"{message[:match.start()]}{call}: {message[match.end():]}"
 
 
 def frame_lines(label: str, lineno: int, filename: str, function: str | None = None) -> list:

@@ -597,7 +597,10 @@ def test_an_engine_error_in_a_stack_names_the_magic_it_is_about(shell, capsys):
 
 
 @pytest.mark.parametrize("source, kind, start", [
-    ("%%vmap --over x\nx + torch.randn(3)", core.RandomnessError, "%%vmap --over x: torch.randn"),
+    ("%%vmap --over x\nx + torch.randn(3)", core.RandomnessError,
+     "vmap: called random operation while in randomness error mode. Please either use the "
+     "'same' or 'different' randomness flags on vmap or perform the randomness operation out of "
+     "vmap. %%vmap --over x: torch.randn"),
     ("%%grad --wrt w\ntorch.linalg.eigvals(torch.outer(w, w)).real.sum()",
      core.TransformError, "%%grad --wrt w: "),
 ])

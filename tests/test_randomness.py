@@ -8,7 +8,6 @@ bit-equal and the generator is left in the same state (the same numbers were dra
 raises, ours raises a TransformError that is also the builtin exception torch.func raises, and
 whose message starts with torch.func's words.
 """
-import inspect
 import warnings
 
 import pytest
@@ -18,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import minifunctorch.core as mf
-from minifunctorch.core import RandomnessError, TransformError, transforms
+from minifunctorch.core import RandomnessError, TransformError
 
 # dropout2d warns about its input's rank; torch.func scripts its decompositions on first use
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -113,9 +112,6 @@ for _f, _shape in [(F.dropout, (2, 4)), (F.dropout1d, (2, 4)), (F.dropout2d, (2,
     CASES.append((f"{_f.__name__}_plain",
                   lambda x, f=_f, s=_shape: f(torch.ones(s), 0.4, training=True), _shape))
 
-_SAME_CHUNKS_REPLAY = "set_rng_state" in inspect.getsource(transforms._vmap)
-
-
 def _run(vmap, f, x, in_dims, mode, chunk_size=None, seed=0):
     """(result or exception, the generator's state afterwards)."""
     torch.manual_seed(seed)
@@ -178,19 +174,13 @@ CHUNKED = [c for c in CASES if c[0] in {
 @pytest.mark.parametrize("chunk_size", [1, 2])
 @pytest.mark.parametrize("mode", ["same", "different"])
 @pytest.mark.parametrize("name, f, shape", CHUNKED, ids=[c[0] for c in CHUNKED])
-def test_chunked_vmap_matches_torch_func(name, f, shape, mode, chunk_size, request):
-    if mode == "same" and not _SAME_CHUNKS_REPLAY:
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="needs transforms._vmap to replay the generator per chunk "
-            "(the diff in the randomness report)"))
+def test_chunked_vmap_matches_torch_func(name, f, shape, mode, chunk_size):
     x = _input(shape, 0)
     assert_same_as_torch_func(_run(tf.vmap, f, x, 0, mode, chunk_size),
                               _run(mf.vmap, f, x, 0, mode, chunk_size))
 
 
-def test_same_randomness_gives_the_same_draw_with_and_without_chunks(request):
-    if not _SAME_CHUNKS_REPLAY:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="transforms.py diff pending"))
+def test_same_randomness_gives_the_same_draw_with_and_without_chunks():
     x = torch.zeros(5, 4)
     f = lambda x: x + torch.rand(4) + F.dropout(torch.ones(4), 0.5)  # noqa: E731
     whole, _ = _run(mf.vmap, f, x, 0, "same")
@@ -242,9 +232,7 @@ def test_nested_vmaps_match_torch_func(name, inner_mode, outer_mode):
 
 @pytest.mark.parametrize("outer_mode", ["same", "different"])
 @pytest.mark.parametrize("name", ["rand", "randn_like_inner_batched", "uniform__inner_batched"])
-def test_nested_chunked_vmaps_match_torch_func(name, outer_mode, request):
-    if outer_mode == "same" and not _SAME_CHUNKS_REPLAY:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="transforms.py diff pending"))
+def test_nested_chunked_vmaps_match_torch_func(name, outer_mode):
     f = NESTED[name]
     assert_same_as_torch_func(_run_nested(tf.vmap, f, "different", outer_mode, 1),
                               _run_nested(mf.vmap, f, "different", outer_mode, 1))
@@ -342,7 +330,6 @@ def test_random_functions_cost_nothing_outside_vmap():
 
 
 # --- the back door: aten's random ops called on batched values -----------------------------------
-_BACK_DOOR_RULES = "aten_random_op" in inspect.getsource(mf.Batched.random_op)
 aten = torch.ops.aten
 ATEN_CASES = [
     ("bernoulli", lambda x: aten.bernoulli(x), (2, 4)),
@@ -361,12 +348,7 @@ ATEN_CASES = [
 @pytest.mark.parametrize("in_dims", [0, -1], ids=["batch_first", "batch_last"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name, f, shape", ATEN_CASES, ids=[c[0] for c in ATEN_CASES])
-def test_aten_random_op_on_a_batched_value_matches_torch_func(name, f, shape, mode, in_dims,
-                                                             request):
-    if not _BACK_DOOR_RULES:  # some pass by chance (small per-example draws), hence not strict
-        request.applymarker(pytest.mark.xfail(
-            reason="needs Batched.random_op to ask randomness.aten_random_op (the diff in the "
-            "randomness report)"))
+def test_aten_random_op_on_a_batched_value_matches_torch_func(name, f, shape, mode, in_dims):
     x = _input(shape, in_dims)
     assert_same_as_torch_func(_run(tf.vmap, f, x, in_dims, mode),
                               _run(mf.vmap, f, x, in_dims, mode))
