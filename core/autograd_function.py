@@ -38,6 +38,7 @@ import inspect
 from typing import NamedTuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import ops
 from .autograd import Autograd, AutogradValue, TapeEntry, sum_to_size
@@ -343,7 +344,16 @@ def _backward(cls, ctx, args, own, outs, cts):
         if ct is None and _is_tensor(o) and ctx.materialize_grads:
             ct = ops.zeros_like(o)
         grads.append(as_tensor(ct))
-    result = _run_user(cls.backward, ctx, *grads)
+    if getattr(cls.backward, "__code__", None) is _ONCE_DIFFERENTIABLE:
+        grads = [_without_autograd(g) for g in grads]
+        saved = ctx._saved
+        ctx._saved = tuple(_without_autograd(t) for t in saved)
+        try:
+            result = _run_user(cls.backward, ctx, *grads)
+        finally:
+            ctx._saved = saved
+    else:
+        result = _run_user(cls.backward, ctx, *grads)
     result = result if isinstance(result, tuple) else (result,)
     n = len(args)
     if len(result) < n or any(r is not None for r in result[n:]):
@@ -367,6 +377,40 @@ def _backward(cls, ctx, args, own, outs, cts):
         g = unwrap(g)
         cotangents.append(_conform_gradient(cls, i, g, a))
     return cotangents
+
+
+# NOTE [once_differentiable]
+# torch's ``once_differentiable`` runs the backward under ``torch.no_grad()``, and under
+# torch.func no grad level records what runs there: differentiating the gradient again
+# treats it as a constant (``grad(grad(f))`` gives zero through it, with no error). Here
+# the backward is shown its gradients and saved tensors without their Autograd levels, so
+# no tape records its ops; vmap and jvp levels, which no_grad does not switch off, stay.
+_ONCE_DIFFERENTIABLE = once_differentiable(lambda ctx: None).__code__
+
+
+def _without_autograd(t):
+    """A tensor showing ``t``'s value with every Autograd level taken out of it."""
+    if type(t) is not FuncTensor:
+        return t
+    return as_tensor(_strip_autograd(unwrap(t)))
+
+
+def _strip_autograd(value):
+    if not isinstance(value, Value):
+        return value
+    if isinstance(value, AutogradValue):
+        return _strip_autograd(value.payload)
+    inner = _strip_autograd(value.payload)
+    if isinstance(value, ForwardValue):
+        tangent = _strip_autograd(value.tangent)
+        if inner is value.payload and tangent is value.tangent:
+            return value
+        return ForwardValue(value.dispatcher, inner, tangent)
+    if inner is value.payload:
+        return value
+    if isinstance(value, BatchedValue):
+        return BatchedValue(value.dispatcher, inner, value.bdim)
+    return type(value)(value.dispatcher, inner)
 
 
 def _conform_gradient(cls, i, g, a):
@@ -422,6 +466,13 @@ def _forward_call(level, cls, args, kwargs):
             f"got {len(result)}. Fix: return a tangent for each output."
         )
     differentiable = _differentiable(ctx, outs, out_tensors)
+    for i, (t, d) in enumerate(zip(result, differentiable)):
+        if t is not None and not d:
+            raise AutogradFunctionError(
+                f"{cls.__name__}.jvp: returned a tangent for output {i}, which is not "
+                "differentiable (marked non-differentiable, or not a float tensor), as "
+                "torch.func refuses too. Fix: return None at that position."
+            )
     results = tuple(ForwardValue(level, o, unwrap(t)) if d and t is not None else o
                     for o, t, d in zip(outs, result, differentiable))
     return results, single
