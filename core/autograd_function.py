@@ -35,6 +35,8 @@ Function without ``setup_context``, a missing ``jvp`` or vmap rule).
 """
 import functools
 import inspect
+
+import optree
 from typing import NamedTuple
 
 import torch
@@ -48,8 +50,9 @@ from .errors import MissingRuleError, TransformError, UnsupportedOperationError
 from .forward import Forward, ForwardValue
 from .names import fresh_name
 from .primitives import Primitive
-from .tensor import FuncTensor, as_tensor, engine_code, unwrap, user_code
-from .values import Value, top_dispatcher
+from .tensor import (FuncTensor, _write, as_tensor, as_tensors, engine_code, unwrap,
+                     unwrap_tree, user_code)
+from .values import Value, lower_tree, map_tensors, top_dispatcher
 
 
 class AutogradFunctionError(TransformError, RuntimeError):
@@ -83,6 +86,7 @@ class FunctionCtx:
         self._saved_for_forward = ()
         self._non_differentiable = set()
         self._in_jvp = False
+        self._inputs_shown = ()
 
     def _check_saved(self, tensors, method):
         for t in tensors:
@@ -109,10 +113,12 @@ class FunctionCtx:
         self.materialize_grads = bool(value)
 
     def mark_dirty(self, *tensors):
-        raise UnsupportedOperationError(
-            f"{self._name}: ctx.mark_dirty (a Function that writes its inputs in place) is not "
-            "supported inside minifunctorch transforms. Fix: return a new tensor from forward."
-        )
+        # the inputs that forward wrote in place, by position (NOTE [mark_dirty])
+        shown = self._inputs_shown
+        for t in tensors:
+            for position, s in enumerate(shown):
+                if t is s and _calls:
+                    _calls[-1]["dirty"].add(position)
 
     def mark_shared_storage(self, *pairs):
         pass  # deprecated in torch, and meaningless for values
@@ -127,7 +133,8 @@ def _holds_func_tensor(args, kwargs):
     for a in (*args, *kwargs.values()):
         if type(a) is FuncTensor:
             return True
-        if isinstance(a, (list, tuple)) and any(type(i) is FuncTensor for i in a):
+        if isinstance(a, (list, tuple, dict)) and any(
+                type(leaf) is FuncTensor for leaf in optree.tree_leaves(a)):
             return True
     return False
 
@@ -164,42 +171,61 @@ def apply_in_transform(cls, args, kwargs):
     name = f"{cls.__name__}.apply(...)"
     if cls.setup_context is _BASE_SETUP_CONTEXT:
         raise UnsupportedOperationError(
-            f"{name}: inside a transform (grad, vjp, jvp, vmap, ...) an autograd.Function "
-            "must define the setup_context staticmethod, and this one has forward(ctx, ...) "
-            "only, as torch.func requires too. Fix: write forward(*args) without ctx, and "
-            "setup_context(ctx, inputs, output) to save what backward needs (see "
-            "https://pytorch.org/docs/main/notes/extending.func.html)."
+            f"{name}: in order to use an autograd.Function with transforms (grad, vjp, jvp, "
+            "vmap, ...) it must override the setup_context staticmethod, as torch.func "
+            "requires too; this one has forward(ctx, ...) only. Fix: write forward(*args) "
+            "without ctx, and setup_context(ctx, inputs, output) to save what backward needs "
+            "(https://pytorch.org/docs/main/notes/extending.func.html)."
         )
     bound = inspect.signature(cls.forward).bind(*args, **kwargs)
     bound.apply_defaults()
     args, kwargs = bound.args, bound.kwargs
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, (list, tuple, dict)) and _holds_func_tensor(
-                tuple(a.values()) if isinstance(a, dict) else a, {}):
-            raise UnsupportedOperationError(
-                f"{name}: a tensor of the transform was passed inside a "
-                f"{type(a).__name__}; autograd.Function only differentiates tensors passed "
-                "as arguments themselves. Fix: pass each tensor as its own argument."
-            )
     for k, v in kwargs.items():
         if type(v) is FuncTensor:
             raise UnsupportedOperationError(
                 f"{name}: the keyword-only argument {k!r} is a tensor of the transform, which "
-                "torch.func refuses too. Fix: make it a positional argument of forward."
+                "torch.func refuses too (kwarg-only Tensor args). Fix: make it a positional "
+                "argument of forward."
             )
-    values = tuple(unwrap(a) for a in args)
-    with engine_code():
-        outs, single = _call(cls, values, kwargs)
-    results = tuple(as_tensor(o) for o in outs)
-    return results[0] if single else results
+    values = tuple(unwrap_tree(a) if isinstance(a, (list, tuple, dict)) else unwrap(a)
+                   for a in args)
+    record = {"dirty": set(), "as_is": {}}
+    _calls.append(record)
+    try:
+        with engine_code():
+            outs, single = _call(cls, values, kwargs)
+    finally:
+        _calls.pop()
+    results = [as_tensors(o) if isinstance(o, (list, tuple, dict)) else as_tensor(o)
+               for o in outs]
+    # NOTE [mark_dirty]
+    # A Function that writes an input in place returns that input, marked dirty, and torch
+    # hands back the very same tensor. The forward ran on plain tensors at the bottom, where
+    # torch did exactly that; above it, the engine is functional: the input's tensor takes
+    # the output's value (as any in-place op does, tensor.py's _write) and is returned.
+    for i, j in record["as_is"].items():
+        if j in record["dirty"] and type(args[j]) is FuncTensor:
+            with engine_code():
+                _write(args[j], unwrap(results[i]), name)
+            results[i] = args[j]
+    return results[0] if single else tuple(results)
+
+
+# one record per Function.apply being computed: the inputs marked dirty, and which outputs
+# were inputs returned as they are (seen at the bottom, where forward runs)
+_calls: list = []
 
 
 def _call(cls, args, kwargs):
     """Apply ``cls`` at the highest level among ``args`` (values or constants); returns the
     outputs as a tuple and whether forward returned a single output."""
-    top = top_dispatcher(args)
+    top = top_dispatcher(optree.tree_leaves(args))
     if top is None:
-        return _as_outputs(_original_apply(cls, *args, **kwargs))
+        outs, single = _as_outputs(_original_apply(cls, *args, **kwargs))
+        if _calls:
+            _calls[-1]["as_is"] = {i: j for i, o in enumerate(outs) for j, a in enumerate(args)
+                                   if o is a and isinstance(o, torch.Tensor)}
+        return outs, single
     if isinstance(top, Autograd):
         return _autograd_call(top, cls, args, kwargs)
     if isinstance(top, Forward):
@@ -225,19 +251,29 @@ def _is_tensor(x):
 
 
 def _run_user(method, *args):
+    if current_dispatcher().level == 0:  # a vjp_fn called after its transform returned
+        return method(*args)
     with user_code():
         return method(*args)
 
 
-def _own(level, value_type, args):
-    return [type(a) is value_type and a.dispatcher is level for a in args]
+def _lower(level, value_type, args):
+    """The arguments one level down, and which were this level's values (nested values in
+    lists are lowered too, but not differentiated, as autograd.Function does)."""
+    own = [type(a) is value_type and a.dispatcher is level for a in args]
+    lowered = tuple(a.payload if o else lower_tree(level, a) if isinstance(a, (list, tuple, dict))
+                    else a for a, o in zip(args, own))
+    return own, lowered
 
 
 def _setup(cls, ctx, inputs, outs, single):
     """Run ``setup_context`` on tensors showing ``inputs`` and ``outs``; returns the output
     tensors it saw (their identity is what mark_non_differentiable names)."""
-    in_tensors = tuple(as_tensor(v) for v in inputs)
-    out_tensors = tuple(as_tensor(v) for v in outs)
+    in_tensors = tuple(as_tensors(v) if isinstance(v, (list, tuple, dict)) else as_tensor(v)
+                       for v in inputs)
+    out_tensors = tuple(as_tensors(v) if isinstance(v, (list, tuple, dict)) else as_tensor(v)
+                        for v in outs)
+    ctx._inputs_shown = in_tensors
     _run_user(cls.setup_context, ctx, in_tensors, out_tensors[0] if single else out_tensors)
     return out_tensors
 
@@ -262,8 +298,7 @@ def _prim_of(cls, index=None):
 
 
 def _autograd_call(level, cls, args, kwargs):
-    own = _own(level, AutogradValue, args)
-    payloads = tuple(a.payload if o else a for a, o in zip(args, own))
+    own, payloads = _lower(level, AutogradValue, args)
     if level._paused:  # inside a rule's forward under create_graph: no entry (autograd.py)
         outs, single = _call(cls, payloads, kwargs)
         return tuple(AutogradValue(level, o) if _is_tensor(o) else o for o in outs), single
@@ -437,8 +472,7 @@ def _expandable(shape, to):
 
 # --- Forward: jvp is the jvp rule ---------------------------------------------------------------
 def _forward_call(level, cls, args, kwargs):
-    own = _own(level, ForwardValue, args)
-    primals = tuple(a.payload if o else a for a, o in zip(args, own))
+    own, primals = _lower(level, ForwardValue, args)
     tangents = [a.tangent if o else None for a, o in zip(args, own)]
     if all(t is None for t in tangents):
         return _call(cls, primals, kwargs)
@@ -480,49 +514,98 @@ def _forward_call(level, cls, args, kwargs):
 
 # --- Batched: the vmap staticmethod, or a generated rule ----------------------------------------
 def _batched_call(level, cls, args, kwargs):
-    own = _own(level, BatchedValue, args)
-    values = tuple(a.payload if o else a for a, o in zip(args, own))
-    in_dims = tuple(a.bdim if o else None for a, o in zip(args, own))
-    if not any(own):
+    def own(v):
+        return type(v) is BatchedValue and v.dispatcher is level
+
+    def structure(a, leaf):  # lists, tuples and dicts of arguments, as torch.func allows
+        if isinstance(a, (list, tuple)):
+            return type(a)(structure(i, leaf) for i in a)
+        if isinstance(a, dict):
+            return {k: structure(v, leaf) for k, v in a.items()}
+        return leaf(a)
+
+    values = tuple(structure(a, lambda v: v.payload if own(v) else v) for a in args)
+    in_dims = tuple(structure(a, lambda v: v.bdim if own(v) else None) for a in args)
+    if all(d is None for d in optree.tree_leaves(in_dims, none_is_leaf=True)):
         return _call(cls, values, kwargs)
+    if any(_is_tensor(v) for v in optree.tree_leaves(kwargs)):
+        raise UnsupportedOperationError(
+            f"{level.call}: {cls.__name__}.apply(...) got kwarg-only Tensor args, which "
+            "torch.func refuses under vmap too. Fix: pass the tensors positionally."
+        )
     has_vmap = cls.vmap is not _BASE_VMAP
     if cls.generate_vmap_rule:
         if has_vmap:
             raise AutogradFunctionError(
                 f"{level.call}: the autograd.Function {cls.__name__} has both "
-                "generate_vmap_rule=True and a vmap staticmethod, which is ambiguous "
-                "(torch.func refuses it too). Fix: keep only one of them."
+                "generate_vmap_rule=True and an overridden vmap staticmethod, which is "
+                "ambiguous (torch.func refuses it too). Fix: keep only one of them."
             )
         generated = _vmapped_function(cls, in_dims, level.length, level.randomness)
         outs, single = _call(generated, values, kwargs)
         return tuple(BatchedValue(level, o, 0) if _is_tensor(o) else o for o in outs), single
     if not has_vmap:
         raise MissingRuleError(
-            f"{level.call}: the autograd.Function {cls.__name__} has no vmap support, which "
-            "torch.func refuses too. Fix: set generate_vmap_rule=True (forward, setup_context "
-            "and backward written with torch operations), or define the vmap staticmethod."
+            f"{level.call}: you tried to vmap over the autograd.Function {cls.__name__}, but "
+            "it does not have vmap support, which torch.func refuses too. Fix: set "
+            "generate_vmap_rule=True (forward, setup_context and backward written with torch "
+            "operations), or override the vmap staticmethod."
         )
     info = VmapInfo(level.length, level.randomness)
-    result = _run_user(cls.vmap, info, in_dims, *(as_tensor(v) for v in values))
+    shown = tuple(as_tensors(v) if isinstance(v, (list, tuple, dict)) else as_tensor(v)
+                  for v in values)
+    result = _run_user(cls.vmap, info, in_dims, *shown)
     if not (isinstance(result, tuple) and len(result) == 2):
+        got = f"{len(result)} returns" if isinstance(result, tuple) else type(result).__name__
         raise AutogradFunctionError(
-            f"{cls.__name__}.vmap: expected a tuple (output, out_dims), got "
-            f"{type(result).__name__}. Fix: return the output and its batch dims."
+            f"{cls.__name__}.vmap: expected the vmap staticmethod to have two returns, an "
+            f"output and out_dims, got {got}. Fix: return (output, out_dims)."
         )
     out, out_dims = result
     outs, single = _as_outputs(out)
-    dims = out_dims if isinstance(out_dims, tuple) else (out_dims,) * len(outs)
-    if len(dims) != len(outs) or (single and isinstance(out_dims, tuple)):
+    try:
+        results = _batch_outputs(level, outs, out_dims, single)
+    except _Mismatch:
         raise AutogradFunctionError(
-            f"{cls.__name__}.vmap: out_dims={out_dims!r} does not match the structure of the "
-            f"output ({len(outs)} output(s)). Fix: one out_dim (int or None) per output."
-        )
-    results = []
-    for o, d in zip(outs, dims):
+            f"{cls.__name__}.vmap: the vmap staticmethod returned an incompatible (output, "
+            f"out_dims) tuple: out_dims={out_dims!r} does not match the structure of the "
+            "output. Fix: one out_dim (int or None) per output tensor, in the output's "
+            "structure."
+        ) from None
+    return results, single
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _batch_outputs(level, outs, out_dims, single):
+    """The outputs of a vmap staticmethod as values of ``level``: each tensor whose out_dim
+    is an int is batched along it (``out_dims`` broadcasts over the output's structure)."""
+    def batch(o, d):
+        if not (d is None or isinstance(d, (int, list, tuple, dict))):
+            raise _Mismatch
+        if isinstance(o, (list, tuple)):
+            if isinstance(d, (list, tuple)):
+                if len(d) != len(o):
+                    raise _Mismatch
+                return type(o)(batch(i, j) for i, j in zip(o, d))
+            if isinstance(d, dict):
+                raise _Mismatch
+            return type(o)(batch(i, d) for i in o)
+        if isinstance(o, dict):
+            if isinstance(d, dict):
+                return {k: batch(v, d[k]) for k, v in o.items()}
+            if isinstance(d, (list, tuple)):
+                raise _Mismatch
+            return {k: batch(v, d) for k, v in o.items()}
+        if isinstance(d, (list, tuple, dict)):
+            raise _Mismatch
         o = unwrap(o)
-        results.append(BatchedValue(level, o, d % len(o.shape))
-                       if d is not None and _is_tensor(o) else o)
-    return tuple(results), single
+        if d is None or not _is_tensor(o):
+            return o
+        return BatchedValue(level, o, d % len(o.shape))
+    return (batch(outs[0], out_dims),) if single else tuple(batch(tuple(outs), out_dims))
 
 
 _GENERATED: dict = {}
@@ -674,8 +757,7 @@ def _unbatch_gradient(g, in_dim):
 
 # --- Logger: print, and pass the call down ------------------------------------------------------
 def _logger_call(level, cls, args, kwargs):
-    own = _own(level, LoggedValue, args)
-    payloads = tuple(a.payload if o else a for a, o in zip(args, own))
+    own, payloads = _lower(level, LoggedValue, args)
     outs, single = _call(cls, payloads, kwargs)
     results = tuple(LoggedValue(level, o) if _is_tensor(o) else o for o in outs)
     names = ", ".join(r.name for r in results if isinstance(r, Value))
