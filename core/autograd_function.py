@@ -587,8 +587,8 @@ def _batch_outputs(level, outs, out_dims, single):
             raise _Mismatch
         if isinstance(o, (list, tuple)):
             if isinstance(d, (list, tuple)):
-                if len(d) != len(o):
-                    raise _Mismatch
+                if len(d) != len(o) or isinstance(d, list) != isinstance(o, list):
+                    raise _Mismatch  # a list and a tuple are different structures
                 return type(o)(batch(i, j) for i, j in zip(o, d))
             if isinstance(d, dict):
                 raise _Mismatch
