@@ -45,7 +45,7 @@ from torch.autograd.function import once_differentiable
 from . import ops
 from .autograd import Autograd, AutogradValue, TapeEntry, sum_to_size
 from .batching import Batched, BatchedValue
-from .dispatch import Logger, LoggedValue, current_dispatcher
+from .dispatch import Logger, LoggedValue, complex_not_supported, current_dispatcher
 from .errors import MissingRuleError, TransformError, UnsupportedOperationError
 from .forward import Forward, ForwardValue
 from .names import fresh_name
@@ -278,9 +278,13 @@ def _setup(cls, ctx, inputs, outs, single):
     return out_tensors
 
 
-def _differentiable(ctx, outs, out_tensors):
-    return [_is_tensor(o) and (o.dtype.is_floating_point or o.dtype.is_complex)
-            and id(t) not in ctx._non_differentiable for o, t in zip(outs, out_tensors)]
+def _differentiable(level, cls, ctx, outs, out_tensors):
+    """Which outputs carry a derivative: float tensors not marked non-differentiable."""
+    result = [_is_tensor(o) and (o.dtype.is_floating_point or o.dtype.is_complex)
+              and id(t) not in ctx._non_differentiable for o, t in zip(outs, out_tensors)]
+    if any(d and o.dtype.is_complex for d, o in zip(result, outs)):
+        raise complex_not_supported(level, _prim_of(cls))
+    return result
 
 
 # --- Autograd: backward is the vjp rule ---------------------------------------------------------
@@ -315,7 +319,7 @@ def _autograd_call(level, cls, args, kwargs):
         inputs = payloads
     ctx = FunctionCtx(f"{cls.__name__}.apply(...)", tuple(own))
     out_tensors = _setup(cls, ctx, inputs, outs, single)
-    differentiable = _differentiable(ctx, outs, out_tensors)
+    differentiable = _differentiable(level, cls, ctx, outs, out_tensors)
     if not any(differentiable):
         return outs, single
     results = list(outs)
@@ -499,7 +503,7 @@ def _forward_call(level, cls, args, kwargs):
             f"{cls.__name__}.jvp: expected one tangent per output of forward ({len(outs)}), "
             f"got {len(result)}. Fix: return a tangent for each output."
         )
-    differentiable = _differentiable(ctx, outs, out_tensors)
+    differentiable = _differentiable(level, cls, ctx, outs, out_tensors)
     for i, (t, d) in enumerate(zip(result, differentiable)):
         if t is not None and not d:
             raise AutogradFunctionError(

@@ -564,3 +564,27 @@ def test_parameter_that_requires_grad_gets_the_custom_backward():
         ft.vmap(lambda x: Tripled.apply(x * w))(x.reshape(3, 1)).sum().backward()
         grads.append(w.grad)
     assert_same(grads[1], grads[0])
+
+
+# --- other levels -------------------------------------------------------------------------------
+def test_trace_refuses_rather_than_losing_the_backward():
+    with pytest.raises(TransformError, match=r"trace\(.*MySin.*Fix:"):
+        mf.trace(lambda x: MySin.apply(x))(torch.ones(3))
+
+
+def test_explicit_api_levels():
+    from minifunctorch.core.tensor import as_tensor
+    d = mf.Autograd(mf.Torch())
+    a = mf.label(torch.tensor([1.0, 2.0], dtype=torch.float64), "a")
+    loss = d.sum(Tripled.apply(as_tensor(d.adopt(a))))
+    assert "Tripled a" in str(d.tape)
+    assert_same(d.grad(loss, [a])[0], 3 * a)
+    lines = []
+
+    class Lines:
+        def write(self, text):
+            lines.append(text)
+    logged = mf.Logger(mf.Torch(), file=Lines())
+    out = MySin.apply(as_tensor(logged.adopt(torch.ones(2))))
+    assert "MySin.apply" in "".join(lines)
+    assert_same(out.concrete(), torch.sin(torch.ones(2)))
