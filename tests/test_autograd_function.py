@@ -588,3 +588,83 @@ def test_explicit_api_levels():
     out = MySin.apply(as_tensor(logged.adopt(torch.ones(2))))
     assert "MySin.apply" in "".join(lines)
     assert_same(out.concrete(), torch.sin(torch.ones(2)))
+
+
+# --- compositions ------------------------------------------------------------------------------
+class LazyGenerated(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x * 2, x * 3
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        total = 0
+        if g1 is not None:
+            total = total + g1 * 2
+        if g2 is not None:
+            total = total + g2 * 3
+        return total
+
+
+_XS = torch.randn(2, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+_W = torch.randn(4, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+COMPOSITIONS = {
+    "vmap_grad_lazy": lambda F: F.vmap(F.grad(lambda x: LazyGenerated.apply(x)[1].sum()))(_XS[0]),
+    "vmap_vmap_generated": lambda F: F.vmap(F.vmap(MySin.apply))(_XS),
+    "vmap_vmap_grad_generated":
+        lambda F: F.vmap(F.vmap(F.grad(lambda x: MySin.apply(x).sum())))(_XS),
+    "vmap_vmap_staticmethod": lambda F: F.vmap(F.vmap(lambda x: SinWithSign.apply(x)[0]))(_XS),
+    "vmap_dim1_grad_staticmethod":
+        lambda F: F.vmap(F.grad(lambda x: MyExp.apply(x).sum()), in_dims=1)(_XS[0]),
+    "jacrev_vmap_staticmethod": lambda F: F.jacrev(F.vmap(MyExp.apply))(_XS[0]),
+    "jacfwd_vmap_generated": lambda F: F.jacfwd(F.vmap(MySin.apply))(_XS[0]),
+    "vmap_jvp_generated":
+        lambda F: F.vmap(lambda x: F.jvp(MySin.apply, (x,), (torch.ones_like(x),)))(_XS[0]),
+    "vmap_dim2_grad_shape_in_ctx":
+        lambda F: F.vmap(F.grad(lambda x: (SumRows.apply(x) * _W[:3]).sum()), in_dims=2)(_XS),
+    "vmap_grad_unbatched_weight": lambda F: F.vmap(F.grad(
+        lambda x, w: ScaleBroadcast.apply(x, w).sum(), argnums=(0, 1)), in_dims=(0, None))(_XS, _W),
+    "grad_vmap_unbatched_weight": lambda F: F.grad(
+        lambda w: F.vmap(ScaleBroadcast.apply, in_dims=(0, None))(_XS, w).sum())(_W),
+    "vmap_grad_second_input": lambda F: F.vmap(F.grad(
+        lambda x, y: MulAddScaled.apply(x, y, 3.0)[1].sin().sum(), argnums=1),
+        in_dims=(None, 0))(_W, _XS[0]),
+    "hessian_vmap_generated": lambda F: F.hessian(lambda x: F.vmap(MySin.apply)(x).sum())(_XS[0, 0]),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPOSITIONS))
+def test_composition(name):
+    assert_same(COMPOSITIONS[name](mf), COMPOSITIONS[name](tf))
+
+
+def test_vmap_info():
+    seen = []
+
+    class Info(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x * 2
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+        @staticmethod
+        def vmap(info, in_dims, x):
+            seen.append((info.batch_size, info.randomness, in_dims))
+            return Info.apply(x), in_dims[0]
+
+    for ft in (tf, mf):
+        ft.vmap(Info.apply, in_dims=1, randomness="same")(torch.randn(3, 5))
+    assert seen[0] == seen[1] == (5, "same", (1,))
