@@ -35,10 +35,10 @@ Function without ``setup_context``, a missing ``jvp`` or vmap rule).
 """
 import functools
 import inspect
-
-import optree
+import weakref
 from typing import NamedTuple
 
+import optree
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -52,7 +52,7 @@ from .names import fresh_name
 from .primitives import Primitive
 from .tensor import (FuncTensor, _write, as_tensor, as_tensors, engine_code, unwrap,
                      unwrap_tree, user_code)
-from .values import Value, lower_tree, map_tensors, top_dispatcher
+from .values import Value, lower_tree, top_dispatcher
 
 
 class AutogradFunctionError(TransformError, RuntimeError):
@@ -288,16 +288,16 @@ def _differentiable(level, cls, ctx, outs, out_tensors):
 
 
 # --- Autograd: backward is the vjp rule ---------------------------------------------------------
-_PRIMS: dict = {}
+_PRIMS = weakref.WeakKeyDictionary()  # class -> {output index or None: Primitive}
 
 
 def _prim_of(cls, index=None):
     """A primitive that names the Function on tapes (it is never bound)."""
-    key = (cls, index)
-    prim = _PRIMS.get(key)
+    prims = _PRIMS.setdefault(cls, {})
+    prim = prims.get(index)
     if prim is None:
-        prim = _PRIMS[key] = Primitive(cls.__name__ if index is None
-                                       else f"{cls.__name__}[{index}]", None)
+        prim = prims[index] = Primitive(cls.__name__ if index is None
+                                        else f"{cls.__name__}[{index}]", None)
     return prim
 
 
@@ -612,17 +612,13 @@ def _batch_outputs(level, outs, out_dims, single):
     return (batch(outs[0], out_dims),) if single else tuple(batch(tuple(outs), out_dims))
 
 
-_GENERATED: dict = {}
-
-
 class _CtxView:
     """A ctx seen from inside a vmapped setup_context/backward/jvp: attributes go to the
     real ctx; saved tensors are per-example (``saved``) or recorded (``record``)."""
 
-    def __init__(self, ctx, saved=None, saved_for_forward=None, record=None):
+    def __init__(self, ctx, saved=None, record=None):
         object.__setattr__(self, "_ctx", ctx)
         object.__setattr__(self, "_saved", saved)
-        object.__setattr__(self, "_saved_for_forward", saved_for_forward)
         object.__setattr__(self, "_record", record)
 
     def __getattr__(self, name):
@@ -649,12 +645,10 @@ def _vmapped_function(cls, in_dims, size, randomness):
     """``generate_vmap_rule=True``: a Function whose methods are ``cls``'s, vmapped over
     ``in_dims``, with every tensor output and saved tensor batched at dim 0 (torch.func's
     ``vmapify_autograd_function``). setup_context runs under vmap too, so that what it
-    stores (shapes, ...) is per example."""
-    key = (cls, in_dims, size, randomness)
-    generated = _GENERATED.get(key)
-    if generated is not None:
-        return generated
+    stores (shapes, ...) is per example. A new class per call, as torch.func makes one: a
+    cache would keep every user class alive."""
     from .transforms import vmap
+    key = object()  # this class's entry in the ctx it shares with nested generated ones
 
     def vmapped(f, dims):
         return vmap(f, in_dims=dims, out_dims=0, randomness=randomness)
@@ -735,7 +729,6 @@ def _vmapped_function(cls, in_dims, size, randomness):
         "jvp": staticmethod(jvp),
         "generate_vmap_rule": True,
     })
-    _GENERATED[key] = generated
     return generated
 
 
