@@ -189,7 +189,8 @@ def apply_in_transform(cls, args, kwargs):
             )
     values = tuple(unwrap_tree(a) if isinstance(a, (list, tuple, dict)) else unwrap(a)
                    for a in args)
-    record = {"dirty": set(), "as_is": {}}
+    record = {"dirty": set(), "as_is": {},
+              "constants": {id(v) for v in values if isinstance(v, torch.Tensor)}}
     _calls.append(record)
     try:
         with engine_code():
@@ -203,6 +204,10 @@ def apply_in_transform(cls, args, kwargs):
     # hands back the very same tensor. The forward ran on plain tensors at the bottom, where
     # torch did exactly that; above it, the engine is functional: the input's tensor takes
     # the output's value (as any in-place op does, tensor.py's _write) and is returned.
+    # At the bottom, forward gets copies of the tensors behind the values (``_call``): the
+    # originals may be saved by other tape entries (``y = x.exp()`` saves y), and a write
+    # into them would change those gradients silently. (torch.func raises there, from its
+    # version counters; a copy makes the in-place Function simply work.)
     for i, j in record["as_is"].items():
         if j in record["dirty"] and type(args[j]) is FuncTensor:
             with engine_code():
@@ -221,6 +226,10 @@ def _call(cls, args, kwargs):
     outputs as a tuple and whether forward returned a single output."""
     top = top_dispatcher(optree.tree_leaves(args))
     if top is None:
+        if _calls:  # NOTE [mark_dirty]: copies of the tensors that were values
+            constants = _calls[-1]["constants"]
+            args = tuple(a.clone() if isinstance(a, torch.Tensor) and id(a) not in constants
+                         else a for a in args)
         outs, single = _as_outputs(_original_apply(cls, *args, **kwargs))
         if _calls:
             _calls[-1]["as_is"] = {i: j for i, o in enumerate(outs) for j, a in enumerate(args)

@@ -669,3 +669,123 @@ def test_vmap_info():
     for ft in (tf, mf):
         ft.vmap(Info.apply, in_dims=1, randomness="same")(torch.randn(3, 5))
     assert seen[0] == seen[1] == (5, "same", (1,))
+
+
+# --- in place, lists, keyword-only tensors ------------------------------------------------------
+class MulInPlace(torch.autograd.Function):
+    """Writes its input in place and marks it dirty."""
+
+    @staticmethod
+    def forward(x):
+        return x.mul_(2)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_dirty(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * g
+
+    @staticmethod
+    def jvp(ctx, t):
+        return t.mul_(2)
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp"])
+def test_mark_dirty(transform):
+    x = torch.randn(3, dtype=torch.float64)
+
+    def f(x):
+        y = x.clone()
+        z = MulInPlace.apply(y)
+        assert z is y  # the very same tensor, as in torch
+        return (y * x).sum()  # y holds the new value
+    if transform == "grad":
+        assert_same(mf.grad(f)(x), tf.grad(f)(x))
+    else:
+        t = torch.ones(3, dtype=torch.float64)
+        assert_same(mf.jvp(f, (x,), (t,)), tf.jvp(f, (x,), (t,)))
+
+
+def test_list_argument_under_vmap_staticmethod():
+    seen = []
+
+    class Id(torch.autograd.Function):
+        @staticmethod
+        def forward(x, ys):
+            return x, ys
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, g, g_ys):
+            return g, None
+
+        @staticmethod
+        def vmap(info, in_dims, x, ys):
+            seen.append(in_dims)
+            return (x * 2, [y * 3 for y in ys]), in_dims
+
+    x = torch.randn(2, 3)
+    results = [ft.vmap(Id.apply)(x, [x, x]) for ft in (tf, mf)]
+    assert_same(results[1], results[0])
+    assert seen[0] == seen[1] == (0, [0, 0])
+
+
+def test_kwarg_only_tensor_is_refused_under_vmap():
+    class KwargOnly(torch.autograd.Function):
+        @staticmethod
+        def forward(x, *, y):
+            return x + y
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def vmap(info, in_dims, x, *, y):
+            return x + y, 0
+
+    x, y = torch.randn(3), torch.randn(3)
+    for ft in (tf, mf):
+        with pytest.raises(NotImplementedError, match="kwarg-only Tensor args"):
+            ft.vmap(lambda x: KwargOnly.apply(x, y=y))(x)
+
+
+@pytest.mark.parametrize("out_dims", [(None,), "list"])
+def test_incompatible_out_dims_are_refused(out_dims):
+    class Zeros(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return torch.zeros(x.shape) if out_dims != "list" else [torch.zeros(x.shape)]
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def vmap(info, in_dims, x):
+            r = torch.zeros(x.shape[1:])
+            return (r, (None,)) if out_dims != "list" else ([r], (None,))
+
+    for ft in (tf, mf):
+        with pytest.raises(RuntimeError, match="returned an incompatible"):
+            ft.vmap(Zeros.apply)(torch.randn(2, 3))
+
+
+def test_in_place_forward_does_not_corrupt_saved_values():
+    """exp saves its output; a Function that then doubles that output in place must not
+    change exp's gradient. torch.func refuses (its version counter); here forward writes
+    into a copy, and the gradient is the true one."""
+    x = torch.randn(3, dtype=torch.float64)
+
+    def f(x):
+        y = x.exp()
+        MulInPlace.apply(y)
+        return y.sum()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        tf.grad(f)(x)
+    assert_same(mf.grad(f)(x), 2 * x.exp())
