@@ -315,6 +315,10 @@ def _autograd_call(level, cls, args, kwargs):
     if level._paused:  # inside a rule's forward under create_graph: no entry (autograd.py)
         outs, single = _call(cls, payloads, kwargs)
         return tuple(AutogradValue(level, o) if _is_tensor(o) else o for o in outs), single
+    if not torch.is_grad_enabled() and getattr(level, "obeys_grad_mode", False):
+        # a grad level switched off by an inner torch.no_grad() records nothing, as
+        # Autograd.apply does once grad modes are modelled (issue 12's grad-mode work)
+        return _call(cls, payloads, kwargs)
     if level.create_graph:
         # NOTE [Two ways to higher order] in autograd.py: the backward runs on this level
         level._paused += 1
