@@ -5,6 +5,8 @@ ctx, setup_context, backward, jvp, and vmap support by a vmap staticmethod or by
 generate_vmap_rule=True. Some backwards are deliberately not the true derivative (Tripled):
 only a transform that really calls the custom backward agrees with torch.func on them.
 """
+import importlib.util
+
 import pytest
 import torch
 import torch.func as tf
@@ -793,3 +795,15 @@ def test_in_place_forward_does_not_corrupt_saved_values():
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         tf.grad(f)(x)
     assert_same(mf.grad(f)(x), 2 * x.exp())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("minifunctorch.core.grad_mode") is None,
+                    reason="grad modes inside transforms are another part of issue 12")
+def test_no_grad_around_the_call():
+    x = torch.randn(3, dtype=torch.float64)
+
+    def f(x):
+        with torch.no_grad():
+            y = Tripled.apply(x)
+        return (y * x).sum()
+    assert_same(mf.grad(f)(x), tf.grad(f)(x))
