@@ -10,6 +10,8 @@ from .custom import custom_vjp
 # families of primitives: importing each registers its primitives, rules and doors
 from . import elementwise, indexing, linalg, nn, structural  # noqa: F401
 from . import randomness  # noqa: F401  (torch.rand & co under vmap)
+from . import autograd_function  # noqa: F401  (torch.autograd.Function under the transforms)
+from .autograd_function import AutogradFunctionError
 from .dispatch import Dispatcher, Logger, LoggedValue, Torch
 from .tensor import FuncTensor, bind
 from .values import Value
@@ -56,7 +58,7 @@ from .transforms import (
 )
 
 __all__ = [
-    "Autograd", "BackwardStep", "Batched", "BatchedControlFlowError", "Dispatcher", "Forward",
+    "Autograd", "AutogradFunctionError", "BackwardStep", "Batched", "BatchedControlFlowError", "Dispatcher", "Forward",
     "FuncTensor", "InPlaceError", "Logger", "MissingRuleError", "NonScalarOutputError",
     "PRIMITIVES", "Primitive", "RandomnessError", "Tape", "TapeEntry", "Torch",
     "TransformError", "TransformUsageError", "TypecheckError", "UnsupportedOperationError",

@@ -15,7 +15,6 @@ from . import ops
 from . import primitives as P
 from .dispatch import Dispatcher, name_of, no_concrete_value
 from .errors import (
-    RandomnessError,
     TransformUsageError,
     UnsupportedOperationError,
     missing_rule_error,
@@ -23,6 +22,8 @@ from .errors import (
 from .values import Value, bind, map_tensors
 
 batching_rules: dict = {}
+# the rule of random aten ops on batched values, registered by randomness.py
+random_op_rule = None
 
 
 class BatchedValue(Value):
@@ -142,25 +143,10 @@ class Batched(Dispatcher):
     draws_random_numbers = True
 
     def random_op(self, name, run, values, kwargs):
-        """A random aten op on batched values: its draws follow vmap's ``randomness``
-        (randomness.py, NOTE [Randomness under vmap])."""
-        from .randomness import ERROR_MODE, SAME_BATCHED, aten_random_op  # (it imports us)
-        drawn = aten_random_op(self, name, values, kwargs)
-        if drawn is not NotImplemented:
-            return drawn
-        if self.randomness == "different":
-            return self.unknown_op(name, run, values, kwargs)  # independent draws per example
-        if self.randomness == "error":
-            raise RandomnessError(
-                f"{ERROR_MODE}. {self.call}: the random operation {name} was called under "
-                "vmap with randomness='error'. Fix: pass randomness='different' (independent "
-                "draws per example) to vmap, or draw the random numbers outside of vmap."
-            )
-        raise RandomnessError(
-            f"{SAME_BATCHED} {self.call}: the random operation {name} on a batched value is "
-            "not supported with randomness='same'. Fix: pass randomness='different', or draw "
-            "the random numbers outside of vmap."
-        )
+        """A random aten op on batched values: its draws follow vmap's ``randomness``. The
+        rule lives in randomness.py (NOTE [Randomness under vmap]), which registers it as
+        ``random_op_rule`` (it imports this module, not the other way round)."""
+        return random_op_rule(self, name, run, values, kwargs)
 
     def unknown_op(self, name, run, values, kwargs):
         """NOTE [The per-example fallback]

@@ -50,6 +50,7 @@ import types
 import torch
 import torch.nn.functional as F
 
+from . import batching
 from .batching import Batched, BatchedValue, move_bdim
 from .dispatch import transform_levels
 from .errors import InPlaceError, RandomnessError
@@ -440,6 +441,31 @@ def aten_random_op(level, name, values, kwargs):
         return NotImplemented
     kind, op = entry
     return kind(levels, op, name, as_tensors(tuple(values)), dict(as_tensors(kwargs)))
+
+
+def batched_random_op(level, name, run, values, kwargs):
+    """``Batched.random_op``: a random aten op on values of vmap ``level``. Its draws follow
+    vmap's ``randomness``: the front door's rule where there is one, else independent draws
+    per example ('different'), or a refusal."""
+    drawn = aten_random_op(level, name, values, kwargs)
+    if drawn is not NotImplemented:
+        return drawn
+    if level.randomness == "different":
+        return level.unknown_op(name, run, values, kwargs)  # independent draws per example
+    if level.randomness == "error":
+        raise RandomnessError(
+            f"{ERROR_MODE}. {level.call}: the random operation {name} was called under "
+            "vmap with randomness='error'. Fix: pass randomness='different' (independent "
+            "draws per example) to vmap, or draw the random numbers outside of vmap."
+        )
+    raise RandomnessError(
+        f"{SAME_BATCHED} {level.call}: the random operation {name} on a batched value is "
+        "not supported with randomness='same'. Fix: pass randomness='different', or draw "
+        "the random numbers outside of vmap."
+    )
+
+
+batching.random_op_rule = batched_random_op
 
 
 def _aten_kinds():

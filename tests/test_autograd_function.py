@@ -13,7 +13,6 @@ import torch.func as tf
 from torch.autograd.function import once_differentiable
 
 import minifunctorch.core as mf
-import minifunctorch.core.autograd_function  # noqa: F401  (until core/__init__ imports it)
 from minifunctorch.core.errors import MissingRuleError, TransformError
 from op_table import OpCase, normal, positive
 from oracle import assert_same, check_finite_differences, check_under_transform, transform_params
