@@ -497,7 +497,32 @@ def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, r
     for tensor, original, d in zip(wrapped, originals, dim_leaves):
         if d is not None:
             _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d))
-    return _unbatch_outputs(level, unwrap_tree(out), out_dims, size, call)
+    result = _unbatch_outputs(level, unwrap_tree(out), out_dims, size, call)
+    written = {id(t): (original, d) for t, original, d in zip(wrapped, originals, dim_leaves)
+               if d is not None and type(t) is FuncTensor and t._generation}
+    return _alias_written_inputs(out, result, written, out_dims) if written else result
+
+
+def _alias_written_inputs(out, result, written, out_dims):
+    """NOTE [An input written in place and returned is the caller's tensor]
+    ``vmap(Tensor.sin_)(x)`` writes ``x`` (NOTE [In-place writes to a transform's inputs]) and
+    returns it: in torch.func the result *is* ``x`` (or, with another out_dim, a view of it
+    with the batch dim moved), so a later write to ``x`` shows in the result. The same here:
+    an output that is an input the function wrote in place becomes the caller's tensor."""
+    out_dims = _single_out_dim(out, out_dims)
+    if not isinstance(out_dims, int):
+        return result  # (per-output out_dims: the result keeps its own copy)
+    out_leaves = optree.tree_leaves(out, none_is_leaf=False)
+    result_leaves, treedef = optree.tree_flatten(result, none_is_leaf=False)
+    for position, leaf in enumerate(out_leaves):
+        alias = written.get(id(leaf))
+        if alias is not None:
+            original, in_dim = alias
+            rank = original.dim()
+            in_dim, out_dim = in_dim % rank, out_dims % rank
+            result_leaves[position] = original if in_dim == out_dim else \
+                original.movedim(in_dim, out_dim)
+    return optree.tree_unflatten(treedef, result_leaves)
 
 
 def _single_out_dim(out, out_dims):

@@ -186,3 +186,19 @@ def test_random_calls_in_one_thread_while_another_runs_vmap():
                 assert torch.rand(3).shape == (3,)  # not inside any vmap of this thread
 
     _in_threads(work)
+
+
+# --- an input written in place and returned is the caller's tensor, as in torch.func ----------
+@pytest.mark.parametrize("in_dim, out_dim", [(0, 0), (1, 1), (1, 0), (0, -1)])
+def test_an_input_written_in_place_and_returned_is_the_callers_tensor(in_dim, out_dim):
+    results = []
+    for api in (mf, tf):
+        x = torch.linspace(0, 1, 24).reshape(3, 4, 2)
+        y = api.vmap(torch.Tensor.sin_, in_dims=in_dim, out_dims=out_dim)(x)
+        assert y is x or y._base is x  # the result aliases x ...
+        x.add_(1)  # ... so a later write to x shows in it
+        results.append(y)
+    torch.testing.assert_close(results[0], results[1])
+    nested = mf.vmap(mf.vmap(torch.Tensor.cos_))
+    x = torch.rand(3, 4, 2)
+    assert nested(x) is x
