@@ -580,3 +580,33 @@ def test_custom_vjp_under_plain_vmap_and_jvp_of_grad():
     assert_same(tangent, -2 * torch.sin(x) * t)
     assert_same(mf.jacfwd(mf.jacrev(lambda y: sin_double_grad(y).sum()))(x),
                 torch.diag(-2 * torch.sin(x)))
+
+
+# --- chunk_vmap (functorch.experimental) ---------------------------------------------------------
+@pytest.mark.parametrize("chunks", [1, 2, 3, 4, 7, 16])
+@pytest.mark.parametrize("in_dim, out_dim", [(0, 0), (1, 2), (2, 1)])
+@pytest.mark.parametrize("randomness", ["error", "same"])
+def test_chunk_vmap_equals_vmap(chunks, in_dim, out_dim, randomness):
+    from functorch.experimental import chunk_vmap as torch_chunk_vmap
+
+    x = torch.randn(4, 5, 6)
+
+    def f(x):
+        y = x.sin()
+        return y + torch.rand_like(x) if randomness == "same" else y
+
+    results = []
+    for make in (mf.chunk_vmap, torch_chunk_vmap):
+        torch.manual_seed(0)
+        results.append(make(f, in_dims=in_dim, out_dims=out_dim, randomness=randomness,
+                            chunks=chunks)(x))
+    torch.manual_seed(0)
+    whole = mf.vmap(f, in_dims=in_dim, out_dims=out_dim, randomness=randomness)(x)
+    torch.testing.assert_close(results[0], results[1])
+    torch.testing.assert_close(results[0], whole)
+
+
+@pytest.mark.parametrize("chunks", [0, -1, 1.5, True])
+def test_chunk_vmap_chunks_must_be_a_positive_int(chunks):
+    with pytest.raises(mf.TransformError, match="chunks"):
+        mf.chunk_vmap(torch.sin, chunks=chunks)
