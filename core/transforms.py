@@ -68,8 +68,8 @@ def _type_shown(value) -> str:
 
 # NOTE [Messages: the call, torch.func's words, the cause, the fix]
 # Each check below raises with a message in four parts:
-#   grad(f, argnums=2)(<inputs>): Got argnum=2, but only 2 positional inputs. f was called
-#   with 2 positional arguments, and argnums counts them from 0. Fix: ...
+#   grad(f, argnums=2)(<inputs>): Got argnum=2, but only 2 positional inputs. argnums counts
+#   the function's positional arguments from 0 (from -1 at the end). Fix: use argnums ...
 # The call comes first, as everywhere in this package (the magics rewrite it into the magic
 # as written, magics/errors.py). Then torch.func's own sentence for the case, word for word
 # where it has no torch internals in it: it is what people paste into a search engine, and

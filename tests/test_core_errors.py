@@ -105,8 +105,8 @@ def test_has_aux_without_a_pair():
 
 
 def test_grad_of_a_non_tensor_argument():
-    raises(TransformUsageError, r"^grad\(<lambda>\)\(<inputs>\): Thing passed to transform API must "
-           r"be Tensor, got <class 'float'>: argument 0 holds a float.*Fix:",
+    raises(TransformUsageError, r"^grad\(<lambda>\)\(<inputs>\): Thing passed to transform API "
+           r"must be Tensor, got <class 'float'>: argument 0 holds a float.*Fix:",
            mf.grad(lambda x: x * 2), 3.0)
 
 
@@ -192,7 +192,7 @@ def test_vmap_options_are_checked():
 def test_python_control_flow_on_a_batched_value():
     def f(x):
         return x if x.sum() > 0 else -x
-    error = raises(BatchedControlFlowError, r"^vmap\(f\)\(<inputs>\): Python asked for a concrete "
+    error = raises(BatchedControlFlowError, r"^vmap\(f\)\(<inputs>\): .*Python asked for a concrete "
                    r"value \(bool\(\), \.item\(\).*on a value batched by vmap.*Fix: use "
                    r"torch\.where", mf.vmap(f), batch)
     assert isinstance(error, RuntimeError)
