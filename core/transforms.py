@@ -709,11 +709,18 @@ def _single_out_dim(out, out_dims):
 
 def _unbatch_outputs(level, out, out_dims, size, call, name):
     out_dims = _single_out_dim(out, out_dims)
-    out_leaves, out_treedef = optree.tree_flatten(out, none_is_leaf=False)
+    # None is a leaf here, as in _broadcast_dims, so that leaves and dims stay aligned:
+    # vmap(lambda x: (None, x), out_dims=(None, 0))
+    out_leaves, out_treedef = optree.tree_flatten(out, none_is_leaf=True)
     dims = _broadcast_dims(out_dims, out, call, "out_dims") if not isinstance(out_dims, int) \
         else [out_dims] * len(out_leaves)
     result = []
     for leaf, dim in zip(out_leaves, dims):
+        if leaf is None:
+            # torch.func refuses None where out_dim is an int; here it passes through, since
+            # a custom_vjp backward says "no gradient" with None and runs under vmap (custom.py)
+            result.append(None)
+            continue
         batched = isinstance(leaf, BatchedValue) and leaf.dispatcher is level
         if dim is None:
             if batched:
@@ -749,14 +756,16 @@ def _unbatch_outputs(level, out, out_dims, size, call, name):
 
 def _concatenate_chunks(outputs, out_dims, call):
     out_dims = _single_out_dim(outputs[0], out_dims)
-    leaves_per_chunk = [optree.tree_flatten(o)[0] for o in outputs]
-    treedef = optree.tree_structure(outputs[0])
-    dims = _broadcast_dims(out_dims, outputs[0], call, "out_dims") if not isinstance(out_dims, int) \
-        else [out_dims] * len(leaves_per_chunk[0])
+    leaves_per_chunk = [optree.tree_flatten(o, none_is_leaf=True)[0] for o in outputs]
+    treedef = optree.tree_structure(outputs[0], none_is_leaf=True)
+    if isinstance(out_dims, int):
+        dims = [out_dims] * len(leaves_per_chunk[0])
+    else:
+        dims = _broadcast_dims(out_dims, outputs[0], call, "out_dims")
     merged = []
     for position, dim in enumerate(dims):
         pieces = [leaves[position] for leaves in leaves_per_chunk]
-        merged.append(pieces[0] if dim is None else ops.cat(pieces, dim))
+        merged.append(pieces[0] if dim is None or pieces[0] is None else ops.cat(pieces, dim))
     return optree.tree_unflatten(treedef, merged)
 
 

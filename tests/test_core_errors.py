@@ -387,3 +387,14 @@ def test_errors_deep_in_nested_transforms_leave_no_level():
         with pytest.raises(ValueError, match="user code failed"):
             transform(inner)(batch)
         check_engine_still_works()
+
+
+def test_a_none_output_with_out_dim_none_keeps_the_dims_aligned():
+    """None is a leaf when out_dims are matched to outputs, as torch.func counts it."""
+    def f(a):
+        return None, a * 2
+    torch.testing.assert_close(mf.vmap(f, out_dims=(None, 1))(batch)[1],
+                               torch.func.vmap(f, out_dims=(None, 1))(batch)[1])
+    assert mf.vmap(f, out_dims=(None, 1))(batch)[0] is None
+    torch.testing.assert_close(mf.vmap(f, out_dims=(None, 1), chunk_size=1)(batch)[1],
+                               batch.T * 2)
