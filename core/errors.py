@@ -62,9 +62,9 @@ class CotangentTypeError(TangentsError, TypeError):
 
 
 class InputDtypeError(TransformUsageError, RuntimeError):
-    """grad/vjp/jacrev of an input that is not floating point or complex (torch.func:
-    ``RuntimeError``; for jvp and jacfwd it raises ``ValueError``, a plain
-    ``TransformUsageError`` here)."""
+    """An input of a dtype the transform cannot differentiate: grad/vjp/jacrev of an integer
+    tensor, jacrev/jacfwd of a complex one (torch.func: ``RuntimeError``; for an integer
+    primal of jvp it raises ``ValueError``, a plain ``TransformUsageError`` here)."""
 
 
 class DimOutOfRangeError(TransformUsageError, IndexError):

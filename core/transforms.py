@@ -76,6 +76,19 @@ def _type_shown(value) -> str:
 # tests/test_torchfunc_errors.py checks it against torch.func. Then the cause in this call's
 # terms, and the fix. torch.func's messages are built the same way where it names the call
 # ("vmap(f, in_dims=2, ...)(<inputs>): Got in_dim=2 for some input, ...").
+# Where torch.func's sentence begins with its own generic call ("vjp(f, *primals): expected
+# f(*primals) to return only tensors"), that call is quoted too, after ours: tests written
+# against torch.func match the whole sentence, prefix included.
+_TORCH_CALLS = {"grad": "grad_and_value(f)(*args)", "vjp": "vjp(f, *primals)",
+                "jvp": "jvp(f, primals, tangents)"}
+
+
+def _torch_call(call) -> str:
+    """torch.func's generic call for the transform ``call`` names, as its messages begin."""
+    generic = _TORCH_CALLS.get(call.split("(", 1)[0])
+    return f"{generic}: " if generic else ""
+
+
 def _normalize_argnums(argnums, num_args, call):
     """``argnums`` as a tuple of distinct non-negative ints, checked as torch.func does."""
     fix = "Fix: pass argnums=0 for the first argument, or a tuple such as argnums=(0, 1)."
@@ -157,7 +170,7 @@ def _split_aux(out, has_aux, call):
     if not (isinstance(out, tuple) and len(out) == 2):
         got = f"a tuple of {len(out)}" if isinstance(out, tuple) else _type_shown(out)
         raise FunctionOutputError(
-            f"{call}: output of function f should be a tuple: (output, aux) if has_aux is "
+            f"{call}: {_torch_call(call)}output of function f should be a tuple: (output, aux) if has_aux is "
             f"True, got {got}. Fix: return (output, aux), or drop has_aux."
         )
     for leaf in optree.tree_leaves(out[1]):
@@ -170,11 +183,17 @@ def _split_aux(out, has_aux, call):
     return out[0], out[1]
 
 
-def _check_outputs_are_tensors(leaves, call, returned):
+def _check_outputs_are_tensors(leaves, call, returned, out):
+    if not leaves:
+        raise FunctionOutputError(
+            f"{call}: {_torch_call(call)}Expected f to be a function that has non-empty output "
+            f"(got output = {out!r}): there is nothing to differentiate. Fix: return the "
+            "tensors to differentiate."
+        )
     for leaf in leaves:
         if not _is_array(leaf):
             raise FunctionOutputError(
-                f"{call}: expected {returned} to return only tensors, got unsupported type "
+                f"{call}: {_torch_call(call)}expected {returned} to return only tensors, got unsupported type "
                 f"{type(leaf)}. Fix: return tensors, or return the other values as aux "
                 "(has_aux=True)."
             )
@@ -267,13 +286,13 @@ def _grad_and_value(f, argnums, has_aux, args, kwargs):
     out, aux = _split_aux(out, has_aux, call)
     if not _is_array(out):
         raise NonScalarOutputError(
-            f"{call}: Expected f(*args) to return a Tensor, got {type(out)}: grad "
+            f"{call}: {_torch_call(call)}Expected f(*args) to return a Tensor, got {type(out)}: grad "
             "differentiates one number, a scalar tensor. Fix: return a scalar tensor (with "
             "has_aux=True, return (scalar, aux)); for several outputs use jacrev or vjp."
         )
     if tuple(out.shape) != ():
         raise NonScalarOutputError(
-            f"{call}: Expected f(*args) to return a scalar Tensor, got tensor with "
+            f"{call}: {_torch_call(call)}Expected f(*args) to return a scalar Tensor, got tensor with "
             f"{len(out.shape)} dims (shape {tuple(out.shape)}): grad differentiates one "
             "number. Fix: reduce the output (e.g. .sum()), or use jacrev / %%jacobian for the "
             "Jacobian of a non-scalar output (vjp for a vector-Jacobian product)."
@@ -335,7 +354,7 @@ def _vjp(f, primals, has_aux):
     level, out, _, inputs = _run_reverse(f, primals, {}, tuple(range(len(primals))), call)
     out, aux = _split_aux(out, has_aux, call)
     out_leaves, out_treedef = optree.tree_flatten(out)
-    _check_outputs_are_tensors(out_leaves, call, "f(*primals)")
+    _check_outputs_are_tensors(out_leaves, call, "f(*primals)", out)
     own = [isinstance(o, AutogradValue) and o.dispatcher is level for o in out_leaves]
     primal_out = optree.tree_unflatten(
         out_treedef, [as_tensor(o.payload if is_own else o) for o, is_own in zip(out_leaves, own)])
@@ -390,7 +409,7 @@ def _check_primals_and_tangents(primals, tangents, call):
     Returns (primal leaves, tangent leaves, primals' treedef)."""
     if not isinstance(primals, tuple):
         raise TangentsError(
-            f"{call}: Expected primals to be a tuple. E.g. it should be valid to call "
+            f"{call}: {_torch_call(call)}Expected primals to be a tuple. E.g. it should be valid to call "
             f"f(*primals). Got {_type_shown(primals)}. Fix: jvp(f, (x,), (t,)), one tangent "
             "per argument of f."
         )
@@ -398,7 +417,7 @@ def _check_primals_and_tangents(primals, tangents, call):
     t_leaves, t_treedef = optree.tree_flatten(tangents)
     if p_treedef != t_treedef:
         raise TangentsError(
-            f"{call}: Expected primals and tangents to have the same python structure. For "
+            f"{call}: {_torch_call(call)}Expected primals and tangents to have the same python structure. For "
             "example, if primals is a tuple of 3 tensors, tangents also must be. Got primals "
             f"with structure {_structure(p_treedef)} and tangents with structure "
             f"{_structure(t_treedef)}. Fix: give one tangent per primal, in the same container."
@@ -406,13 +425,13 @@ def _check_primals_and_tangents(primals, tangents, call):
     for what, leaves in (("primals", p_leaves), ("tangents", t_leaves)):
         if not leaves:
             raise TangentsError(
-                f"{call}: Expected {what} to contain at least one Tensor. Fix: pass the point "
+                f"{call}: {_torch_call(call)}Expected {what} to contain at least one Tensor. Fix: pass the point "
                 "to differentiate at as primals, e.g. jvp(f, (x,), (t,))."
             )
         for leaf in leaves:
             if not _is_array(unwrap(leaf)):
                 raise TangentsError(
-                    f"{call}: Expected {what} to only contain Tensors, got {type(leaf)}. Fix: "
+                    f"{call}: {_torch_call(call)}Expected {what} to only contain Tensors, got {type(leaf)}. Fix: "
                     "pass tensors, and close over other values (functools.partial)."
                 )
     p_leaves = [unwrap(p) for p in p_leaves]
@@ -457,7 +476,7 @@ def _jvp(f, primals, tangents, has_aux):
     _write_back(wrapped, optree.tree_leaves(primals), level.lower_own)
     out, aux = _split_aux(unwrap_tree(out), has_aux, call)
     out_leaves, out_treedef = optree.tree_flatten(out)
-    _check_outputs_are_tensors(out_leaves, call, "f(*primals)")
+    _check_outputs_are_tensors(out_leaves, call, "f(*primals)", out)
     primal_out, tangent_out = [], []
     for o in out_leaves:
         if isinstance(o, ForwardValue) and o.dispatcher is level:
@@ -789,6 +808,17 @@ def _with_selected(f, args, argnums):
     return f_of_selected
 
 
+def _refuse_complex_inputs(transform, selected, call):
+    """torch.func's jacrev and jacfwd compute real Jacobians only, and say so up front."""
+    for index, leaf in enumerate(optree.tree_leaves(selected)):
+        if _is_array(unwrap(leaf)) and unwrap(leaf).dtype.is_complex:
+            raise InputDtypeError(
+                f"{call}: {transform}: Expected all inputs to be real but received complex "
+                f"tensor at flattened input idx: {index}. A Jacobian here is of real inputs. "
+                "Fix: differentiate the real and imaginary parts (torch.view_as_real)."
+            )
+
+
 def _identity_basis(leaves):
     """The rows of an identity matrix, split into one block per leaf and shaped like it.
 
@@ -832,6 +862,7 @@ def _jacrev(f, argnums, has_aux, chunk_size, args):
     call = describe_call("jacrev", f)
     argnums_ = _normalize_argnums(argnums, len(args), call)
     selected = [args[a] for a in argnums_]
+    _refuse_complex_inputs("jacrev", selected, call)
     result = _vjp(_with_selected(f, args, argnums_), selected, has_aux)
     out, vjp_fn = result[0], result[1]
     out_leaves, out_treedef = optree.tree_flatten(out)
@@ -880,6 +911,7 @@ def _jacfwd(f, argnums, has_aux, randomness, args):
     argnums_ = _normalize_argnums(argnums, len(args), call)
     selected = tuple(args[a] for a in argnums_)
     in_leaves, in_treedef = _flatten_arrays(selected, call, "a differentiated argument")
+    _refuse_complex_inputs("jacfwd", selected, call)
     basis, sizes = _identity_basis(in_leaves)
     f_selected = _with_selected(f, args, argnums_)
 

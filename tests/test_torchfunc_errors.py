@@ -37,16 +37,21 @@ def two(a, c):
 
 
 ARGNUMS_TYPE = r"argnums must be int or Tuple\[int, \.\.\.\], got: "
-NON_SCALAR = (r"Expected f\(\*args\) to return a scalar Tensor, got tensor with 1 dims")
+NON_SCALAR = (r"grad_and_value\(f\)\(\*args\): Expected f\(\*args\) to return a scalar Tensor, "
+              r"got tensor with 1 dims")
+GRAD = r"grad_and_value\(f\)\(\*args\): "
+VJP = r"vjp\(f, \*primals\): "
+JVP = r"jvp\(f, primals, tangents\): "
 HAS_AUX = r"output of function f should be a tuple: \(output, aux\) if has_aux is True"
+NON_EMPTY = r"Expected f to be a function that has non-empty output"
 AUX_TENSORS = r"Expected tensors, got unsupported type <class 'str'>"
 NOT_A_TENSOR = r"Thing passed to transform API must be Tensor, got <class 'float'>"
 NOT_FLOAT = r"only Tensors of floating point dtype can require gradients"
-VJP_OUTPUTS = (r"expected f\(\*primals\) to return only tensors, got unsupported type "
+VJP_OUTPUTS = (VJP + r"expected f\(\*primals\) to return only tensors, got unsupported type "
                r"<class 'float'>")
 CT_STRUCTURE = (r"Expected pytree structure of cotangents to be the same as pytree structure of "
                 r"outputs to the function")
-JVP_STRUCTURE = r"Expected primals and tangents to have the same python structure"
+JVP_STRUCTURE = JVP + r"Expected primals and tangents to have the same python structure"
 IN_DIMS_TYPE = (r"expected `in_dims` to be int or a \(potentially nested\) tuple matching the "
                 r"structure of inputs, got: ")
 IN_DIMS_STRUCTURE = r"in_dims is not compatible with the structure of `inputs`"
@@ -80,11 +85,11 @@ CASES = [
     ("grad_non_scalar_output", lambda F: F.grad(lambda a: a * 2)(x),
      RuntimeError, NON_SCALAR),
     ("grad_non_tensor_output", lambda F: F.grad(lambda a: 3.0)(x),
-     RuntimeError, r"Expected f\(\*args\) to return a Tensor, got <class 'float'>"),
+     RuntimeError, GRAD + r"Expected f\(\*args\) to return a Tensor, got <class 'float'>"),
     ("grad_tuple_output", lambda F: F.grad(lambda a: (a.sum(), a.sum()))(x),
-     RuntimeError, r"Expected f\(\*args\) to return a Tensor, got <class 'tuple'>"),
+     RuntimeError, GRAD + r"Expected f\(\*args\) to return a Tensor, got <class 'tuple'>"),
     ("grad_has_aux_without_a_pair", lambda F: F.grad(torch.sum, has_aux=True)(x),
-     RuntimeError, HAS_AUX),
+     RuntimeError, GRAD + HAS_AUX),
     ("grad_has_aux_with_a_triple",
      lambda F: F.grad(lambda a: (a.sum(), a, a), has_aux=True)(x), RuntimeError, HAS_AUX),
     ("grad_has_aux_with_a_list",
@@ -111,7 +116,9 @@ CASES = [
     ("vjp_integer_primal", lambda F: F.vjp(lambda a: a * 2, xi), RuntimeError, NOT_FLOAT),
     ("vjp_non_tensor_output", lambda F: F.vjp(lambda a: 3.0, x), RuntimeError, VJP_OUTPUTS),
     ("vjp_has_aux_without_a_pair", lambda F: F.vjp(torch.sin, x, has_aux=True),
-     RuntimeError, HAS_AUX),
+     RuntimeError, VJP + HAS_AUX),
+    ("vjp_none_output", lambda F: F.vjp(lambda a: None, x), RuntimeError, VJP + NON_EMPTY),
+    ("vjp_empty_tuple_output", lambda F: F.vjp(lambda a: (), x), RuntimeError, VJP + NON_EMPTY),
     ("vjp_has_aux_non_tensor_aux", lambda F: F.vjp(lambda a: (a, "aux"), x, has_aux=True),
      RuntimeError, AUX_TENSORS),
     ("vjp_fn_cotangent_shape", lambda F: F.vjp(torch.sin, x)[1](torch.ones(4)),
@@ -127,7 +134,7 @@ CASES = [
      TypeError, r"gradients can be either Tensors or None, but got float"),
     # --- jvp --------------------------------------------------------------------------------
     ("jvp_primals_not_a_tuple", lambda F: F.jvp(torch.sin, x, x),
-     RuntimeError, r"Expected primals to be a tuple\. E\.g\. it should be valid to call "
+     RuntimeError, JVP + r"Expected primals to be a tuple\. E\.g\. it should be valid to call "
                    r"f\(\*primals\)"),
     ("jvp_primals_a_list", lambda F: F.jvp(torch.sin, [x], [x]),
      RuntimeError, r"Expected primals to be a tuple"),
@@ -142,18 +149,20 @@ CASES = [
                    r"the original Tensor, this is not supported\. Tensor is of size \[3\] "
                    r"while the given forward gradient is of size \[4\]"),
     ("jvp_non_tensor_primal", lambda F: F.jvp(torch.sin, (3.0,), (1.0,)),
-     RuntimeError, r"Expected primals to only contain Tensors, got <class 'float'>"),
+     RuntimeError, JVP + r"Expected primals to only contain Tensors, got <class 'float'>"),
     ("jvp_non_tensor_tangent", lambda F: F.jvp(torch.sin, (x,), (1.0,)),
-     RuntimeError, r"Expected tangents to only contain Tensors, got <class 'float'>"),
+     RuntimeError, JVP + r"Expected tangents to only contain Tensors, got <class 'float'>"),
     ("jvp_no_primals", lambda F: F.jvp(lambda: x, (), ()),
-     RuntimeError, r"Expected primals to contain at least one Tensor"),
+     RuntimeError, JVP + r"Expected primals to contain at least one Tensor"),
     ("jvp_integer_primal", lambda F: F.jvp(lambda a: a * 2, (xi,), (xi,)),
      ValueError, r"Expected primal to be floating point or complex, but got: torch\.int64"),
     ("jvp_non_tensor_output", lambda F: F.jvp(lambda a: 3.0, (x,), (x,)),
-     RuntimeError, r"expected f\(\*primals\) to return only tensors, got unsupported type "
-                   r"<class 'float'>"),
+     RuntimeError, JVP + r"expected f\(\*primals\) to return only tensors, got unsupported "
+                         r"type <class 'float'>"),
     ("jvp_has_aux_without_a_pair", lambda F: F.jvp(torch.sin, (x,), (x,), has_aux=True),
-     RuntimeError, HAS_AUX),
+     RuntimeError, JVP + HAS_AUX),
+    ("jvp_none_output", lambda F: F.jvp(lambda a: None, (x,), (x,)),
+     RuntimeError, JVP + NON_EMPTY),
     ("jvp_has_aux_non_tensor_aux",
      lambda F: F.jvp(lambda a: (a, "aux"), (x,), (x,), has_aux=True), RuntimeError, AUX_TENSORS),
     # --- vmap: in_dims ------------------------------------------------------------------------
@@ -234,7 +243,12 @@ CASES = [
      RuntimeError, ARGNUMS_TYPE + "<class 'float'>"),
     ("jacrev_non_tensor_output", lambda F: F.jacrev(lambda a: 3.0)(x), RuntimeError, VJP_OUTPUTS),
     ("jacrev_has_aux_without_a_pair", lambda F: F.jacrev(torch.sin, has_aux=True)(x),
-     RuntimeError, HAS_AUX),
+     RuntimeError, VJP + HAS_AUX),
+    ("jacrev_empty_tuple_output", lambda F: F.jacrev(lambda a: ())(x),
+     RuntimeError, VJP + NON_EMPTY),
+    ("jacrev_complex_input", lambda F: F.jacrev(torch.sin)(x.to(torch.cfloat)),
+     RuntimeError, r"jacrev: Expected all inputs to be real but received complex tensor at "
+                   r"flattened input idx: 0"),
     ("jacrev_chunk_size_zero", lambda F: F.jacrev(torch.sin, chunk_size=0)(x),
      ValueError, r"`chunk_size` should be greater than 0"),
     ("jacrev_chunk_size_negative", lambda F: F.jacrev(torch.sin, chunk_size=-1)(x),
@@ -248,9 +262,13 @@ CASES = [
     ("jacfwd_argnums_float", lambda F: F.jacfwd(torch.sin, argnums=0.5)(x),
      RuntimeError, ARGNUMS_TYPE + "<class 'float'>"),
     ("jacfwd_non_tensor_output", lambda F: F.jacfwd(lambda a: 3.0)(x),
-     RuntimeError, r"expected f\(\*primals\) to return only tensors"),
+     RuntimeError, JVP + r"expected f\(\*primals\) to return only tensors"),
     ("jacfwd_has_aux_without_a_pair", lambda F: F.jacfwd(torch.sin, has_aux=True)(x),
-     RuntimeError, HAS_AUX),
+     RuntimeError, JVP + HAS_AUX),
+    ("jacfwd_none_output", lambda F: F.jacfwd(lambda a: None)(x), RuntimeError, JVP + NON_EMPTY),
+    ("jacfwd_complex_input", lambda F: F.jacfwd(torch.sin)(x.to(torch.cfloat)),
+     RuntimeError, r"jacfwd: Expected all inputs to be real but received complex tensor at "
+                   r"flattened input idx: 0"),
     ("jacfwd_randomness_invalid", lambda F: F.jacfwd(torch.sin, randomness="x")(x),
      RuntimeError, RANDOMNESS + "x"),
     ("jacfwd_integer_input", lambda F: F.jacfwd(lambda a: a * 2)(xi),
