@@ -36,6 +36,9 @@ def two(a, c):
     return (a * c).sum()
 
 
+CAPTURED = torch.zeros(3)  # made outside the transforms; functions below write into it
+
+
 ARGNUMS_TYPE = r"argnums must be int or Tuple\[int, \.\.\.\], got: "
 NON_SCALAR = (r"grad_and_value\(f\)\(\*args\): Expected f\(\*args\) to return a scalar Tensor, "
               r"got tensor with 1 dims")
@@ -308,6 +311,14 @@ KNOWN_GAPS = [
                  lambda F: F.vmap(lambda a, c: c.mul_(a), in_dims=(0, None))(b, torch.ones(3)),
                  RuntimeError, r"vmap: inplace arithmetic\(self, \*extra_args\) is not possible",
                  marks=_gap("wording lives in core/tensor.py (_write)")),
+    pytest.param("grad_in_place_into_a_captured_tensor",
+                 lambda F: F.grad(lambda a: (CAPTURED.copy_(a) * a).sum())(x),
+                 RuntimeError, r"attempted to call in-place operation .* that would mutate a "
+                               r"captured Tensor", marks=_gap("wording lives in core/tensor.py")),
+    pytest.param("jvp_in_place_into_a_captured_tensor",
+                 lambda F: F.jvp(lambda a: (CAPTURED.copy_(a) * a).sum(), (x,), (x,)),
+                 RuntimeError, r"attempted to call in-place operation .* that would mutate a "
+                               r"captured Tensor", marks=_gap("wording lives in core/tensor.py")),
     pytest.param("vmap_in_place_into_an_unbatched_local",
                  lambda F: F.vmap(lambda a: torch.ones(3).mul_(a))(b),
                  RuntimeError, r"vmap: inplace arithmetic\(self, \*extra_args\) is not possible",
