@@ -16,11 +16,18 @@ from .dispatch import Dispatcher, Logger, LoggedValue, Torch
 from .tensor import FuncTensor, bind
 from .values import Value
 from .errors import (
+    ArgnumsError,
     BatchedControlFlowError,
+    CotangentTypeError,
+    DimOutOfRangeError,
+    FunctionOutputError,
     InPlaceError,
+    InputDtypeError,
     MissingRuleError,
     NonScalarOutputError,
     RandomnessError,
+    RandomnessOptionError,
+    TangentsError,
     TransformError,
     TransformUsageError,
     TypecheckError,
@@ -72,4 +79,6 @@ __all__ = [
     "reset_names", "vjp", "vjp_rules", "vmap", "trace", "Program", "Var", "Literal",
     "Equation", "Tracing", "TracerValue", "split_vjp", "vjp_program", "simplify", "jit",
     "Value", "AutogradValue", "BatchedValue", "ForwardValue", "LoggedValue", "capture_fallbacks",
+    "ArgnumsError", "CotangentTypeError", "DimOutOfRangeError", "FunctionOutputError",
+    "InputDtypeError", "RandomnessOptionError", "TangentsError",
 ]

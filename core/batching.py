@@ -137,7 +137,11 @@ class Batched(Dispatcher):
         return ops.unsqueeze(value, dim % (ops.shape_of(value).__len__() + 1))
 
     def concrete(self, value):
-        raise no_concrete_value(self.call, "Python asked for a concrete value (bool(), .item(), "
+        # torch.func's words for both cases (it tells .item() from bool(); this level is
+        # asked for the concrete value either way)
+        raise no_concrete_value(self.call, "It looks like you're calling .item() on a Tensor or "
+                                "attempting to use a Tensor in some data-dependent control "
+                                "flow: Python asked for a concrete value (bool(), .item(), "
                                 "an if statement)")
 
     draws_random_numbers = True

@@ -1,12 +1,28 @@
 """The package's exceptions.
 
 Every misuse raises a subclass of :class:`TransformError`. A message starts with the call as
-the user wrote it (``vmap(f, in_dims=(0,))(<inputs>): ...``), then says what was expected,
-what was got, and how to fix it. Tests match messages by regex, so keep them stable.
+the user wrote it (``vmap(f, in_dims=(0,))(<inputs>): ...``), then gives torch.func's own
+words for the case (the words people search for), then says what was got and why, and ends
+with ``Fix: ...``. Tests match messages by regex, so keep them stable.
 
-Each subclass also derives from the builtin exception a Python user would expect
-(``ValueError`` for bad values, ``NotImplementedError`` for missing rules, ...), so that
-``except ValueError`` keeps working around code that uses minifunctorch.
+NOTE [Which builtin exception each error is]
+torch.func raises builtin exceptions: ``RuntimeError`` for bad ``argnums``, for what ``grad``,
+``vjp`` and ``jvp`` find wrong in a function's outputs and in primals/tangents/cotangents;
+``ValueError`` for ``vmap``'s ``in_dims``/``out_dims``/``chunk_size`` and for non-tensor
+arguments of ``grad``; ``IndexError`` for an ``out_dims`` out of range. Code written against
+torch.func catches those, so each class here also derives from the builtin torch.func raises
+in its case, and a test (tests/test_torchfunc_errors.py) runs each misuse on both and checks
+the types agree.
+
+``TransformUsageError`` was a ``ValueError`` before this table existed, and code outside the
+transforms (ops, layers, widgets) still raises it where a ``ValueError`` is right. The cases
+that torch.func raises as another builtin got their own subclasses (``ArgnumsError``,
+``FunctionOutputError``, ``TangentsError``, ...): they derive from that builtin *and* from
+``TransformUsageError``, so ``except RuntimeError`` (torch.func's contract) and ``except
+TransformUsageError`` (this package's older one) both catch them. The price: such an error is
+also a ``ValueError``, which torch.func's is not. JAX makes the other choice, its own
+exception types with no builtin parent for most misuse (``jax.errors``); we keep the
+builtins because the oracle here is torch.func.
 """
 
 
@@ -15,11 +31,44 @@ class TransformError(Exception):
 
 
 class TransformUsageError(TransformError, ValueError):
-    """A transform was called with arguments it cannot accept (argnums, in_dims, shapes...)."""
+    """A transform was called with arguments it cannot accept (argnums, in_dims, shapes...).
+
+    It is a ``ValueError``, as torch.func's errors for ``vmap``'s ``in_dims``, ``out_dims`` and
+    ``chunk_size`` and for non-tensor arguments are. Its subclasses below cover the cases that
+    torch.func raises as other builtins."""
 
 
-class NonScalarOutputError(TransformError, ValueError):
+class ArgnumsError(TransformUsageError, RuntimeError):
+    """``argnums`` is not an int or a tuple of distinct ints in range (torch.func:
+    ``RuntimeError``)."""
+
+
+class FunctionOutputError(TransformUsageError, RuntimeError):
+    """The transformed function returned something grad/vjp/jvp cannot use: a non-tensor, or
+    not an ``(output, aux)`` pair with ``has_aux=True`` (torch.func: ``RuntimeError``)."""
+
+
+class NonScalarOutputError(FunctionOutputError):
     """grad was asked to differentiate a function whose output is not a scalar."""
+
+
+class TangentsError(TransformUsageError, RuntimeError):
+    """jvp's primals and tangents, linearize's tangents or vjp_fn's cotangents do not match
+    (structure, shape, dtype) or are not tensors (torch.func: ``RuntimeError``)."""
+
+
+class CotangentTypeError(TangentsError, TypeError):
+    """vjp_fn got a cotangent that is not a tensor (torch.func: ``TypeError``)."""
+
+
+class InputDtypeError(TransformUsageError, RuntimeError):
+    """An input of a dtype the transform cannot differentiate: grad/vjp/jacrev of an integer
+    tensor, jacrev/jacfwd of a complex one (torch.func: ``RuntimeError``; for an integer
+    primal of jvp it raises ``ValueError``, a plain ``TransformUsageError`` here)."""
+
+
+class DimOutOfRangeError(TransformUsageError, IndexError):
+    """vmap's ``out_dims`` names a dim the output does not have (torch.func: ``IndexError``)."""
 
 
 class MissingRuleError(TransformError, NotImplementedError):
@@ -36,6 +85,10 @@ class BatchedControlFlowError(TransformError, RuntimeError):
 
 class RandomnessError(TransformError, RuntimeError):
     """A random operation ran under vmap(randomness='error')."""
+
+
+class RandomnessOptionError(RandomnessError, TransformUsageError):
+    """``randomness=`` is not 'error', 'same' or 'different' (torch.func: ``RuntimeError``)."""
 
 
 class InPlaceError(TransformError, RuntimeError):

@@ -59,7 +59,9 @@ from .tensor import FuncTensor, _write, as_tensor, as_tensors, unwrap, user_code
 from .torch_api import RANDOM_FUNCTIONS
 from .values import Value
 
-# torch.func's own wording, which the messages start with (people search for it)
+# torch.func's own wording, which the messages give right after the call (people search for
+# it; NOTE [Messages: the call, torch.func's words, the cause, the fix] in
+# transforms.py)
 ERROR_MODE = ("vmap: called random operation while in randomness error mode. Please either use "
               "the 'same' or 'different' randomness flags on vmap or perform the randomness "
               "operation out of vmap")
@@ -94,7 +96,7 @@ def draw(func, args, kwargs):
     kind, name = _KINDS[func]
     if kwargs.get("out") is not None:
         raise InPlaceError(
-            f"{OUT_VARIANT}. {levels[-1].call}: {name}(..., out=...) would write random "
+            f"{levels[-1].call}: {OUT_VARIANT}. {name}(..., out=...) would write random "
             "numbers into a tensor of its own. Fix: use the returned value "
             f"(y = {name}(...)), and copy it where needed."
         )
@@ -146,14 +148,14 @@ def _check(level, name, batched=False):
     """torch.func's check_randomness: 'error' refuses, and 'same' refuses a batched input."""
     if level.randomness == "error":
         raise RandomnessError(
-            f"{ERROR_MODE}. {level.call}: {name} draws random numbers under vmap with "
+            f"{level.call}: {ERROR_MODE}. {name} draws random numbers under vmap with "
             "randomness='error'. Fix: pass randomness='different' (independent draws per "
             "example) or 'same' (one draw shared by the batch) to vmap, or draw the random "
             "numbers outside of vmap."
         )
     if batched and level.randomness == "same":
         raise RandomnessError(
-            f"{SAME_BATCHED} {level.call}: {name} got a tensor that varies over the batch "
+            f"{level.call}: {SAME_BATCHED} {name} got a tensor that varies over the batch "
             "under randomness='same', so there is no single draw to share. Fix: pass "
             f"randomness='different', or give {name} a tensor that is the same for every "
             "example."
@@ -295,7 +297,7 @@ def _binomial(levels, func, name, args, kwargs):
 def _refused(levels, func, name, args, kwargs):
     """rrelu draws its slopes inside one aten op that torch.func has no rule for."""
     raise RandomnessError(
-        f"vmap: we do not yet support aten::rrelu. {levels[-1].call}: {name} draws random "
+        f"{levels[-1].call}: vmap: we do not yet support aten::rrelu. {name} draws random "
         "slopes (and torch.func refuses it under vmap even in eval mode). Fix: use "
         "F.leaky_relu with a fixed slope, or call rrelu outside of vmap."
     )
@@ -348,14 +350,14 @@ def _fill(levels, func, name, x, extra, kwargs):
     _check(level, name, p_batched)
     if p_batched and not batched:
         raise InPlaceError(
-            f"vmap: inplace bernoulli(self, *extra_args) is not possible because there exists "
-            f"a Tensor `other` in extra_args that has more elements than `self`. {level.call}: "
+            f"{level.call}: vmap: inplace bernoulli(self, *extra_args) is not possible because "
+            "there exists a Tensor `other` in extra_args that has more elements than `self`. "
             f"{name} writes a draw from a batched p into a tensor that is the same for every "
             "example. Fix: use the out-of-place torch.bernoulli(p)."
         )
     if level.randomness == "different" and not batched:
         raise RandomnessError(
-            f"{INPLACE_UNBATCHED} {level.call}: {name} fills a tensor that is the same for "
+            f"{level.call}: {INPLACE_UNBATCHED} {name} fills a tensor that is the same for "
             "every example, which cannot hold a draw per example. Fix: fill a batched tensor "
             "(torch.empty_like of a batched input), use an out-of-place random function, or "
             "pass randomness='same'."
@@ -454,12 +456,12 @@ def batched_random_op(level, name, run, values, kwargs):
         return level.unknown_op(name, run, values, kwargs)  # independent draws per example
     if level.randomness == "error":
         raise RandomnessError(
-            f"{ERROR_MODE}. {level.call}: the random operation {name} was called under "
+            f"{level.call}: {ERROR_MODE}. The random operation {name} was called under "
             "vmap with randomness='error'. Fix: pass randomness='different' (independent "
             "draws per example) to vmap, or draw the random numbers outside of vmap."
         )
     raise RandomnessError(
-        f"{SAME_BATCHED} {level.call}: the random operation {name} on a batched value is "
+        f"{level.call}: {SAME_BATCHED} The random operation {name} on a batched value is "
         "not supported with randomness='same'. Fix: pass randomness='different', or draw "
         "the random numbers outside of vmap."
     )

@@ -412,11 +412,20 @@ def _write(target, new_value, call):
     are recomputed when next read (``_refresh_view``). torch's functionalization replays
     views the same way."""
     if type(target) is not FuncTensor:
+        # torch.func's words: vmap's where the written value has a batch dim, else autograd's
+        if _has_batch(new_value):
+            torch_words = ("vmap: inplace arithmetic(self, *extra_args) is not possible "
+                           "because there exists a Tensor `other` in extra_args that has more "
+                           "elements than `self`: ")
+        else:
+            torch_words = ("During a grad (vjp, jvp, grad, etc) transform, the function "
+                           f"provided attempted to call in-place operation ({call}) that would "
+                           "mutate a captured Tensor: ")
         raise InPlaceError(
-            f"{call}: this writes a value of a transform into a tensor created outside the "
-            "transform, which torch.func refuses too (the tensor would have to hold a value "
-            "of the transform). Fix: compute out of place, or create the tensor inside the "
-            "transformed function (torch.zeros(...) there can be written into)."
+            f"{call}: {torch_words}this writes a value of a transform into a tensor created "
+            "outside the transform, which torch.func refuses too (the tensor would have to "
+            "hold a value of the transform). Fix: compute out of place, or create the tensor "
+            "inside the transformed function (torch.zeros(...) there can be written into)."
         )
     new_value = _conform(target, new_value, call)
     target.value = new_value
@@ -445,6 +454,15 @@ def _write(target, new_value, call):
         _write(base, ops.reshape(flat, *base_value.shape), call)
         view.generation = base._generation
     return target
+
+
+def _has_batch(value):
+    """Whether ``value`` varies over the batch of some vmap (a batch dim at any level)."""
+    while isinstance(value, Value):
+        if getattr(value, "bdim", None) is not None:
+            return True
+        value = value.payload
+    return False
 
 
 def _conform(target, new_value, call):

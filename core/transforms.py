@@ -20,7 +20,17 @@ from . import ops
 from .autograd import Autograd, AutogradValue
 from .batching import Batched, BatchedValue, move_bdim
 from .dispatch import new_level, transform_scope
-from .errors import NonScalarOutputError, TransformUsageError
+from .errors import (
+    ArgnumsError,
+    CotangentTypeError,
+    DimOutOfRangeError,
+    FunctionOutputError,
+    InputDtypeError,
+    NonScalarOutputError,
+    RandomnessOptionError,
+    TangentsError,
+    TransformUsageError,
+)
 from .forward import Forward, ForwardValue
 from .tensor import (
     FuncTensor,
@@ -50,25 +60,70 @@ def _is_array(value) -> bool:
     return isinstance(value, (torch.Tensor, Value))
 
 
+def _type_shown(value) -> str:
+    """``<class 'float'>``, as torch.func names a type in its messages; an engine value is
+    shown as the Tensor the user's code sees."""
+    return "<class 'torch.Tensor'>" if _is_array(value) else str(type(value))
+
+
+# NOTE [Messages: the call, torch.func's words, the cause, the fix]
+# Each check below raises with a message in four parts:
+#   grad(f, argnums=2)(<inputs>): Got argnum=2, but only 2 positional inputs. argnums counts
+#   the function's positional arguments from 0 (from -1 at the end). Fix: use argnums ...
+# The call comes first, as everywhere in this package (the magics rewrite it into the magic
+# as written, magics/errors.py). Then torch.func's own sentence for the case, word for word
+# where it has no torch internals in it: it is what people paste into a search engine, and
+# tests/test_torchfunc_errors.py checks it against torch.func. Then the cause in this call's
+# terms, and the fix. torch.func's messages are built the same way where it names the call
+# ("vmap(f, in_dims=2, ...)(<inputs>): Got in_dim=2 for some input, ...").
+# Where torch.func's sentence begins with its own generic call ("vjp(f, *primals): expected
+# f(*primals) to return only tensors"), that call is quoted too, after ours: tests written
+# against torch.func match the whole sentence, prefix included.
+_TORCH_CALLS = {"grad": "grad_and_value(f)(*args)", "vjp": "vjp(f, *primals)",
+                "jvp": "jvp(f, primals, tangents)"}
+
+
+def _torch_call(call) -> str:
+    """torch.func's generic call for the transform ``call`` names, as its messages begin."""
+    generic = _TORCH_CALLS.get(call.split("(", 1)[0])
+    return f"{generic}: " if generic else ""
+
+
 def _normalize_argnums(argnums, num_args, call):
-    as_tuple = (argnums,) if isinstance(argnums, int) else argnums
-    if not isinstance(as_tuple, tuple) or not as_tuple or not all(
-            isinstance(a, int) for a in as_tuple):
-        raise TransformUsageError(
-            f"{call}: expected argnums to be an int or a non-empty tuple of ints, got "
-            f"{argnums!r}. Fix: pass argnums=0 or argnums=(0, 1)."
+    """``argnums`` as a tuple of distinct non-negative ints, checked as torch.func does."""
+    fix = "Fix: pass argnums=0 for the first argument, or a tuple such as argnums=(0, 1)."
+    if not isinstance(argnums, (int, tuple)):
+        raise ArgnumsError(
+            f"{call}: argnums must be int or Tuple[int, ...], got: {type(argnums)}. argnums "
+            f"says which positional arguments to differentiate. {fix}"
         )
+    as_tuple = (argnums,) if isinstance(argnums, int) else argnums
+    if not as_tuple:
+        raise ArgnumsError(
+            f"{call}: argnums must be non-empty: argnums=() selects no argument to "
+            f"differentiate. {fix}"
+        )
+    for a in as_tuple:
+        if not isinstance(a, int):
+            raise ArgnumsError(
+                f"{call}: argnum must be int, got: {type(a)}. argnums={argnums!r} has an entry "
+                f"that is not an argument position. {fix}"
+            )
     normalized = []
     for a in as_tuple:
         if not -num_args <= a < num_args:
-            raise TransformUsageError(
-                f"{call}: argnums={argnums!r} is out of range: the function got {num_args} "
-                f"positional argument(s). Fix: use argnums between {-num_args} and "
-                f"{num_args - 1}."
+            raise ArgnumsError(
+                f"{call}: Got argnum={a}, but only {num_args} positional inputs. argnums "
+                f"counts the function's positional arguments from 0 (from -1 at the end). " + (
+                    f"Fix: use argnums between {-num_args} and {num_args - 1}." if num_args
+                    else "Fix: pass the inputs to differentiate as positional arguments.")
             )
         normalized.append(a % num_args)
     if len(set(normalized)) != len(normalized):
-        raise TransformUsageError(f"{call}: argnums={argnums!r} names an argument twice.")
+        raise ArgnumsError(
+            f"{call}: argnums elements must be unique, got {argnums!r}: they name an argument "
+            "twice. Fix: list each argument once."
+        )
     return tuple(normalized)
 
 
@@ -79,11 +134,24 @@ def _flatten_arrays(tree, call, what):
     for leaf in leaves:
         if not _is_array(leaf):
             raise TransformUsageError(
-                f"{call}: expected {what} to contain only tensors, got a leaf of type "
-                f"{type(leaf).__name__}. Fix: pass tensors, or move non-tensor values out of "
-                "the differentiated arguments (e.g. with functools.partial)."
+                f"{call}: Thing passed to transform API must be Tensor, got {type(leaf)}: "
+                f"{what} holds a {type(leaf).__name__}, and only tensors can be differentiated. "
+                "Fix: pass tensors, or move non-tensor values out of the differentiated "
+                "arguments (e.g. with functools.partial)."
             )
     return leaves, treedef
+
+
+def _check_differentiable(leaves, call):
+    """torch.func's grad and vjp make their inputs require grad, which torch allows for
+    floating-point and complex tensors only."""
+    for leaf in leaves:
+        if not (leaf.dtype.is_floating_point or leaf.dtype.is_complex):
+            raise InputDtypeError(
+                f"{call}: only Tensors of floating point dtype can require gradients: an "
+                f"input has dtype {leaf.dtype}, and its gradient would not be defined. Fix: "
+                "convert it (x.float()), or leave it out of argnums."
+            )
 
 
 def _lower_tree(tree, level):
@@ -99,12 +167,36 @@ def _lower_tree(tree, level):
 def _split_aux(out, has_aux, call):
     if not has_aux:
         return out, None
-    if not (isinstance(out, (tuple, list)) and len(out) == 2):
-        raise TransformUsageError(
-            f"{call}: with has_aux=True the function must return a pair (output, aux), got "
-            f"{type(out).__name__}. Fix: return (output, aux), or drop has_aux."
+    if not (isinstance(out, tuple) and len(out) == 2):
+        got = f"a tuple of {len(out)}" if isinstance(out, tuple) else _type_shown(out)
+        raise FunctionOutputError(
+            f"{call}: {_torch_call(call)}output of function f should be a tuple: (output, aux) if has_aux is "
+            f"True, got {got}. Fix: return (output, aux), or drop has_aux."
         )
+    for leaf in optree.tree_leaves(out[1]):
+        if not _is_array(unwrap(leaf)):
+            raise FunctionOutputError(
+                f"{call}: Expected tensors, got unsupported type {type(leaf)}: with "
+                "has_aux=True, aux is returned through the transform, and it carries tensors "
+                "only. Fix: return tensors in aux, or keep other values outside the function."
+            )
     return out[0], out[1]
+
+
+def _check_outputs_are_tensors(leaves, call, returned, out):
+    if not leaves:
+        raise FunctionOutputError(
+            f"{call}: {_torch_call(call)}Expected f to be a function that has non-empty output "
+            f"(got output = {out!r}): there is nothing to differentiate. Fix: return the "
+            "tensors to differentiate."
+        )
+    for leaf in leaves:
+        if not _is_array(leaf):
+            raise FunctionOutputError(
+                f"{call}: {_torch_call(call)}expected {returned} to return only tensors, got unsupported type "
+                f"{type(leaf)}. Fix: return tensors, or return the other values as aux "
+                "(has_aux=True)."
+            )
 
 
 def _write_back(shown, originals, lower):
@@ -134,9 +226,10 @@ def _wrap_for_autograd(level, leaves):
 def _run_reverse(f, args, kwargs, argnums, call):
     """Run ``f`` on an Autograd level with the arguments ``argnums`` as inputs.
 
-    Returns (level, out, selected input leaves, their wrapped values, one treedef each).
+    ``argnums`` is already normalized (a tuple of distinct non-negative ints; vjp with no
+    primals gives ``()``). Returns (level, out, argnums, one (leaves, wrapped values, treedef)
+    per selected argument).
     """
-    argnums = _normalize_argnums(argnums, len(args), call)
     level = new_level(Autograd, name="Autograd", record_steps=False, call=call)
     args = list(args)
     inputs = []
@@ -145,6 +238,7 @@ def _run_reverse(f, args, kwargs, argnums, call):
         for argnum in argnums:
             originals += optree.tree_leaves(args[argnum])
             leaves, treedef = _flatten_arrays(args[argnum], call, f"argument {argnum}")
+            _check_differentiable(leaves, call)
             wrapped = _wrap_for_autograd(level, leaves)
             inputs.append((leaves, wrapped, treedef))
             tensors = [as_tensor(w) for w in wrapped]
@@ -187,14 +281,21 @@ def grad_and_value(f, argnums=0, has_aux=False):
 
 def _grad_and_value(f, argnums, has_aux, args, kwargs):
     call = describe_call("grad", f, argnums=argnums) if argnums != 0 else describe_call("grad", f)
-    level, out, argnums_, inputs = _run_reverse(f, args, kwargs, argnums, call)
+    level, out, argnums_, inputs = _run_reverse(
+        f, args, kwargs, _normalize_argnums(argnums, len(args), call), call)
     out, aux = _split_aux(out, has_aux, call)
-    if not _is_array(out) or tuple(out.shape) != ():
-        got = f"shape {tuple(out.shape)}" if _is_array(out) else type(out).__name__
+    if not _is_array(out):
         raise NonScalarOutputError(
-            f"{call}: expected the function to return a scalar tensor (shape ()), got "
-            f"{got}. Fix: reduce the output (e.g. .sum()), or use jacrev / %%jacobian for "
-            "the Jacobian of a non-scalar output."
+            f"{call}: {_torch_call(call)}Expected f(*args) to return a Tensor, got {type(out)}: grad "
+            "differentiates one number, a scalar tensor. Fix: return a scalar tensor (with "
+            "has_aux=True, return (scalar, aux)); for several outputs use jacrev or vjp."
+        )
+    if tuple(out.shape) != ():
+        raise NonScalarOutputError(
+            f"{call}: {_torch_call(call)}Expected f(*args) to return a scalar Tensor, got tensor with "
+            f"{len(out.shape)} dims (shape {tuple(out.shape)}): grad differentiates one "
+            "number. Fix: reduce the output (e.g. .sum()), or use jacrev / %%jacobian for the "
+            "Jacobian of a non-scalar output (vjp for a vector-Jacobian product)."
         )
     if isinstance(out, AutogradValue) and out.dispatcher is level:
         grads = _gradients(level, {out.name: ops.ones_like(out.payload)}, inputs)
@@ -253,12 +354,7 @@ def _vjp(f, primals, has_aux):
     level, out, _, inputs = _run_reverse(f, primals, {}, tuple(range(len(primals))), call)
     out, aux = _split_aux(out, has_aux, call)
     out_leaves, out_treedef = optree.tree_flatten(out)
-    for leaf in out_leaves:
-        if not _is_array(leaf):
-            raise TransformUsageError(
-                f"{call}: expected the function to return tensors, got a leaf of type "
-                f"{type(leaf).__name__}. Fix: return tensors (or use has_aux=True for the rest)."
-            )
+    _check_outputs_are_tensors(out_leaves, call, "f(*primals)", out)
     own = [isinstance(o, AutogradValue) and o.dispatcher is level for o in out_leaves]
     primal_out = optree.tree_unflatten(
         out_treedef, [as_tensor(o.payload if is_own else o) for o, is_own in zip(out_leaves, own)])
@@ -271,16 +367,25 @@ def _vjp(f, primals, has_aux):
         ct_leaves, ct_treedef = optree.tree_flatten(cotangents)
         ct_leaves = [unwrap(ct) for ct in ct_leaves]
         if ct_treedef != out_treedef:
-            raise TransformUsageError(
-                f"vjp_fn(cotangents): expected cotangents with the structure of the output "
-                f"({out_treedef}), got {ct_treedef}. Fix: pass one cotangent per output."
+            raise TangentsError(
+                "vjp_fn(cotangents): Expected pytree structure of cotangents to be the same as "
+                "pytree structure of outputs to the function. cotangents: "
+                f"{_structure(ct_treedef)}, primal output: {_structure(out_treedef)}. Fix: pass "
+                "one cotangent per output, in a container like the output's."
             )
         seeds = {}
-        for o, is_own, ct in zip(out_leaves, own, ct_leaves):
+        for index, (o, is_own, ct) in enumerate(zip(out_leaves, own, ct_leaves)):
+            if not _is_array(ct):
+                raise CotangentTypeError(
+                    f"vjp_fn(cotangents): gradients can be either Tensors or None, but got "
+                    f"{type(ct).__name__}: cotangent {index} is not a tensor. Fix: pass a "
+                    "tensor with the output's shape (torch.ones_like(output) for a sum)."
+                )
             if tuple(ct.shape) != tuple(o.shape):
-                raise TransformUsageError(
-                    f"vjp_fn(cotangents): expected a cotangent of shape {tuple(o.shape)}, got "
-                    f"{tuple(ct.shape)}. Fix: give each cotangent its output's shape."
+                raise TangentsError(
+                    f"vjp_fn(cotangents): Mismatch in shape: grad_output[{index}] has a shape of "
+                    f"{torch.Size(ct.shape)} and output[{index}] has a shape of "
+                    f"{torch.Size(o.shape)}. Fix: give each cotangent its output's shape."
                 )
             if is_own:
                 seeds[o.name] = ct if o.name not in seeds else ops.add(seeds[o.name], ct)
@@ -292,6 +397,62 @@ def _vjp(f, primals, has_aux):
 
 
 # --- forward mode ------------------------------------------------------------------------------
+def _structure(treedef) -> str:
+    """A pytree structure as a short string: ``(*, *)`` for a pair of leaves."""
+    text = str(treedef).replace(", NoneIsLeaf", "")
+    return text[len("PyTreeSpec("):-1] if text.startswith("PyTreeSpec(") else text
+
+
+def _check_primals_and_tangents(primals, tangents, call):
+    """jvp's checks, in torch.func's order: primals a tuple, tangents of the same structure,
+    at least one tensor and only tensors, then per pair the shape and the dtype kind.
+    Returns (primal leaves, tangent leaves, primals' treedef)."""
+    if not isinstance(primals, tuple):
+        raise TangentsError(
+            f"{call}: {_torch_call(call)}Expected primals to be a tuple. E.g. it should be valid to call "
+            f"f(*primals). Got {_type_shown(primals)}. Fix: jvp(f, (x,), (t,)), one tangent "
+            "per argument of f."
+        )
+    p_leaves, p_treedef = optree.tree_flatten(primals)
+    t_leaves, t_treedef = optree.tree_flatten(tangents)
+    if p_treedef != t_treedef:
+        raise TangentsError(
+            f"{call}: {_torch_call(call)}Expected primals and tangents to have the same python structure. For "
+            "example, if primals is a tuple of 3 tensors, tangents also must be. Got primals "
+            f"with structure {_structure(p_treedef)} and tangents with structure "
+            f"{_structure(t_treedef)}. Fix: give one tangent per primal, in the same container."
+        )
+    for what, leaves in (("primals", p_leaves), ("tangents", t_leaves)):
+        if not leaves:
+            raise TangentsError(
+                f"{call}: {_torch_call(call)}Expected {what} to contain at least one Tensor. Fix: pass the point "
+                "to differentiate at as primals, e.g. jvp(f, (x,), (t,))."
+            )
+        for leaf in leaves:
+            if not _is_array(unwrap(leaf)):
+                raise TangentsError(
+                    f"{call}: {_torch_call(call)}Expected {what} to only contain Tensors, got {type(leaf)}. Fix: "
+                    "pass tensors, and close over other values (functools.partial)."
+                )
+    p_leaves = [unwrap(p) for p in p_leaves]
+    t_leaves = [unwrap(t) for t in t_leaves]
+    for p, t in zip(p_leaves, t_leaves):
+        if tuple(p.shape) != tuple(t.shape):
+            raise TangentsError(
+                f"{call}: Trying to set a forward gradient that has a different size than that "
+                f"of the original Tensor, this is not supported. Tensor is of size "
+                f"{list(p.shape)} while the given forward gradient is of size {list(t.shape)}. "
+                "Fix: give each tangent its primal's shape."
+            )
+        if not (p.dtype.is_floating_point or p.dtype.is_complex):
+            raise TransformUsageError(
+                f"{call}: Expected primal to be floating point or complex, but got: {p.dtype}. "
+                "A derivative needs a continuous input. Fix: convert it (x.float()), or close "
+                "over it instead of passing it as a primal."
+            )
+    return p_leaves, t_leaves, p_treedef
+
+
 def jvp(f, primals, tangents, has_aux=False):
     """Forward mode: ``(f(*primals), J @ tangents)``, with torch.func's signature.
 
@@ -306,25 +467,7 @@ def jvp(f, primals, tangents, has_aux=False):
 
 def _jvp(f, primals, tangents, has_aux):
     call = describe_call("jvp", f)
-    if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
-        raise TransformUsageError(
-            f"{call}: expected primals and tangents to be tuples, got "
-            f"{type(primals).__name__} and {type(tangents).__name__}. Fix: jvp(f, (x,), (t,))."
-        )
-    p_leaves, p_treedef = _flatten_arrays(primals, call, "primals")
-    t_leaves, t_treedef = _flatten_arrays(tangents, call, "tangents")
-    if p_treedef != t_treedef:
-        raise TransformUsageError(
-            f"{call}: expected tangents with the structure of primals ({p_treedef}), got "
-            f"{t_treedef}. Fix: give one tangent per primal."
-        )
-    for p, t in zip(p_leaves, t_leaves):
-        if tuple(p.shape) != tuple(t.shape):
-            raise TransformUsageError(
-                f"{call}: expected each tangent to have its primal's shape, got a tangent of "
-                f"shape {tuple(t.shape)} for a primal of shape {tuple(p.shape)}. Fix: give each "
-                "tangent its primal's shape."
-            )
+    p_leaves, t_leaves, p_treedef = _check_primals_and_tangents(primals, tangents, call)
     level = new_level(Forward, call=call)
     with transform_scope(level):
         wrapped = [as_tensor(level.wrap_input(p, t)) for p, t in zip(p_leaves, t_leaves)]
@@ -333,6 +476,7 @@ def _jvp(f, primals, tangents, has_aux):
     _write_back(wrapped, optree.tree_leaves(primals), level.lower_own)
     out, aux = _split_aux(unwrap_tree(out), has_aux, call)
     out_leaves, out_treedef = optree.tree_flatten(out)
+    _check_outputs_are_tensors(out_leaves, call, "f(*primals)", out)
     primal_out, tangent_out = [], []
     for o in out_leaves:
         if isinstance(o, ForwardValue) and o.dispatcher is level:
@@ -363,8 +507,33 @@ def linearize(f, *primals):
     out = f(*primals)
 
     def jvp_fn(*tangents):
+        _check_linearize_tangents(primals, tangents)
         return jvp(f, primals, tangents)[1]
     return out, jvp_fn
+
+
+def _check_linearize_tangents(primals, tangents):
+    """linearize's jvp_fn takes tangents like the primals: structure, shape and dtype."""
+    call = "linearize(f, *primals)'s jvp_fn(*tangents)"
+    p_leaves, p_treedef = optree.tree_flatten(primals)
+    t_leaves, t_treedef = optree.tree_flatten(tangents)
+    if p_treedef != t_treedef:
+        raise TangentsError(
+            f"{call}: Expected the tangents {_structure(t_treedef)} to have the same argspec as "
+            f"the primals {_structure(p_treedef)}. Fix: pass one tangent per primal, as "
+            "jvp_fn(*tangents)."
+        )
+    for index, (p, t) in enumerate(zip(p_leaves, t_leaves)):
+        if not _is_array(unwrap(t)):
+            raise TangentsError(f"{call}: Expected tangents to only contain Tensors, got "
+                                f"{type(t)}. Fix: pass tensors.")
+        for what, got, want in (("shape", t.shape, p.shape), ("dtype", t.dtype, p.dtype)):
+            if got != want:
+                raise TangentsError(
+                    f"{call}: tangent:{index} with {what} {got} in flattened pytree doesn't "
+                    f"match the {what} {want} of the corresponding primal. Fix: give each "
+                    f"tangent its primal's {what}."
+                )
 
 
 # --- vectorization -----------------------------------------------------------------------------
@@ -373,12 +542,15 @@ def _broadcast_dims(dims, tree, call, what):
     try:
         return optree.tree_flatten(optree.tree_broadcast_prefix(dims, tree, none_is_leaf=True),
                                    none_is_leaf=True)[0]
-    except (ValueError, TypeError) as error:
-        where = "input" if what == "in_dims" else "output"
+    except (ValueError, TypeError):
+        where = "inputs" if what == "in_dims" else "outputs"
+        dims_structure = optree.tree_structure(dims, none_is_leaf=True)
+        tree_structure = optree.tree_structure(tree, none_is_leaf=True)
         raise TransformUsageError(
-            f"{call}: {what} is not compatible with the structure of {where}s: "
-            f"{str(error).rstrip('.')}. Fix: give one dim per {where} (a tuple as long as the "
-            f"{where}s, or a matching pytree prefix), or a single int or None for all."
+            f"{call}: {what} is not compatible with the structure of `{where}`. {what} has "
+            f"structure {_structure(dims_structure)} but {where} has structure "
+            f"{_structure(tree_structure)}. Fix: give one dim per {where[:-1]} (a tuple as long "
+            f"as the {where}, or a matching pytree prefix), or a single int or None for all."
         ) from None
 
 
@@ -393,10 +565,7 @@ def vmap(f, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
     tensor([ 0., 10., 20.])
     """
     _check_randomness("vmap", randomness)
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise TransformUsageError(
-            f"vmap(..., chunk_size={chunk_size!r}): expected a positive int or None."
-        )
+    _check_chunk_size(f, chunk_size)
 
     @functools.wraps(f)
     def vmapped(*args, **kwargs):
@@ -431,28 +600,72 @@ def chunk_vmap(f, in_dims=0, out_dims=0, randomness="error", chunks=2):
     return vmapped
 
 
+def _check_chunk_size(f, chunk_size):
+    call = f"vmap({_function_name(f)}, chunk_size={chunk_size!r})"
+    if chunk_size is not None and not isinstance(chunk_size, int):
+        raise TransformUsageError(
+            f"{call}: chunk_size should be None or an int, got {type(chunk_size)}: it is the "
+            "number of examples run at once. Fix: pass a positive int, or None for all."
+        )
+    if chunk_size is not None and chunk_size < 1:
+        raise TransformUsageError(
+            f"{call}: chunk_size should be None or greater than 0. (got {chunk_size}) It is "
+            "the number of examples run at once. Fix: pass a positive int, or None for all."
+        )
+
+
 def _check_randomness(transform, randomness):
     if randomness not in ("error", "same", "different"):
-        raise TransformUsageError(
-            f"{transform}(..., randomness={randomness!r}): expected 'error', 'same' or "
-            "'different'."
+        raise RandomnessOptionError(
+            f"{transform}(..., randomness={randomness!r}): Only allowed values for randomness "
+            f"are 'error', 'different', or 'same'. Got {randomness}. Fix: 'different' for "
+            "independent draws per example, 'same' for one draw shared by the batch, 'error' "
+            "to refuse random operations."
         )
+
+
+def _check_out_dims(out_dims, call):
+    """torch.func's out_dims: an int, None, or a container of them (checked before f runs)."""
+    leaves = optree.tree_leaves(out_dims, none_is_leaf=True)
+    if isinstance(out_dims, (int, type(None))) or (
+            isinstance(out_dims, (tuple, list, dict))
+            and all(isinstance(d, (int, type(None))) for d in leaves)):
+        return
+    raise TransformUsageError(
+        f"{call}: `out_dims` must be an int, None or a python collection of ints representing "
+        f"where in the outputs the vmapped dimension should appear. Got out_dims={out_dims!r}. "
+        "Fix: out_dims=0 puts the batch dim first in every output; a tuple gives one per "
+        "output."
+    )
 
 
 def _vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs, *, chunks=None):
     options = {} if in_dims == 0 else {"in_dims": in_dims}
     call = describe_call("vmap", f, **options)
-    if isinstance(in_dims, (tuple, list)) and len(in_dims) != len(args):
+    if not args:
         raise TransformUsageError(
-            f"{call}: in_dims is not compatible with the structure of inputs: in_dims has "
-            f"{len(in_dims)} entries but the function got {len(args)} positional "
-            "arguments. Fix: give one in_dim per argument."
+            f"{call}: got no inputs. Maybe you forgot to add inputs, or you are trying to vmap "
+            "over a function with no inputs. The latter is unsupported. Fix: pass the batched "
+            "tensors as positional arguments."
         )
-    dims = in_dims if not isinstance(in_dims, list) else tuple(in_dims)
-    prefix = dims if isinstance(dims, tuple) else (dims,) * len(args)
+    if not isinstance(in_dims, (int, tuple)):
+        raise TransformUsageError(
+            f"{call}: expected `in_dims` to be int or a (potentially nested) tuple matching "
+            f"the structure of inputs, got: {type(in_dims)}. Fix: in_dims=0 batches every "
+            "input along dim 0; a tuple such as in_dims=(0, None) gives one per argument "
+            "(None: not batched)."
+        )
+    if isinstance(in_dims, tuple) and len(in_dims) != len(args):
+        raise TransformUsageError(
+            f"{call}: in_dims is not compatible with the structure of `inputs`. in_dims has "
+            f"{len(in_dims)} entries but the function got {len(args)} positional arguments. "
+            "Fix: give one in_dim per argument."
+        )
+    _check_out_dims(out_dims, call)
+    prefix = in_dims if isinstance(in_dims, tuple) else (in_dims,) * len(args)
     originals, arg_treedef = optree.tree_flatten(args, none_is_leaf=True)
     arg_leaves = [unwrap(leaf) for leaf in originals]
-    dim_leaves = _broadcast_dims(tuple(prefix), args, call, "in_dims")
+    dim_leaves = _broadcast_dims(prefix, args, call, "in_dims")
     size = _batch_size(arg_leaves, dim_leaves, call)
     if chunks is not None:  # chunk_vmap
         chunk_size = max(-(-size // chunks), 1)
@@ -480,38 +693,48 @@ def _vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs, *, chunks=
 
 
 def _batch_size(arg_leaves, dim_leaves, call):
-    sizes = {}
+    sizes = []  # (input position, batch size), in the order of the inputs
     for position, (leaf, dim) in enumerate(zip(arg_leaves, dim_leaves)):
         if dim is None:
             continue
         if not isinstance(dim, int):
             raise TransformUsageError(
-                f"{call}: expected each in_dim to be an int or None, got {dim!r}."
+                f"{call}: Got in_dim={dim!r} for an input but in_dim must be either an integer "
+                "dimension or None. Fix: give each input an int dim, or None if it is shared."
             )
         if not _is_array(leaf):
             raise TransformUsageError(
-                f"{call}: got in_dim={dim} for an input of type {type(leaf).__name__}; only "
-                "tensors can be batched. Fix: use in_dim=None for that input."
+                f"{call}: Got in_dim={dim} for an input but the input is of type "
+                f"{type(leaf)}. We cannot vmap over non-Tensor arguments, please use None as "
+                "the respective in_dim. Fix: use in_dim=None for that input."
             )
         rank = len(leaf.shape)
         if not -rank <= dim < rank:
             raise TransformUsageError(
-                f"{call}: in_dim={dim} is out of range for an input of shape "
-                f"{tuple(leaf.shape)}. Fix: use a dim in [{-rank}, {rank - 1}]."
+                f"{call}: Got in_dim={dim} for some input, but that input is a Tensor of "
+                f"dimensionality {rank} so expected in_dim to satisfy -{rank} <= in_dim < "
+                f"{rank}. The input has shape {tuple(leaf.shape)}. " + (
+                    f"Fix: use a dim in [{-rank}, {rank - 1}], or None if the input is not "
+                    "batched." if rank else "Fix: a 0-dim tensor has no dim to map over: use "
+                    "in_dim=None for it, or stack the examples along a new dim first.")
             )
-        sizes.setdefault(leaf.shape[dim], []).append(position)
+        sizes.append((position, leaf.shape[dim]))
     if not sizes:
         raise TransformUsageError(
-            f"{call}: at least one input must be batched, but in_dims is None for every input. "
-            "Fix: give the batched input an int in_dim."
+            f"{call}: Expected at least one Tensor to vmap over: in_dims is None for every "
+            "input. Fix: give the batched input an int in_dim."
         )
-    if len(sizes) > 1:
-        detail = ", ".join(f"size {s} for input(s) {p}" for s, p in sizes.items())
+    if len({size for _, size in sizes}) > 1:
+        by_size = {}
+        for position, size in sizes:
+            by_size.setdefault(size, []).append(position)
+        detail = ", ".join(f"size {s} for input(s) {p}" for s, p in by_size.items())
         raise TransformUsageError(
-            f"{call}: expected all batched inputs to have the same batch size, got {detail}. "
-            "Fix: make the batch dims equal, or use in_dims=None for inputs that are shared."
+            f"{call}: Expected all tensors to have the same size in the mapped dimension, got "
+            f"sizes {[size for _, size in sizes]} for the mapped dimension: {detail}. Fix: make "
+            "the batch dims equal, or use in_dims=None for inputs that are shared."
         )
-    return next(iter(sizes))
+    return sizes[0][1]
 
 
 def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, randomness,
@@ -525,7 +748,7 @@ def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, r
     for tensor, original, d in zip(wrapped, originals, dim_leaves):
         if d is not None:
             _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d))
-    result = _unbatch_outputs(level, unwrap_tree(out), out_dims, size, call)
+    result = _unbatch_outputs(level, unwrap_tree(out), out_dims, size, call, _function_name(f))
     written = {id(t): (original, d) for t, original, d in zip(wrapped, originals, dim_leaves)
                if d is not None and type(t) is FuncTensor and t._generation}
     return _alias_written_inputs(out, result, written, out_dims) if written else result
@@ -561,31 +784,49 @@ def _single_out_dim(out, out_dims):
     return out_dims
 
 
-def _unbatch_outputs(level, out, out_dims, size, call):
+def _unbatch_outputs(level, out, out_dims, size, call, name):
     out_dims = _single_out_dim(out, out_dims)
-    out_leaves, out_treedef = optree.tree_flatten(out, none_is_leaf=False)
+    # None is a leaf here, as in _broadcast_dims, so that leaves and dims stay aligned:
+    # vmap(lambda x: (None, x), out_dims=(None, 0))
+    out_leaves, out_treedef = optree.tree_flatten(out, none_is_leaf=True)
     dims = _broadcast_dims(out_dims, out, call, "out_dims") if not isinstance(out_dims, int) \
         else [out_dims] * len(out_leaves)
     result = []
     for leaf, dim in zip(out_leaves, dims):
+        if leaf is None:
+            # torch.func refuses None where out_dim is an int; here it passes through, since
+            # a custom_vjp backward says "no gradient" with None and runs under vmap (custom.py),
+            # unless the function returned nothing at all
+            if out is None:
+                raise TransformUsageError(
+                    f"{call}: `{name}` must only return Tensors, got type {type(None)}. The "
+                    "function returned None. Fix: return the tensors it computes."
+                )
+            result.append(None)
+            continue
         batched = isinstance(leaf, BatchedValue) and leaf.dispatcher is level
         if dim is None:
             if batched:
                 raise TransformUsageError(
-                    f"{call}: out_dims is None for an output that varies over the batch. Fix: "
-                    "give it an int out_dim."
+                    f"{call}: `{name}` can not return a BatchedTensor when "
+                    "out_dim is None: out_dims is None for an output that varies over the "
+                    "batch. Fix: give it an int out_dim."
                 )
             result.append(leaf)
             continue
         if not _is_array(leaf):
             raise TransformUsageError(
-                f"{call}: expected the function to return tensors, got {type(leaf).__name__}. "
-                "Fix: return tensors, or use out_dims=None for that output."
+                f"{call}: `{name}` must only return Tensors, got type "
+                f"{type(leaf)}. Did you mean to set out_dims= to None for output? Fix: return "
+                "tensors, or use out_dims=None for that output."
             )
         rank = len(leaf.shape) + 1
         if not -rank <= dim < rank:
-            raise TransformUsageError(f"{call}: out_dim={dim} is out of range for an output "
-                                      f"with {rank} dims (batch included).")
+            raise DimOutOfRangeError(
+                f"{call}: Dimension out of range (expected to be in range of [{-rank}, "
+                f"{rank - 1}], but got {dim}): out_dims={dim} for an output with {rank} dims, "
+                "the batch dim included. Fix: use an out_dim in that range."
+            )
         dim %= rank
         if batched:
             result.append(move_bdim(leaf.payload, leaf.bdim, dim))
@@ -598,14 +839,16 @@ def _unbatch_outputs(level, out, out_dims, size, call):
 
 def _concatenate_chunks(outputs, out_dims, call):
     out_dims = _single_out_dim(outputs[0], out_dims)
-    leaves_per_chunk = [optree.tree_flatten(o)[0] for o in outputs]
-    treedef = optree.tree_structure(outputs[0])
-    dims = _broadcast_dims(out_dims, outputs[0], call, "out_dims") if not isinstance(out_dims, int) \
-        else [out_dims] * len(leaves_per_chunk[0])
+    leaves_per_chunk = [optree.tree_flatten(o, none_is_leaf=True)[0] for o in outputs]
+    treedef = optree.tree_structure(outputs[0], none_is_leaf=True)
+    if isinstance(out_dims, int):
+        dims = [out_dims] * len(leaves_per_chunk[0])
+    else:
+        dims = _broadcast_dims(out_dims, outputs[0], call, "out_dims")
     merged = []
     for position, dim in enumerate(dims):
         pieces = [leaves[position] for leaves in leaves_per_chunk]
-        merged.append(pieces[0] if dim is None else ops.cat(pieces, dim))
+        merged.append(pieces[0] if dim is None or pieces[0] is None else ops.cat(pieces, dim))
     return optree.tree_unflatten(treedef, merged)
 
 
@@ -627,6 +870,17 @@ def _with_selected(f, args, argnums):
         return f(*full)
     f_of_selected.__name__ = _function_name(f)  # errors name the user's function
     return f_of_selected
+
+
+def _refuse_complex_inputs(transform, selected, call):
+    """torch.func's jacrev and jacfwd compute real Jacobians only, and say so up front."""
+    for index, leaf in enumerate(optree.tree_leaves(selected)):
+        if _is_array(unwrap(leaf)) and unwrap(leaf).dtype.is_complex:
+            raise InputDtypeError(
+                f"{call}: {transform}: Expected all inputs to be real but received complex "
+                f"tensor at flattened input idx: {index}. A Jacobian here is of real inputs. "
+                "Fix: differentiate the real and imaginary parts (torch.view_as_real)."
+            )
 
 
 def _identity_basis(leaves):
@@ -654,6 +908,13 @@ def jacrev(f, argnums=0, *, has_aux=False, chunk_size=None):
     tensor([[1., 0.],
             [0., 1.]])
     """
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise TransformUsageError(
+            f"jacrev({_function_name(f)}, chunk_size={chunk_size!r}): `chunk_size` should be "
+            "greater than 0. It is the number of Jacobian rows computed at once. Fix: pass a "
+            "positive int, or None for all rows at once."
+        )
+
     @functools.wraps(f)
     def jacrev_f(*args):
         with engine_code():
@@ -665,6 +926,7 @@ def _jacrev(f, argnums, has_aux, chunk_size, args):
     call = describe_call("jacrev", f)
     argnums_ = _normalize_argnums(argnums, len(args), call)
     selected = [args[a] for a in argnums_]
+    _refuse_complex_inputs("jacrev", selected, call)
     result = _vjp(_with_selected(f, args, argnums_), selected, has_aux)
     out, vjp_fn = result[0], result[1]
     out_leaves, out_treedef = optree.tree_flatten(out)
@@ -712,7 +974,8 @@ def _jacfwd(f, argnums, has_aux, randomness, args):
     call = describe_call("jacfwd", f)
     argnums_ = _normalize_argnums(argnums, len(args), call)
     selected = tuple(args[a] for a in argnums_)
-    in_leaves, in_treedef = _flatten_arrays(selected, call, "the differentiated arguments")
+    in_leaves, in_treedef = _flatten_arrays(selected, call, "a differentiated argument")
+    _refuse_complex_inputs("jacfwd", selected, call)
     basis, sizes = _identity_basis(in_leaves)
     f_selected = _with_selected(f, args, argnums_)
 

@@ -21,6 +21,13 @@ from minifunctorch.core import (
     vjp_rules,
 )
 from minifunctorch.core import dispatch
+from minifunctorch.core.errors import (
+    ArgnumsError,
+    DimOutOfRangeError,
+    FunctionOutputError,
+    RandomnessOptionError,
+    TangentsError,
+)
 
 # torch.func scripts its decompositions on first use; torch deprecates torch.jit.script
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
@@ -52,46 +59,55 @@ def test_grad_of_non_scalar_output():
     def f(x):
         return x * 2
     error = raises(NonScalarOutputError,
-                   r"^grad\(f\)\(<inputs>\): expected the function to return a scalar tensor "
-                   r"\(shape \(\)\), got shape \(3,\)\. Fix: .*jacrev.*%%jacobian",
+                   r"^grad\(f\)\(<inputs>\): grad_and_value\(f\)\(\*args\): Expected f\(\*args\) to "
+                   r"return a scalar Tensor, "
+                   r"got tensor with 1 dims \(shape \(3,\)\).* Fix: .*jacrev.*%%jacobian",
                    mf.grad(f), x3)
-    assert isinstance(error, ValueError)
+    # torch.func raises RuntimeError; a ValueError as before this package followed torch.func
+    assert isinstance(error, RuntimeError) and isinstance(error, ValueError)
+    raises(NonScalarOutputError, r"^grad\(<lambda>\)\(<inputs>\): grad_and_value\(f\)\(\*args\): "
+           r"Expected f\(\*args\) to return a Tensor, got <class 'tuple'>.*Fix:", mf.grad(lambda x: (x.sum(), x.sum())), x3)
 
 
 def test_grad_of_non_scalar_output_inside_vmap_and_grad():
-    raises(NonScalarOutputError, r"^grad\(<lambda>\)\(<inputs>\): .*got shape \(2,\)",
+    raises(NonScalarOutputError, r"^grad\(<lambda>\)\(<inputs>\): .*\(shape \(2,\)\)",
            mf.vmap(mf.grad(lambda x: x[:2])), batch)
-    raises(NonScalarOutputError, r"^grad\(<lambda>\)\(<inputs>\): .*got shape \(3,\)",
+    raises(NonScalarOutputError, r"^grad\(<lambda>\)\(<inputs>\): .*\(shape \(3,\)\)",
            mf.grad(lambda x: mf.grad(lambda y: y * x)(x).sum()), x3)
 
 
-@pytest.mark.parametrize("argnums, shown", [(2, "2"), ((0, 5), r"\(0, 5\)"), (-3, "-3")])
-def test_argnums_out_of_range(argnums, shown):
+@pytest.mark.parametrize("argnums, shown, bad", [(2, "2", 2), ((0, 5), r"\(0, 5\)", 5),
+                                                 (-3, "-3", -3)])
+def test_argnums_out_of_range(argnums, shown, bad):
     def f(x, y):
         return (x * y).sum()
-    raises(TransformUsageError,
-           rf"^grad\(f, argnums={shown}\)\(<inputs>\): argnums={shown} is out of range: the "
-           r"function got 2 positional argument\(s\)\. Fix: use argnums between -2 and 1\.",
-           mf.grad(f, argnums=argnums), x3, x3)
+    error = raises(ArgnumsError,
+                   rf"^grad\(f, argnums={shown}\)\(<inputs>\): Got argnum={bad}, but only 2 "
+                   r"positional inputs\. .*Fix: use argnums between -2 and 1\.",
+                   mf.grad(f, argnums=argnums), x3, x3)
+    # torch.func's type, and still the old one
+    assert isinstance(error, RuntimeError) and isinstance(error, TransformUsageError)
 
 
 def test_argnums_of_the_wrong_type():
-    raises(TransformUsageError, r"^grad\(<lambda>, argnums=1\.5\)\(<inputs>\): expected argnums "
-           r"to be an int or a non-empty tuple of ints, got 1\.5\. Fix:",
+    raises(ArgnumsError, r"^grad\(<lambda>, argnums=1\.5\)\(<inputs>\): argnums must be int or "
+           r"Tuple\[int, \.\.\.\], got: <class 'float'>\. .*Fix:",
            mf.grad(lambda x: x.sum(), argnums=1.5), x3)
-    raises(TransformUsageError, r"^jacrev\(<lambda>\)\(<inputs>\): argnums=3 is out of range",
+    raises(ArgnumsError, r"^jacrev\(<lambda>\)\(<inputs>\): Got argnum=3, but only 1 positional",
            mf.jacrev(lambda x: x, argnums=3), x3)
+    raises(ArgnumsError, r"^grad\(<lambda>, argnums=\(0, 0\)\)\(<inputs>\): argnums elements must "
+           r"be unique, got \(0, 0\).*Fix:", mf.grad(lambda x, y: x.sum(), argnums=(0, 0)), x3, x3)
 
 
 def test_has_aux_without_a_pair():
-    raises(TransformUsageError, r"^grad\(<lambda>\)\(<inputs>\): with has_aux=True the function "
-           r"must return a pair \(output, aux\).*Fix:",
+    raises(FunctionOutputError, r"^grad\(<lambda>\)\(<inputs>\): grad_and_value\(f\)\(\*args\): "
+           r"output of function f should be a tuple: \(output, aux\) if has_aux is True.*Fix:",
            mf.grad(lambda x: x.sum(), has_aux=True), x3)
 
 
 def test_grad_of_a_non_tensor_argument():
-    raises(TransformUsageError, r"^grad\(<lambda>\)\(<inputs>\): expected argument 0 to contain "
-           r"only tensors, got a leaf of type float\. Fix:",
+    raises(TransformUsageError, r"^grad\(<lambda>\)\(<inputs>\): Thing passed to transform API "
+           r"must be Tensor, got <class 'float'>: argument 0 holds a float.*Fix:",
            mf.grad(lambda x: x * 2), 3.0)
 
 
@@ -101,7 +117,7 @@ def test_in_dims_not_matching_the_number_of_inputs():
         return x + y
     raises(TransformUsageError,
            r"^vmap\(f, in_dims=\(0,\)\)\(<inputs>\): in_dims is not compatible with the "
-           r"structure of inputs.*Fix:",
+           r"structure of `inputs`.*Fix:",
            mf.vmap(f, in_dims=(0,)), batch, batch)
 
 
@@ -109,52 +125,67 @@ def test_in_dims_not_matching_the_structure_of_an_input():
     def f(tree):
         return tree["a"]
     raises(TransformUsageError,
-           r"(?s)^vmap\(f, in_dims=\(\{'b': 0\},\)\)\(<inputs>\): in_dims is not compatible with "
-           r"the structure of inputs: .*key.*Fix:",
+           r"^vmap\(f, in_dims=\(\{'b': 0\},\)\)\(<inputs>\): in_dims is not compatible with "
+           r"the structure of `inputs`\. in_dims has structure \(\{'b': \*\},\) but inputs has "
+           r"structure \(\{'a': \*\},\)\. Fix:",
            mf.vmap(f, in_dims=({"b": 0},)), {"a": batch})
     raises(TransformUsageError,
            r"^vmap\(f, in_dims=\(\(0, 0\),\)\)\(<inputs>\): in_dims is not compatible with the "
-           r"structure of inputs",
+           r"structure of `inputs`",
            mf.vmap(f, in_dims=((0, 0),)), batch)
 
 
 def test_in_dim_out_of_range():
-    raises(TransformUsageError, r"^vmap\(<lambda>, in_dims=2\)\(<inputs>\): in_dim=2 is out of "
-           r"range for an input of shape \(2, 3\)\. Fix: use a dim in \[-2, 1\]\.",
+    raises(TransformUsageError, r"^vmap\(<lambda>, in_dims=2\)\(<inputs>\): Got in_dim=2 for some "
+           r"input, but that input is a Tensor of dimensionality 2 so expected in_dim to satisfy "
+           r"-2 <= in_dim < 2\. The input has shape \(2, 3\)\. Fix: use a dim in \[-2, 1\]",
            mf.vmap(lambda x: x, in_dims=2), batch)
 
 
 def test_inconsistent_batch_sizes():
     error = raises(TransformUsageError,
-                   r"^vmap\(add\)\(<inputs>\): expected all batched inputs to have the same "
-                   r"batch size, got size 2 for input\(s\) \[0\], size 4 for input\(s\) \[1\]\. "
-                   r"Fix:",
+                   r"^vmap\(add\)\(<inputs>\): Expected all tensors to have the same size in the "
+                   r"mapped dimension, got sizes \[2, 4\] for the mapped dimension: size 2 for "
+                   r"input\(s\) \[0\], size 4 for input\(s\) \[1\]\. Fix:",
                    mf.vmap(torch.add), batch, torch.ones(4, 3, dtype=torch.float64))
     assert isinstance(error, ValueError)
 
 
-@pytest.mark.parametrize("in_dims", [None, (None, None)], ids=str)
-def test_vmap_with_no_batched_input(in_dims):
-    raises(TransformUsageError, r"^vmap\(add, in_dims=.*\)\(<inputs>\): at least one input must "
-           r"be batched, but in_dims is None for every input\. Fix:",
-           mf.vmap(torch.add, in_dims=in_dims), x3, x3)
+def test_vmap_with_no_batched_input():
+    raises(TransformUsageError, r"^vmap\(add, in_dims=\(None, None\)\)\(<inputs>\): Expected at "
+           r"least one Tensor to vmap over: in_dims is None for every input\. Fix:",
+           mf.vmap(torch.add, in_dims=(None, None)), x3, x3)
+    # as in torch.func, in_dims=None is not an accepted in_dims at all
+    raises(TransformUsageError, r"^vmap\(add, in_dims=None\)\(<inputs>\): expected `in_dims` to be "
+           r"int or a \(potentially nested\) tuple .*got: <class 'NoneType'>\. Fix:",
+           mf.vmap(torch.add, in_dims=None), x3, x3)
 
 
 def test_out_dims_errors():
     raises(TransformUsageError,
-           r"(?s)^vmap\(<lambda>\)\(<inputs>\): out_dims is not compatible with the "
-           r"structure of outputs.*Fix: give one dim per output",
+           r"^vmap\(<lambda>\)\(<inputs>\): out_dims is not compatible with the structure of "
+           r"`outputs`\. out_dims has structure \(\*, \*\) but outputs has structure \*\. Fix: give "
+           r"one dim per output",
            mf.vmap(lambda x: x, out_dims=(0, 0)), batch)
-    raises(TransformUsageError, r"^vmap\(<lambda>\)\(<inputs>\): out_dims is None for an output "
-           r"that varies over the batch\. Fix:",
+    raises(TransformUsageError, r"^vmap\(<lambda>\)\(<inputs>\): `<lambda>` can not return a "
+           r"BatchedTensor when out_dim is None: .*Fix:",
            mf.vmap(lambda x: x, out_dims=None), batch)
+    raises(TransformUsageError, r"^vmap\(<lambda>\)\(<inputs>\): `out_dims` must be an int, None "
+           r"or a python collection of ints .*Fix:", mf.vmap(lambda x: x, out_dims="0"), batch)
+    error = raises(DimOutOfRangeError, r"^vmap\(<lambda>\)\(<inputs>\): Dimension out of range "
+                   r"\(expected to be in range of \[-2, 1\], but got 3\).*Fix:",
+                   mf.vmap(lambda x: x, out_dims=3), batch)
+    assert isinstance(error, IndexError)
 
 
 def test_vmap_options_are_checked():
-    with pytest.raises(TransformUsageError, match=r"randomness='sometimes'.*'error', 'same' or "
-                       r"'different'"):
+    with pytest.raises(RandomnessOptionError, match=r"randomness='sometimes'\): Only allowed "
+                       r"values for randomness are 'error', 'different', or 'same'\. Got "
+                       r"sometimes\. Fix:") as info:
         mf.vmap(lambda x: x, randomness="sometimes")
-    with pytest.raises(TransformUsageError, match=r"chunk_size=0.*positive int"):
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, TransformUsageError)
+    with pytest.raises(TransformUsageError, match=r"chunk_size=0\): chunk_size should be None or "
+                       r"greater than 0\. \(got 0\).*Fix: pass a positive int"):
         mf.vmap(lambda x: x, chunk_size=0)
     check_engine_still_works()
 
@@ -162,7 +193,7 @@ def test_vmap_options_are_checked():
 def test_python_control_flow_on_a_batched_value():
     def f(x):
         return x if x.sum() > 0 else -x
-    error = raises(BatchedControlFlowError, r"^vmap\(f\)\(<inputs>\): Python asked for a concrete "
+    error = raises(BatchedControlFlowError, r"^vmap\(f\)\(<inputs>\): .*Python asked for a concrete "
                    r"value \(bool\(\), \.item\(\).*on a value batched by vmap.*Fix: use "
                    r"torch\.where", mf.vmap(f), batch)
     assert isinstance(error, RuntimeError)
@@ -184,8 +215,8 @@ def test_control_flow_is_fine_on_unbatched_values_inside_vmap():
 
 
 def test_random_function_inside_vmap_with_randomness_error():
-    raises(RandomnessError, r"^vmap: called random operation while in randomness error mode\. "
-           r".* vmap\(<lambda>\)\(<inputs>\): torch\.rand draws random numbers under vmap "
+    raises(RandomnessError, r"^vmap\(<lambda>\)\(<inputs>\): vmap: called random operation "
+           r"while in randomness error mode\. .* torch\.rand draws random numbers under vmap "
            r"with randomness='error'\. Fix: pass randomness='different'",
            mf.vmap(lambda x: x + torch.rand(3)), batch)
     raises(RandomnessError, r"torch\.randn_like draws random numbers under vmap with "
@@ -295,7 +326,7 @@ def test_writing_a_value_into_a_tensor_created_outside_is_refused():
     def f(x):
         outside[0] = x[0]
         return outside.sum()
-    raises(InPlaceError, r"Tensor\.__setitem__\(\.\.\.\): this writes a value of a transform "
+    raises(InPlaceError, r"Tensor\.__setitem__\(\.\.\.\): .*this writes a value of a transform "
            r"into a tensor created outside the transform.*Fix:", mf.grad(f), x3)
     assert outside.eq(0).all(), "the outside tensor is untouched"
 
@@ -307,26 +338,33 @@ def test_out_argument_on_a_wrapped_value():
 
 # --- jvp and vjp shapes --------------------------------------------------------------------------
 def test_jvp_with_mismatched_tangent_shape():
-    raises(TransformUsageError, r"^jvp\(sin\)\(<inputs>\): expected each tangent to have its "
-           r"primal's shape, got a tangent of shape \(4,\) for a primal of shape \(3,\)\. Fix:",
+    raises(TangentsError, r"^jvp\(sin\)\(<inputs>\): Trying to set a forward gradient that has a "
+           r"different size than that of the original Tensor, this is not supported\. Tensor is "
+           r"of size \[3\] while the given forward gradient is of size \[4\]\. Fix:",
            mf.jvp, torch.sin, (x3,), (torch.ones(4, dtype=torch.float64),))
 
 
 def test_jvp_with_mismatched_structures():
-    raises(TransformUsageError, r"^jvp\(<lambda>\)\(<inputs>\): expected tangents with the "
-           r"structure of primals",
+    raises(TangentsError, r"^jvp\(<lambda>\)\(<inputs>\): jvp\(f, primals, tangents\): Expected "
+           r"primals and tangents to have "
+           r"the same python structure\. .*Got primals with structure \(\*, \*\) and tangents "
+           r"with structure \(\*,\)\. Fix:",
            mf.jvp, lambda x, y: x * y, (x3, x3), (x3,))
-    raises(TransformUsageError, r"^jvp\(sin\)\(<inputs>\): expected primals and tangents to be "
-           r"tuples, got Tensor and Tensor\. Fix:",
-           mf.jvp, torch.sin, x3, x3)
+    error = raises(TangentsError, r"^jvp\(sin\)\(<inputs>\): jvp\(f, primals, tangents\): Expected "
+                   r"primals to be a tuple\. E\.g\. "
+                   r"it should be valid to call f\(\*primals\)\. Got <class 'torch\.Tensor'>\. Fix:",
+                   mf.jvp, torch.sin, x3, x3)
+    assert isinstance(error, RuntimeError) and isinstance(error, TransformUsageError)
 
 
 def test_vjp_fn_with_wrong_cotangent_shape():
     _, vjp_fn = mf.vjp(torch.sin, x3)
-    raises(TransformUsageError, r"^vjp_fn\(cotangents\): expected a cotangent of shape \(3,\), "
-           r"got \(4,\)\. Fix:", vjp_fn, torch.ones(4, dtype=torch.float64))
-    raises(TransformUsageError, r"^vjp_fn\(cotangents\): expected cotangents with the structure "
-           r"of the output", vjp_fn, (torch.ones(3, dtype=torch.float64),))
+    raises(TangentsError, r"^vjp_fn\(cotangents\): Mismatch in shape: grad_output\[0\] has a shape "
+           r"of torch\.Size\(\[4\]\) and output\[0\] has a shape of torch\.Size\(\[3\]\)\. Fix:",
+           vjp_fn, torch.ones(4, dtype=torch.float64))
+    raises(TangentsError, r"^vjp_fn\(cotangents\): Expected pytree structure of cotangents to be "
+           r"the same as pytree structure of outputs to the function\. cotangents: \(\*,\), "
+           r"primal output: \*\. Fix:", vjp_fn, (torch.ones(3, dtype=torch.float64),))
     # the vjp function still works after misuse
     torch.testing.assert_close(vjp_fn(torch.ones(3, dtype=torch.float64)), (x3.cos(),))
 
@@ -353,3 +391,14 @@ def test_errors_deep_in_nested_transforms_leave_no_level():
         with pytest.raises(ValueError, match="user code failed"):
             transform(inner)(batch)
         check_engine_still_works()
+
+
+def test_a_none_output_with_out_dim_none_keeps_the_dims_aligned():
+    """None is a leaf when out_dims are matched to outputs, as torch.func counts it."""
+    def f(a):
+        return None, a * 2
+    torch.testing.assert_close(mf.vmap(f, out_dims=(None, 1))(batch)[1],
+                               torch.func.vmap(f, out_dims=(None, 1))(batch)[1])
+    assert mf.vmap(f, out_dims=(None, 1))(batch)[0] is None
+    torch.testing.assert_close(mf.vmap(f, out_dims=(None, 1), chunk_size=1)(batch)[1],
+                               batch.T * 2)
