@@ -174,7 +174,7 @@ their own: the magic would call them `v0`, `v1`, .... So we hand it a dict of vi
 parameters, each labelled with its parameter name by `label` (a view shares the numbers, and
 the training dict keeps no label). The cell's own variables, `logits` and `loss`, name their
 values too, and `batch` is read from the notebook. `--quiet` binds the gradient, `dnamed`,
-without printing its 586 numbers.
+without printing its 354 numbers.
 """)
 
 code("""
@@ -201,6 +201,7 @@ code("""
 stepped = {name: p - lr * dnamed[name] for name, p in trained.items()}
 loss_after = loss_fn(stepped, batch, batch_classes)
 torch.testing.assert_close(dnamed, torch.func.grad(torch_loss_fn)(trained, batch, batch_classes))
+assert sum(g.numel() for g in dnamed.values()) == 354
 assert loss_after < value, (loss_after, value)
 print(f"loss on the batch: {value.item():.4f} before the step, {loss_after.item():.4f} after")
 """)
@@ -546,7 +547,7 @@ minifunctorch's `vmap` and `grad` and the one-example loss `one_loss` of part 4 
 may help).
 
 The reference, `norms_by_loop`, gets the same numbers the way plain PyTorch must: one backward
-pass per member and per point. The check compares the two on 16 of the points with
+pass per member and per point. The check compares the two on 8 of the points with
 `check_against`; until your function is written it says FAIL, with a hint.
 """)
 
