@@ -536,14 +536,15 @@ a line of Python wherever it is.
 md("""
 ## Exercise · Per-sample gradient norms for every member of the ensemble
 
-Which training points does each member of the ensemble still find hard? Combine parts 4 and 6:
+Which training points does each member of the ensemble still find hard? Combine sections 4
+and 6:
 for each of the 8 members and each point, the norm of that point's gradient at that member's
 parameters. That is two `vmap`s, one over the members and one over the points, around one
 `grad`.
 
 **Your task:** complete `member_grad_norms(stacked, points, targets)` so that it returns a tensor
 of shape `(8, n)`, row `m` holding the per-sample gradient norms of member `m`, computed with
-minifunctorch's `vmap` and `grad` and the one-example loss `one_loss` of part 4 (`grad_norms`
+minifunctorch's `vmap` and `grad` and the one-example loss `one_loss` of section 4 (`grad_norms`
 may help).
 
 The reference, `norms_by_loop`, gets the same numbers the way plain PyTorch must: one backward
