@@ -40,5 +40,5 @@ def test_there_are_notebooks():
     names = {p.name for p in CHAPTERS}
     expected = {"00_tour.ipynb", "01_dispatchers.ipynb", "02_levels.ipynb",
                 "03_interpreters.ipynb", "04_programs.ipynb", "05_source_to_source.ipynb",
-                "06_differentiators.ipynb", "07_whirlwind.ipynb"}
+                "06_differentiators.ipynb", "07_learning.ipynb", "08_whirlwind.ipynb"}
     assert expected <= names, f"missing notebooks: {sorted(expected - names)}"

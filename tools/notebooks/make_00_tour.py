@@ -22,7 +22,8 @@ be read: each transform is one level in a stack of interpreters, and the chapter
 stack apart piece by piece ([1 · dispatchers](01_dispatchers.ipynb), [2 · levels](02_levels.ipynb),
 [3 · interpreters](03_interpreters.ipynb), [4 · programs](04_programs.ipynb),
 [5 · source to source](05_source_to_source.ipynb),
-[6 · differentiators](06_differentiators.ipynb), [7 · whirlwind](07_whirlwind.ipynb)).
+[6 · differentiators](06_differentiators.ipynb), [7 · learning](07_learning.ipynb),
+[8 · whirlwind](08_whirlwind.ipynb)).
 
 This tour only drives it. Each transform is one *magic* line on top of an ordinary cell, and
 after each result a plain cell checks the numbers against `torch.func`.
@@ -289,7 +290,10 @@ Each chapter opens up one part of what you just used:
    and export to FX (what `--split` and `--fx` show).
 6. [Differentiators](06_differentiators.ipynb): gradient formulas as closures over a saved
    context (where the stepper's contributions come from).
-7. [Whirlwind](07_whirlwind.ipynb): the torch.func-style API that the magics call, checked
+7. [Learning](07_learning.ipynb): the transforms at work, training real models: an MLP
+   trained functionally, private training with per-sample gradients, an ensemble in one call,
+   and MAML on sine waves.
+8. [Whirlwind](08_whirlwind.ipynb): the torch.func-style API that the magics call, checked
    against `torch.func` in every cell.
 """)
 

@@ -419,8 +419,9 @@ the choice is easy to see: the saved context is exactly what the closure names.
 - What a rule saves is a trade-off between memory (keeping tensors alive) and compute
   (rebuilding them in the backward); `custom_vjp` lets you make that choice yourself.
 
-After the exercise below, Chapter 7 steps back to the user's view: the whole torch.func API,
-each transform checked against `torch.func`.
+After the exercise below, the course steps back to the user's view: Chapter 7 trains real
+models with the transforms, and Chapter 8 runs through the whole torch.func API, each transform
+checked against `torch.func`.
 """)
 
 

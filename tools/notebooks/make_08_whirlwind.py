@@ -1,4 +1,4 @@
-"""Generate notebooks/07_whirlwind.ipynb (Chapter 7 · whirlwind tour)."""
+"""Generate notebooks/08_whirlwind.ipynb (Chapter 8 · whirlwind tour)."""
 from nbcells import SOLUTION_HEADING, build
 
 cells = []
@@ -8,7 +8,7 @@ solution = lambda s: cells.append(("solution", s))
 solution_md = lambda s: cells.append(("solution-md", s))
 
 md("""
-# Chapter 7 · A whirlwind tour of the transforms
+# Chapter 8 · A whirlwind tour of the transforms
 
 A **function transform** takes a Python function and returns a new function that computes
 something else about it: its gradient, its Jacobian, or its value on a whole batch at once.
@@ -419,4 +419,4 @@ check_against(per_sample_grad_norms, norms_by_loop, params, xs, targets,
                    "over the parameters, and take the square root.")
 """)
 
-build(cells, "07_whirlwind.ipynb", "ch07")
+build(cells, "08_whirlwind.ipynb", "ch08")
