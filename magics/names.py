@@ -37,14 +37,19 @@ ENGINE_NAME = re.compile(r"[vc]\d+$")
 
 def labelled(name, value):
     """A view of ``value`` labelled ``name``; other values (and engine-like names) are
-    returned as they are.
+    returned as they are. A dict of tensors (a model's parameters) gets a dict of views, each
+    labelled with its key, so a tape reads ``hidden.weight`` rather than ``v0``.
 
     >>> import torch
     >>> x = torch.ones(2)
     >>> view = labelled("x", x)
     >>> view.t_name, hasattr(x, "t_name"), view.data_ptr() == x.data_ptr()
     ('x', False, True)
+    >>> labelled("params", {"w": x, "b": torch.zeros(())})["w"].t_name
+    'w'
     """
+    if type(value) is dict and all(type(key) is str for key in value):
+        return {key: labelled(key, entry) for key, entry in value.items()}
     if not isinstance(value, torch.Tensor) or type(value) is core.FuncTensor:
         return value
     if ENGINE_NAME.match(name):

@@ -438,6 +438,18 @@ def test_a_tape_over_an_mlp_shows_the_notebooks_names(shell):
     assert not {"h", "pred", "loss"} & set(ns(shell))
 
 
+def test_a_dict_of_parameters_is_named_by_its_keys(shell):
+    ok(shell, 'params = {"w": torch.ones(3), "b": torch.zeros(())}; x = torch.arange(3.0)')
+    ok(shell, '%%grad --wrt params --tape -q\nout = (x * params["w"]).sum() + params["b"]\nout')
+    assert last_tape_text(shell).splitlines() == [
+        "v0:f32[3] = mul x w",
+        "v1:f32[] = sum v0 dim=(0,) keepdim=False",
+        "out:f32[] = add v1 b",
+    ]
+    assert_close(ns(shell)["dparams"], {"w": torch.arange(3.0), "b": torch.tensor(1.0)})
+    assert not any(hasattr(t, "t_name") for t in ns(shell)["params"].values())
+
+
 def test_names_restart_per_call(shell):
     ok(shell, MLP)
     ok(shell, MLP_CELL)

@@ -43,7 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from IPython.display import display
 
-from minifunctorch.core import functional_call, grad, grad_and_value, label, stack_module_state, vmap
+from minifunctorch.core import functional_call, grad, grad_and_value, stack_module_state, vmap
 from minifunctorch.core.checks import check_against
 
 torch.set_num_threads(1)   # one thread: the same numbers on every run
@@ -169,22 +169,19 @@ md("""
 What did `grad` do in each of those steps? `%%grad --tape` records one and opens the tape
 stepper on it. The step below is a real one: the trained model on four of the points.
 
-`%%grad` names a tensor input by its notebook name, but the tensors inside a dict have none of
-their own: the magic would call them `v0`, `v1`, .... So we hand it a dict of views of the
-parameters, each labelled with its parameter name by `label` (a view shares the numbers, and
-the training dict keeps no label). The cell's own variables, `logits` and `loss`, name their
-values too, and `batch` is read from the notebook. `--quiet` binds the gradient, `dnamed`,
-without printing its 354 numbers.
+`%%grad` names a tensor input by its notebook name, and the tensors of a dict input by their
+keys: here the parameter names, `hidden1.weight` to `out.bias`. The cell's own variables,
+`logits` and `loss`, name their values too, and `batch` is read from the notebook. `--quiet`
+binds the gradient, `dtrained`, without printing its 354 numbers.
 """)
 
 code("""
-named = {name: label(p.view_as(p), name) for name, p in trained.items()}
 batch, batch_classes = x[[0, 50, 100, 150]], y[[0, 50, 100, 150]]
 """)
 
 code("""
-%%grad --wrt named --tape --quiet --value
-logits = functional_call(model, named, (batch,))
+%%grad --wrt trained --tape --quiet --value
+logits = functional_call(model, trained, (batch,))
 loss = F.cross_entropy(logits, batch_classes)
 loss
 """)
@@ -193,15 +190,15 @@ md("""
 Step through it from the seed: the backward pass walks the 12 entries from the mean of the
 cross-entropy (`sum` and `div`) back through `log_softmax` and the three `linear` layers, and
 each layer's entry sends contributions to its `weight` and `bias`, which then appear by name
-in the gradient map. The gradient dict `dnamed` is what `grad` returned in the training loop,
+in the gradient map. The gradient dict `dtrained` is what `grad` returned in the training loop,
 and the update uses it the same way:
 """)
 
 code("""
-stepped = {name: p - lr * dnamed[name] for name, p in trained.items()}
+stepped = {name: p - lr * dtrained[name] for name, p in trained.items()}
 loss_after = loss_fn(stepped, batch, batch_classes)
-torch.testing.assert_close(dnamed, torch.func.grad(torch_loss_fn)(trained, batch, batch_classes))
-assert sum(g.numel() for g in dnamed.values()) == 354
+torch.testing.assert_close(dtrained, torch.func.grad(torch_loss_fn)(trained, batch, batch_classes))
+assert sum(g.numel() for g in dtrained.values()) == 354
 assert loss_after < value, (loss_after, value)
 print(f"loss on the batch: {value.item():.4f} before the step, {loss_after.item():.4f} after")
 """)
