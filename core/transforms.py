@@ -359,9 +359,16 @@ def _vjp(f, primals, has_aux):
     primal_out = optree.tree_unflatten(
         out_treedef, [as_tensor(o.payload if is_own else o) for o, is_own in zip(out_leaves, own)])
 
-    def vjp_fn(cotangents):
+    def vjp_fn(cotangents, retain_graph=True, create_graph=None):
+        # retain_graph: the tape lives as long as vjp_fn, which can always be called again.
+        # create_graph=False: plain results leave torch's autograd graph (torch.func's
+        # default, None, keeps it when grad mode is on); transform levels still see the ops.
         with engine_code():
-            return _pull_back(cotangents)
+            cts = _pull_back(cotangents)
+        if create_graph is False or (create_graph is None and not torch.is_grad_enabled()):
+            cts = optree.tree_map(lambda ct: ct.detach() if type(ct) is torch.Tensor else ct,
+                                  cts, none_is_leaf=True)
+        return cts
 
     def _pull_back(cotangents):
         ct_leaves, ct_treedef = optree.tree_flatten(cotangents)
@@ -453,8 +460,10 @@ def _check_primals_and_tangents(primals, tangents, call):
     return p_leaves, t_leaves, p_treedef
 
 
-def jvp(f, primals, tangents, has_aux=False):
+def jvp(f, primals, tangents, *, strict=False, has_aux=False):
     """Forward mode: ``(f(*primals), J @ tangents)``, with torch.func's signature.
+    ``strict=True`` refuses an output that does not depend on the inputs (its tangent would be
+    zeros).
 
     >>> import torch
     >>> from minifunctorch.core import jvp
@@ -462,10 +471,10 @@ def jvp(f, primals, tangents, has_aux=False):
     (tensor(0.), tensor(2.))
     """
     with engine_code():
-        return _jvp(f, primals, tangents, has_aux)
+        return _jvp(f, primals, tangents, has_aux, strict)
 
 
-def _jvp(f, primals, tangents, has_aux):
+def _jvp(f, primals, tangents, has_aux, strict=False):
     call = describe_call("jvp", f)
     p_leaves, t_leaves, p_treedef = _check_primals_and_tangents(primals, tangents, call)
     level = new_level(Forward, call=call)
@@ -483,6 +492,12 @@ def _jvp(f, primals, tangents, has_aux):
             primal_out.append(o.payload)
             tangent_out.append(o.tangent)
         else:
+            if strict:
+                raise FunctionOutputError(
+                    f"{call}: jvp(f, primals, tangents, strict=True): The output of f is "
+                    "independent of the inputs. This is not allowed with strict=True. Fix: "
+                    "drop strict=True to get zeros as its tangent."
+                )
             primal_out.append(o)
             tangent_out.append(ops.zeros_like(o) if _is_array(o) else None)
     result = (optree.tree_unflatten(out_treedef, as_tensors(primal_out)),
@@ -899,8 +914,10 @@ def _identity_basis(leaves):
     return basis, sizes
 
 
-def jacrev(f, argnums=0, *, has_aux=False, chunk_size=None):
+def jacrev(f, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_copy=False):
     """The Jacobian by reverse mode: ``vmap`` of the vjp function over identity rows.
+    (``_preallocate_and_copy`` is torch.func's memory strategy for chunks; it is accepted and
+    changes nothing here: the chunks are concatenated.)
 
     >>> import torch
     >>> from minifunctorch.core import jacrev

@@ -610,3 +610,35 @@ def test_chunk_vmap_equals_vmap(chunks, in_dim, out_dim, randomness):
 def test_chunk_vmap_chunks_must_be_a_positive_int(chunks):
     with pytest.raises(mf.TransformError, match="chunks"):
         mf.chunk_vmap(torch.sin, chunks=chunks)
+
+
+# --- torch.func's keywords: jvp(strict=), vjp_fn(retain_graph=, create_graph=), jacrev's -------
+def test_jvp_strict_refuses_an_output_independent_of_the_inputs_as_torch_func():
+    x = torch.randn(3)
+    for api in (mf, torch.func):
+        with pytest.raises(RuntimeError, match="independent of the inputs"):
+            api.jvp(lambda a: torch.ones(2), (x,), (x,), strict=True)
+        out, out_dot = api.jvp(torch.sin, (x,), (x,), strict=True)
+        torch.testing.assert_close(out_dot, x.cos() * x)
+
+
+@pytest.mark.parametrize("create_graph", [None, True, False])
+def test_vjp_fn_takes_retain_graph_and_create_graph_as_torch_func(create_graph):
+    x = torch.randn(3, requires_grad=True)
+    results = []
+    for api in (mf, torch.func):
+        _, vjp_fn = api.vjp(torch.sin, x)
+        first = vjp_fn(torch.ones(3), retain_graph=True, create_graph=create_graph)
+        again = vjp_fn(torch.ones(3), create_graph=create_graph)  # the graph was retained
+        results.append((first[0], again[0]))
+    (ours, ours_again), (theirs, theirs_again) = results
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(ours_again, theirs_again)
+    assert ours.requires_grad == theirs.requires_grad == (create_graph is not False)
+
+
+def test_jacrev_accepts_preallocate_and_copy():
+    x = torch.randn(4)
+    expected = torch.func.jacrev(torch.sin, chunk_size=3, _preallocate_and_copy=True)(x)
+    torch.testing.assert_close(mf.jacrev(torch.sin, chunk_size=3, _preallocate_and_copy=True)(x),
+                               expected)
