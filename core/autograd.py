@@ -26,6 +26,8 @@ import contextlib
 import functools
 import math
 
+import torch
+
 from . import ops
 from . import primitives as P
 from .dispatch import (
@@ -36,12 +38,14 @@ from .dispatch import (
     nondifferentiable_outputs,
 )
 from .errors import NonScalarOutputError, missing_rule_error
+from .grad_mode import REVERSE, floors
 from .names import fresh_name
 from .printing import format_equation, type_string
 from .tensor import as_tensor
 from .values import Value, bind
 
 vjp_rules: dict = {}
+_is_grad_enabled = torch.is_grad_enabled
 
 
 class AutogradValue(Value):
@@ -274,6 +278,9 @@ class Autograd(Dispatcher):
     """
 
     transform_name = "grad"
+    # the grad mode found when the level started running the user's function (grad_mode.py;
+    # a level of the explicit API is never entered, and records whenever grad is enabled)
+    prev_grad_mode = True
 
     def __init__(self, inner, *, name="Autograd", create_graph=False, record_steps=True,
                  call=None):
@@ -293,6 +300,11 @@ class Autograd(Dispatcher):
         if self._paused or not prim.differentiable:
             out = bind(prim, *self._payloads(args), **params)
             return AutogradValue(self, out) if self._paused else out
+        if not _is_grad_enabled():  # NOTE [Grad modes and transform levels] (grad_mode.py)
+            return bind(prim, *self._payloads(args), **params)
+        if self.level < floors[REVERSE]:  # below a level entered under no_grad
+            with torch.no_grad():
+                return bind(prim, *self._payloads(args), **params)
         rule = vjp_rules.get(prim)
         if rule is None:
             raise missing_rule_error(prim, "vjp", "grad")
@@ -314,8 +326,12 @@ class Autograd(Dispatcher):
                 self._paused -= 1
             if not (type(out) is AutogradValue and out.dispatcher is self):
                 out = AutogradValue(self, out)
-        else:
+        elif self.prev_grad_mode:
             out_payload, backward = rule(*payloads, **params)
+            out = AutogradValue(self, out_payload)
+        else:  # entered under no_grad: the levels below, outside it, record nothing
+            with torch.no_grad():
+                out_payload, backward = rule(*payloads, **params)
             out = AutogradValue(self, out_payload)
         name = out.name
         if name in inputs:  # a rule returned its input unchanged: keep names distinct
