@@ -110,7 +110,10 @@ class FuncTensor(torch.Tensor):
 
     @property
     def requires_grad(self):
-        return False
+        """As torch.func shows it: True for a value recorded by a grad or vjp level (the
+        transform's inputs, and what is computed from them with grad enabled), a plain
+        tensor's own flag, False otherwise (a batched value, a constant)."""
+        return getattr(value_of(self), "requires_grad", False)
 
     # --- what the engine knows about this tensor -----------------------------------------------
     @property
@@ -533,14 +536,18 @@ def call_function(func, args, kwargs):
         return wrap(new_value) if isinstance(new_value, Value) else _wrap_result(new_value)
     refusal = torch_api.REFUSED.get(func)
     if refusal is not None:
-        what, fix = refusal
-        raise UnsupportedOperationError(
-            f"{_qualified_name(func)}: {what} is not supported inside minifunctorch "
-            f"transforms. Fix: {fix}"
-        )
+        raise _refusal(func, refusal)
     # the back door: torch lowers the call to aten ops, which reach __torch_dispatch__
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
+
+
+def _refusal(func, refusal):
+    what, fix = refusal
+    return UnsupportedOperationError(
+        f"{_qualified_name(func)}: {what} is not supported inside minifunctorch transforms. "
+        f"Fix: {fix}"
+    )
 
 
 def _out_error(func):
@@ -674,6 +681,8 @@ class _TransformMode(TorchFunctionMode):
             return call_function(func, args, kwargs)
         if func in torch_api.FACTORIES:
             return _wrap_result(func(*args, **kwargs))
+        if func in torch_api.REFUSED_IN_TRANSFORMS:  # even on plain tensors: Tensor.backward()
+            raise _refusal(func, torch_api.REFUSED_IN_TRANSFORMS[func])
         return func(*args, **kwargs)
 
 
