@@ -283,9 +283,11 @@ class Autograd(Dispatcher):
     """
 
     transform_name = "grad"
-    # the grad mode found when the level started running the user's function (grad_mode.py;
-    # a level of the explicit API is never entered, and records whenever grad is enabled)
+    # the grad mode found when the level started running the user's function, and whether it
+    # did (grad_mode.level_scope); a level of the explicit API is never entered, and records
+    # whatever the grad mode
     prev_grad_mode = True
+    obeys_grad_mode = False
 
     def __init__(self, inner, *, name="Autograd", create_graph=False, record_steps=True,
                  call=None):
@@ -305,7 +307,8 @@ class Autograd(Dispatcher):
         if self._paused or not prim.differentiable:
             out = bind(prim, *self._payloads(args), **params)
             return AutogradValue(self, out) if self._paused else out
-        if not _is_grad_enabled():  # NOTE [Grad modes and transform levels] (grad_mode.py)
+        # NOTE [Grad modes and transform levels] (grad_mode.py)
+        if not _is_grad_enabled() and self.obeys_grad_mode:
             return bind(prim, *self._payloads(args), **params)
         if self.level < floors[REVERSE]:  # below a level entered under no_grad
             with torch.no_grad():

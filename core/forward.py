@@ -50,12 +50,14 @@ class Forward(Dispatcher):
     # the forward grad mode found when the level started running the user's function
     # (grad_mode.py; torch.no_grad does not stop forward mode, _set_fwd_grad_enabled does)
     prev_fwd_grad_mode = True
+    obeys_grad_mode = False  # set by grad_mode.level_scope; never for the explicit API
 
     def __init__(self, inner, *, name="Forward", call=None):
         super().__init__(inner, name=name, call=call)
 
     def apply(self, prim, *args, **params):
-        if not _is_fwd_grad_enabled():  # NOTE [Grad modes and transform levels] (grad_mode.py)
+        # NOTE [Grad modes and transform levels] (grad_mode.py)
+        if not _is_fwd_grad_enabled() and self.obeys_grad_mode:
             return bind(prim, *self._primals(args), **params)
         if self.level < floors[FORWARD]:  # below a level entered with forward grad off
             with _set_fwd_grad_enabled(False):

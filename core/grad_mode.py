@@ -35,7 +35,8 @@ A backward pass (``tape.backward``, a vjp function) runs under the grad mode of 
 enclosing level records.
 
 The cost on the hot path is one C call (``torch.is_grad_enabled``) and one integer comparison
-per recorded primitive.
+per recorded primitive. A level that no transform entered through ``level_scope`` (a level of
+the explicit API, ``Autograd(Torch())``) ignores grad modes, as it did before.
 """
 import torch
 
@@ -66,10 +67,12 @@ class _LevelScope:
         # torch.func runs grad's and jvp's function outside an enclosing inference_mode
         self.inference = None
         if _is_inference_mode_enabled():
-            grad_mode = _is_grad_enabled()
+            grad_mode, fwd_grad_mode = _is_grad_enabled(), _is_fwd_grad_enabled()
             self.inference = torch.inference_mode(False)
             self.inference.__enter__()
-            _set_grad_enabled(grad_mode)  # leaving inference mode switched grad on
+            # leaving inference mode switched both modes on: keep what inference mode had
+            _set_grad_enabled(grad_mode)
+            _set_fwd_grad_enabled(fwd_grad_mode)
         if kind == REVERSE:
             mode = _is_grad_enabled()
             self.level.prev_grad_mode = mode
@@ -80,6 +83,7 @@ class _LevelScope:
             self.level.prev_fwd_grad_mode = mode
             if not mode:
                 _set_fwd_grad_enabled(True)
+        self.level.obeys_grad_mode = True
         self.saved_mode = mode
         self.saved_floor = floors[kind]
         if not mode:
