@@ -28,7 +28,9 @@ torch/_functorch/eager_transforms.py):
    level entered with grad off is running its function, levels numbered below it record
    nothing.
 The forward-mode counterpart is the same with ``torch._C._is_fwd_grad_enabled()`` and
-``_set_fwd_grad_enabled``; ``torch.no_grad`` does not stop jvp, as in torch.func.
+``_set_fwd_grad_enabled``; ``torch.no_grad`` does not stop jvp, as in torch.func. Like
+torch.func, grad's, vjp's and jvp's function runs outside an enclosing ``inference_mode``
+(which would also switch both modes off), with the modes that inference mode had.
 
 A backward pass (``tape.backward``, a vjp function) runs under the grad mode of its caller, as
 ``torch.autograd.grad`` does: a vjp function called under ``no_grad`` gives cotangents that no
