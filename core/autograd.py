@@ -57,6 +57,7 @@ class AutogradValue(Value):
     """A value of an Autograd level: its payload, plus a name that the tape refers to."""
 
     __slots__ = ()
+    requires_grad = True  # what a FuncTensor showing it says, as inside torch.func's grad
 
 
 class TapeEntry:
@@ -950,4 +951,3 @@ def _grad_of_plain_graph(outs, ins, cts, retain_graph, create_graph, allow_unuse
 
 
 torch_api.register(torch.autograd.grad)(autograd_grad)
-AutogradValue.requires_grad = True  # what FuncTensor.requires_grad shows inside grad
