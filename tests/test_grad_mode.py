@@ -360,7 +360,21 @@ def layer_norm_no_grad(api):
     return api.grad(f)(X), api.vmap(api.grad(f))(XS)
 
 
+def write_back_through_vmap_inside_grad(api):
+    # vmap writes an input in place, with its batch dim moved: the write into the caller's
+    # tensor (a value of grad) must be recorded by grad (the write-back is not under no_grad)
+    x = torch.tensor([[0.3, -1.2], [2.0, 0.5], [1.0, 1.5]])
+
+    def f(x):
+        buf = x * 1
+        z = x.t() * 1
+        api.vmap(lambda y, w: y.add_(w * w), in_dims=(1, 0))(buf, z)
+        return (buf * x).sum()
+    return api.grad(f)(x)
+
+
 GRAD_MODE_CASES = [
+    write_back_through_vmap_inside_grad,
     no_grad_inside, inference_mode_inside, set_grad_enabled_false_inside,
     enable_grad_inside_no_grad, no_grad_outside, no_grad_outside_leaf,
     no_grad_inside_leaf_second_order, nested_no_grad_around_inner_grad, nested_no_grad_in_inner,
