@@ -54,6 +54,11 @@ REVERSE, FORWARD = 0, 1
 floors = [0, 0]
 
 
+def reverse_off(level):
+    """Whether a grad level that obeys grad modes records nothing now (NOTE, points 2, 3)."""
+    return not _is_grad_enabled() or level.level < floors[REVERSE]
+
+
 class _LevelScope:
     """``with level_scope(level):`` while a grad/vjp (or jvp) level runs the user's function
     (a class: NOTE [Context managers on the hot path] in tensor.py)."""

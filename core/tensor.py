@@ -41,13 +41,14 @@ import optree
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import aten_api, ops, torch_api
+from . import aten_api, grad_mode, ops, torch_api
 from .errors import InPlaceError, UnsupportedOperationError
 from .names import label
 from . import values
 from .values import Value, top_dispatcher
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+_is_grad_enabled = torch.is_grad_enabled
 
 
 class FuncTensor(torch.Tensor):
@@ -422,6 +423,8 @@ def _write(target, new_value, call):
             "transformed function (torch.zeros(...) there can be written into)."
         )
     new_value = _conform(target, new_value, call)
+    if not _is_grad_enabled() or grad_mode.floors[grad_mode.REVERSE]:
+        new_value = _keep_grad_identity(target.value, new_value)
     target.value = new_value
     target._generation += 1
     view = target._view
@@ -448,6 +451,36 @@ def _write(target, new_value, call):
         _write(base, ops.reshape(flat, *base_value.shape), call)
         view.generation = base._generation
     return target
+
+
+def _keep_grad_identity(old, new):
+    """NOTE [In-place writes under no_grad]
+    In torch, an in-place op under ``no_grad`` on a tensor that requires grad changes its data
+    but not its history: gradients flow into it as if the write had not happened (what
+    ``var.clamp_(min=eps)`` under no_grad in ``F.gaussian_nll_loss`` relies on). Here the new
+    value was computed while the grad levels were off (NOTE [Grad modes and transform
+    levels]), so it is a constant for them; each grad level of the old value that is off puts
+    the old value's name back on the new one, and its tape sees the same tensor with new
+    contents. Batched and forward levels keep the new value's own structure (a batch dim is
+    moved to where the old value had it, so the name still means the same layout)."""
+    if not isinstance(old, Value):
+        return new
+    level = old.dispatcher
+    new_own = isinstance(new, Value) and new.dispatcher is level
+    if (getattr(old, "requires_grad", False) and level.obeys_grad_mode
+            and grad_mode.reverse_off(level)):
+        inner = new.payload if new_own else new
+        return type(old)(level, _keep_grad_identity(old.payload, inner), old.name)
+    if not new_own:
+        return new
+    bdim = getattr(old, "bdim", None)
+    if bdim is not None:
+        from .batching import move_bdim  # (batching imports this module)
+        payload = move_bdim(new.payload, new.bdim, bdim)
+        return type(new)(level, _keep_grad_identity(old.payload, payload), bdim)
+    if hasattr(new, "tangent"):
+        return type(new)(level, _keep_grad_identity(old.payload, new.payload), new.tangent)
+    return new
 
 
 def _conform(target, new_value, call):

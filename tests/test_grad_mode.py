@@ -373,8 +373,60 @@ def write_back_through_vmap_inside_grad(api):
     return api.grad(f)(x)
 
 
+def _clamp_under_no_grad(y):
+    z = y * 2
+    with torch.no_grad():
+        z.clamp_(max=1.0)  # new contents, same history: gradients flow straight through
+    return (z * y).sum()
+
+
+def in_place_under_no_grad(api):
+    return api.grad(_clamp_under_no_grad)(X)
+
+
+def in_place_under_no_grad_vmap(api):
+    return (api.vmap(api.grad(_clamp_under_no_grad))(XS),
+            api.grad(lambda xs: api.vmap(_clamp_under_no_grad)(xs).sum())(XS))
+
+
+def in_place_under_no_grad_through_view(api):
+    def f(y):
+        z = y * 2
+        with torch.no_grad():
+            z[1:3].mul_(10)
+        return (z * y).sum()
+    return api.grad(f)(X)
+
+
+def in_place_under_no_grad_on_input(api):
+    def f(y):
+        with torch.no_grad():
+            y.mul_(3)
+        return (y * y).sum()
+    return api.grad(f)(X.clone())
+
+
+def in_place_under_no_grad_moved_batch_dim(api):
+    def f(xs):
+        def row(r):
+            z = r * 2
+            with torch.no_grad():
+                z.add_(XS[0] * 5)  # an unbatched addend: the batch dim may move
+            return (z * r).sum()
+        return api.vmap(row, in_dims=1)(xs).sum()
+    return api.grad(f)(XS.t().contiguous())
+
+
+def gaussian_nll_loss_small_variance(api):
+    # torch clamps the variance in place under no_grad
+    var = torch.tensor([0.5, 1e-8, 2.0, 1e-9])
+    return api.grad(lambda v: F.gaussian_nll_loss(X, X.flip(0), v, reduction="sum"))(var)
+
+
 GRAD_MODE_CASES = [
-    write_back_through_vmap_inside_grad,
+    in_place_under_no_grad, in_place_under_no_grad_vmap, in_place_under_no_grad_through_view,
+    in_place_under_no_grad_on_input, in_place_under_no_grad_moved_batch_dim,
+    gaussian_nll_loss_small_variance, write_back_through_vmap_inside_grad,
     no_grad_inside, inference_mode_inside, set_grad_enabled_false_inside,
     enable_grad_inside_no_grad, no_grad_outside, no_grad_outside_leaf,
     no_grad_inside_leaf_second_order, nested_no_grad_around_inner_grad, nested_no_grad_in_inner,
