@@ -43,6 +43,7 @@ from .errors import (
     UnsupportedOperationError,
     missing_rule_error,
 )
+from . import grad_mode
 from .grad_mode import REVERSE, floors
 from .names import fresh_name
 from .printing import format_equation, type_string
@@ -309,10 +310,10 @@ class Autograd(Dispatcher):
             out = bind(prim, *self._payloads(args), **params)
             return AutogradValue(self, out) if self._paused else out
         # NOTE [Grad modes and transform levels] (grad_mode.py)
-        if not _is_grad_enabled() and self.obeys_grad_mode:
+        if not _is_grad_enabled() and self.obeys_grad_mode and grad_mode.grad_off():
             return bind(prim, *self._payloads(args), **params)
         if self.level < floors[REVERSE]:  # below a level entered under no_grad
-            with torch.no_grad():
+            with grad_mode.no_grad():
                 return bind(prim, *self._payloads(args), **params)
         rule = vjp_rules.get(prim)
         if rule is None:
@@ -339,7 +340,7 @@ class Autograd(Dispatcher):
             out_payload, backward = rule(*payloads, **params)
             out = AutogradValue(self, out_payload)
         else:  # entered under no_grad: the levels below, outside it, record nothing
-            with torch.no_grad():
+            with grad_mode.no_grad():
                 out_payload, backward = rule(*payloads, **params)
             out = AutogradValue(self, out_payload)
         name = out.name
@@ -865,7 +866,7 @@ def autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_
                 gradients = _replayed_backward(top, seeds, call)
     else:
         seeds = {name: top.lower_own(ct) for name, ct in seeds.items()}
-        with torch.no_grad():
+        with grad_mode.no_grad():
             gradients = top.tape.backward(seeds, record_steps=top.record_steps)
     result = []
     for position, x in enumerate(ins):

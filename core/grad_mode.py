@@ -54,16 +54,55 @@ REVERSE, FORWARD = 0, 1
 floors = [0, 0]
 
 
+# NOTE [Grad mode inside the back door]
+# torch's own Python code that the back door runs (decompositions, refs, the aten versions of
+# prims) sometimes switches grad off for its own bookkeeping: ``_convert_element_type_aten``
+# copies into a fresh tensor under ``no_grad``. In torch that code runs below autograd, so
+# the switch means nothing to differentiation; here it runs above the levels. So the back
+# door remembers the grad mode of the code that called into it (``door``: depth of nested
+# back-door calls, and that mode), and inside it a grad level goes by that mode, not by
+# torch's flag. The engine's own switches (``no_grad`` below) update both.
+door = [0, True]
+
+
+def grad_off():
+    """Whether grad levels that obey grad modes record nothing now (grad disabled by the
+    user's code, not only by torch's code inside the back door). Called only where
+    ``torch.is_grad_enabled()`` has said False, so the hot path pays nothing more."""
+    return not _is_grad_enabled() and not (door[0] and door[1])
+
+
 def reverse_off(level):
     """Whether a grad level that obeys grad modes records nothing now (NOTE, points 2, 3)."""
-    return not _is_grad_enabled() or level.level < floors[REVERSE]
+    return grad_off() or level.level < floors[REVERSE]
+
+
+class _EngineNoGrad:
+    """``with grad_mode.no_grad():`` torch.no_grad for the engine's own work: it also holds
+    inside the back door (NOTE [Grad mode inside the back door])."""
+
+    __slots__ = ("saved_mode", "saved_door")
+
+    def __enter__(self):
+        self.saved_mode = _is_grad_enabled()
+        self.saved_door = door[1]
+        _set_grad_enabled(False)
+        door[1] = False
+
+    def __exit__(self, *exc_info):
+        _set_grad_enabled(self.saved_mode)
+        door[1] = self.saved_door
+
+
+def no_grad():
+    return _EngineNoGrad()
 
 
 class _LevelScope:
     """``with level_scope(level):`` while a grad/vjp (or jvp) level runs the user's function
     (a class: NOTE [Context managers on the hot path] in tensor.py)."""
 
-    __slots__ = ("level", "kind", "saved_mode", "saved_floor", "inference")
+    __slots__ = ("level", "kind", "saved_mode", "saved_floor", "inference", "saved_door")
 
     def __init__(self, level, kind):
         self.level = level
@@ -92,6 +131,9 @@ class _LevelScope:
                 _set_fwd_grad_enabled(True)
         self.level.obeys_grad_mode = True
         self.saved_mode = mode
+        self.saved_door = door[1]
+        if kind == REVERSE:
+            door[1] = True
         self.saved_floor = floors[kind]
         if not mode:
             floors[kind] = self.level.level
@@ -100,6 +142,7 @@ class _LevelScope:
     def __exit__(self, *exc_info):
         kind = self.kind
         floors[kind] = self.saved_floor
+        door[1] = self.saved_door
         if kind == REVERSE:
             _set_grad_enabled(self.saved_mode)
         else:

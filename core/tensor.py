@@ -423,7 +423,7 @@ def _write(target, new_value, call):
             "transformed function (torch.zeros(...) there can be written into)."
         )
     new_value = _conform(target, new_value, call)
-    if not _is_grad_enabled() or grad_mode.floors[grad_mode.REVERSE]:
+    if (not _is_grad_enabled() and grad_mode.grad_off()) or grad_mode.floors[grad_mode.REVERSE]:
         new_value = _keep_grad_identity(target.value, new_value)
     target.value = new_value
     target._generation += 1
@@ -606,8 +606,18 @@ def _torch_autograd_enabled():
 
 def call_aten(func, args, kwargs):
     """An aten op with a FuncTensor among its arguments (``__torch_dispatch__``)."""
-    with _torch_autograd_enabled():
-        return _call_aten(func, args, kwargs)
+    door = grad_mode.door  # NOTE [Grad mode inside the back door] (grad_mode.py)
+    depth = door[0]
+    outer_mode = door[1]
+    if depth == 0:
+        door[1] = _is_grad_enabled()
+    door[0] = depth + 1
+    try:
+        with _torch_autograd_enabled():
+            return _call_aten(func, args, kwargs)
+    finally:
+        door[0] = depth
+        door[1] = outer_mode
 
 
 def _call_aten(func, args, kwargs):

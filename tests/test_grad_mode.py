@@ -423,7 +423,18 @@ def gaussian_nll_loss_small_variance(api):
     return api.grad(lambda v: F.gaussian_nll_loss(X, X.flip(0), v, reduction="sum"))(var)
 
 
+def torch_internal_no_grad_in_back_door(api):
+    # torch's decomposition of diagonal_scatter copies under no_grad inside the back door
+    # (a prim's aten version): that is torch's bookkeeping, not the user's no_grad
+    m = torch.arange(16.0).reshape(4, 4) / 10
+
+    def f(x):
+        return (torch.diagonal_scatter(m * x.sum(), x.sin()) * m.t()).sum()
+    return api.grad(f)(X), api.vjp(torch.diagonal_scatter, m, X)[1](m)
+
+
 GRAD_MODE_CASES = [
+    torch_internal_no_grad_in_back_door,
     in_place_under_no_grad, in_place_under_no_grad_vmap, in_place_under_no_grad_through_view,
     in_place_under_no_grad_on_input, in_place_under_no_grad_moved_batch_dim,
     gaussian_nll_loss_small_variance, write_back_through_vmap_inside_grad,
