@@ -26,7 +26,9 @@ import contextlib
 import functools
 import math
 
-from . import ops
+import torch
+
+from . import ops, torch_api
 from . import primitives as P
 from .dispatch import (
     Dispatcher,
@@ -35,19 +37,28 @@ from .dispatch import (
     name_of,
     nondifferentiable_outputs,
 )
-from .errors import NonScalarOutputError, missing_rule_error
+from .errors import (
+    NonScalarOutputError,
+    TransformUsageError,
+    UnsupportedOperationError,
+    missing_rule_error,
+)
+from . import grad_mode
+from .grad_mode import REVERSE, floors
 from .names import fresh_name
 from .printing import format_equation, type_string
-from .tensor import as_tensor
-from .values import Value, bind
+from .tensor import as_tensor, engine_code, unwrap
+from .values import Value, bind, top_dispatcher
 
 vjp_rules: dict = {}
+_is_grad_enabled = torch.is_grad_enabled
 
 
 class AutogradValue(Value):
     """A value of an Autograd level: its payload, plus a name that the tape refers to."""
 
     __slots__ = ()
+    requires_grad = True  # what a FuncTensor showing it says, as inside torch.func's grad
 
 
 class TapeEntry:
@@ -274,6 +285,11 @@ class Autograd(Dispatcher):
     """
 
     transform_name = "grad"
+    # the grad mode found when the level started running the user's function, and whether it
+    # did (grad_mode.level_scope); a level of the explicit API is never entered, and records
+    # whatever the grad mode
+    prev_grad_mode = True
+    obeys_grad_mode = False
 
     def __init__(self, inner, *, name="Autograd", create_graph=False, record_steps=True,
                  call=None):
@@ -293,6 +309,12 @@ class Autograd(Dispatcher):
         if self._paused or not prim.differentiable:
             out = bind(prim, *self._payloads(args), **params)
             return AutogradValue(self, out) if self._paused else out
+        # NOTE [Grad modes and transform levels] (grad_mode.py)
+        if not _is_grad_enabled() and self.obeys_grad_mode and grad_mode.grad_off():
+            return bind(prim, *self._payloads(args), **params)
+        if self.level < floors[REVERSE]:  # below a level entered under no_grad
+            with grad_mode.no_grad():
+                return bind(prim, *self._payloads(args), **params)
         rule = vjp_rules.get(prim)
         if rule is None:
             raise missing_rule_error(prim, "vjp", "grad")
@@ -314,8 +336,12 @@ class Autograd(Dispatcher):
                 self._paused -= 1
             if not (type(out) is AutogradValue and out.dispatcher is self):
                 out = AutogradValue(self, out)
-        else:
+        elif self.prev_grad_mode:
             out_payload, backward = rule(*payloads, **params)
+            out = AutogradValue(self, out_payload)
+        else:  # entered under no_grad: the levels below, outside it, record nothing
+            with grad_mode.no_grad():
+                out_payload, backward = rule(*payloads, **params)
             out = AutogradValue(self, out_payload)
         name = out.name
         if name in inputs:  # a rule returned its input unchanged: keep names distinct
@@ -733,3 +759,196 @@ def convert_vjp(x, *, dtype):
         return out, lambda ct: (None,)  # x.long(), x.bool(): no derivative flows back
     return out, lambda ct: (ops.convert(ct, x_dtype),)
 vjp_rules[P.convert_p] = convert_vjp
+
+
+# --- torch.autograd.grad inside transforms -------------------------------------------------------
+# NOTE [torch.autograd.grad inside transforms]
+# torch.func lets user code call ``torch.autograd.grad`` in two places, and so does the engine:
+# 1. On a graph of plain tensors (tensors that require grad, made outside the transform or
+#    inside it by a factory such as ``torch.ones(3, requires_grad=True)``), with cotangents
+#    (``grad_outputs``) that may be values of a transform: ``vmap(lambda v:
+#    torch.autograd.grad(out, w, v))(vs)`` computes one vector-Jacobian product per example.
+#    torch's own autograd engine runs the backward pass; its backward kernels receive the
+#    cotangents as FuncTensors, so every aten op they call comes through the back door, and
+#    the batching rules batch it (what functorch calls "batched gradients").
+# 2. On values of a grad or vjp level, while its function runs: ``grad(lambda x:
+#    torch.autograd.grad(loss(x), x, create_graph=True)[0].sum())``. The level's tape is the
+#    graph: the cotangents are propagated over it from the outputs' names to the inputs'.
+#    With ``create_graph=False`` the pass runs under ``no_grad`` (torch's engine runs it with
+#    grad mode set to ``create_graph``), so its result is a constant for every level, as in
+#    torch.func. With ``create_graph=True`` the result must be differentiable at the level
+#    itself, but the tape's backward closures compute one level down (NOTE [Two ways to higher
+#    order]); so the forward is replayed: each recorded rule runs again on the level's own
+#    values, its ops recorded on the tape, and the backward pass runs over the replayed
+#    closures, recording its ops too. Every intermediate a replayed closure uses is then a
+#    recorded value, so second derivatives are exact for every rule (at the cost of computing
+#    the forward twice, only for this call).
+# Outputs that are values of vmap or jvp (a batched loss) have no graph in torch.func either,
+# which raises "element 0 of tensors does not require grad"; the engine refuses them in the
+# same words. ``Tensor.backward()`` inside a transform is refused, as in torch.func.
+def autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
+                  only_inputs=True, allow_unused=None, is_grads_batched=False,
+                  materialize_grads=False):
+    """``torch.autograd.grad`` called inside a transform (NOTE [torch.autograd.grad inside
+    transforms]). Arguments are engine values or plain tensors; returns a tuple of them.
+
+    >>> import torch
+    >>> from minifunctorch.core import grad, vmap
+    >>> grad(lambda x: torch.autograd.grad((x ** 3).sum(), x, create_graph=True)[0].sum())(
+    ...     torch.tensor([1.0, 2.0]))     # d/dx of 3 x^2
+    tensor([ 6., 12.])
+    >>> w = torch.tensor([1.0, 2.0], requires_grad=True)
+    >>> vmap(lambda v: torch.autograd.grad(w ** 2, w, v)[0])(torch.eye(2))
+    tensor([[2., 0.],
+            [0., 4.]])
+    """
+    call = "torch.autograd.grad(outputs, inputs, ...)"
+    outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    ins = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    if grad_outputs is None:
+        cts = [None] * len(outs)
+    elif isinstance(grad_outputs, (list, tuple)):
+        cts = list(grad_outputs)
+    else:
+        cts = [grad_outputs]
+    if len(cts) != len(outs):
+        raise TransformUsageError(
+            f"{call}: grad_outputs must have the same length as outputs, got {len(cts)} and "
+            f"{len(outs)}. Fix: give one cotangent (or None) per output."
+        )
+    if is_grads_batched:
+        raise UnsupportedOperationError(
+            f"{call}: is_grads_batched=True inside a minifunctorch transform is not supported. "
+            "Fix: call torch.autograd.grad under vmap over the cotangents instead."
+        )
+    top = top_dispatcher(outs)
+    if top is None:
+        return _grad_of_plain_graph(outs, ins, cts, retain_graph, create_graph, allow_unused,
+                                    materialize_grads, call)
+    if not isinstance(top, Autograd):
+        raise UnsupportedOperationError(
+            f"{call}: element 0 of tensors does not require grad and does not have a grad_fn: "
+            f"the outputs are values of a {top.transform_name} transform ({top.call}), which "
+            "records no graph that torch.autograd.grad could differentiate (torch.func "
+            "refuses this too). Fix: differentiate with grad or vjp inside the transform, or "
+            "build the graph from plain tensors that require grad and batch only the "
+            "grad_outputs."
+        )
+    seeds = {}
+    for position, (o, ct) in enumerate(zip(outs, cts)):
+        if not (type(o) is AutogradValue and o.dispatcher is top):
+            raise UnsupportedOperationError(
+                f"{call}: element {position} of tensors does not require grad and does not "
+                f"have a grad_fn: it is not a value recorded by {top.call} (it does not depend "
+                "on the transform's inputs, or was computed under no_grad). Fix: "
+                "differentiate outputs computed from the inputs with grad enabled."
+            )
+        if ct is None:
+            if tuple(o.shape) != ():
+                raise TransformUsageError(
+                    f"{call}: grad can be implicitly created only for scalar outputs; output "
+                    f"{position} has shape {tuple(o.shape)}. Fix: pass grad_outputs."
+                )
+            ct = ops.ones_like(o.payload)
+        elif tuple(ct.shape) != tuple(o.shape):
+            raise TransformUsageError(
+                f"{call}: Mismatch in shape: grad_output[{position}] has a shape of "
+                f"{tuple(ct.shape)} and output[{position}] has a shape of {tuple(o.shape)}. "
+                "Fix: give each cotangent its output's shape."
+            )
+        name = o.name
+        seeds[name] = ct if name not in seeds else ops.add(seeds[name], ct)
+    if create_graph:
+        with torch.enable_grad():
+            if top.create_graph:  # an explicit level that already records its backward
+                gradients = top.tape.backward(seeds, record_steps=top.record_steps)
+            else:
+                gradients = _replayed_backward(top, seeds, call)
+    else:
+        seeds = {name: top.lower_own(ct) for name, ct in seeds.items()}
+        with grad_mode.no_grad():
+            gradients = top.tape.backward(seeds, record_steps=top.record_steps)
+    result = []
+    for position, x in enumerate(ins):
+        own = type(x) is AutogradValue and x.dispatcher is top
+        g = gradients.get(x.name) if own else None
+        if g is None:
+            g = _unused_input(x, position, allow_unused, materialize_grads, call)
+        result.append(g)
+    return tuple(result)
+
+
+def _unused_input(x, position, allow_unused, materialize_grads, call):
+    if materialize_grads:
+        return ops.zeros_like(x.payload if isinstance(x, AutogradValue) else x)
+    if allow_unused:
+        return None
+    raise TransformUsageError(
+        f"{call}: One of the differentiated Tensors appears to not have been used in the graph "
+        f"(input {position}). Set allow_unused=True if this is the desired behavior. (Inside a "
+        "grad or vjp transform, the graph holds the values computed from that transform's "
+        "inputs.)"
+    )
+
+
+def _replayed_backward(level, seeds, call):
+    """The backward pass of ``level``'s tape, recorded on the tape itself: the forward rules run
+    again on the level's own values (NOTE [torch.autograd.grad inside transforms])."""
+    replayed = []
+    env = {}
+    for entry in list(level.tape.entries):  # a copy: the replay appends to the tape
+        rule = vjp_rules.get(entry.prim)
+        if rule is None:
+            raise missing_rule_error(entry.prim, "vjp", call)
+        args = [arg if name is None else env.get(name, arg)
+                for name, arg in zip(entry.inputs, entry.args)]
+        out, backward = rule(*args, **entry.params)
+        env[entry.output] = out
+        replayed.append((entry, backward))
+    gradients = dict(seeds)
+    with cyclic_gc_paused():
+        for entry, backward in reversed(replayed):
+            ct = gradients.get(entry.output)
+            if ct is None:
+                continue
+            _needs_stack.append(entry.inputs)
+            try:
+                input_cts = backward(ct)
+            finally:
+                _needs_stack.pop()
+            for name, input_ct in zip(entry.inputs, input_cts):
+                if name is None or input_ct is None:
+                    continue
+                previous = gradients.get(name)
+                gradients[name] = input_ct if previous is None else ops.add(previous, input_ct)
+    return gradients
+
+
+def _grad_of_plain_graph(outs, ins, cts, retain_graph, create_graph, allow_unused,
+                         materialize_grads, call):
+    """Case 1 of the NOTE: torch's engine on plain tensors, the cotangents shown as
+    FuncTensors (their backward ops reach the back door)."""
+    plain_inputs, positions = [], []
+    for position, x in enumerate(ins):
+        if isinstance(x, Value):
+            # a value of a transform is not a node of torch's graph of plain tensors
+            continue
+        plain_inputs.append(x)
+        positions.append(position)
+    found = ()
+    if plain_inputs:
+        with engine_code():
+            found = torch.autograd.grad(
+                outs, plain_inputs, grad_outputs=[as_tensor(ct) for ct in cts],
+                retain_graph=retain_graph, create_graph=create_graph,
+                allow_unused=allow_unused, materialize_grads=materialize_grads)
+    result = [None] * len(ins)
+    for position, g in zip(positions, found):
+        result[position] = unwrap(g)
+    for position, x in enumerate(ins):
+        if isinstance(x, Value):
+            result[position] = _unused_input(x, position, allow_unused, materialize_grads, call)
+    return tuple(result)
+
+
+torch_api.register(torch.autograd.grad)(autograd_grad)

@@ -42,7 +42,7 @@ import optree
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import ops
+from . import grad_mode, ops
 from .autograd import Autograd, AutogradValue, TapeEntry, sum_to_size
 from .batching import Batched, BatchedValue
 from .dispatch import Logger, LoggedValue, complex_not_supported, current_dispatcher
@@ -142,7 +142,17 @@ def _holds_func_tensor(args, kwargs):
 def _apply(cls, *args, **kwargs):
     if current_dispatcher().level == 0 and not _holds_func_tensor(args, kwargs):
         return _original_apply(cls, *args, **kwargs)  # plain torch, untouched
+    if _is_torchs_own(cls):
+        # torch's own Functions (a prim's BackwardsNotSupported, reached from a decomposition in
+        # the back door) are its bookkeeping, below where torch.func looks: their forward runs
+        # on the values, op by op, as before this module
+        return _original_apply(cls, *args, **kwargs)
     return apply_in_transform(cls, args, kwargs)
+
+
+def _is_torchs_own(cls):
+    module = getattr(cls, "__module__", "") or ""
+    return module == "torch" or module.startswith("torch.")
 
 
 _apply._minifunctorch_original = _original_apply
@@ -315,9 +325,10 @@ def _autograd_call(level, cls, args, kwargs):
     if level._paused:  # inside a rule's forward under create_graph: no entry (autograd.py)
         outs, single = _call(cls, payloads, kwargs)
         return tuple(AutogradValue(level, o) if _is_tensor(o) else o for o in outs), single
-    if not torch.is_grad_enabled() and getattr(level, "obeys_grad_mode", False):
-        # a grad level switched off by an inner torch.no_grad() records nothing, as
-        # Autograd.apply does once grad modes are modelled (issue 12's grad-mode work)
+    if getattr(level, "obeys_grad_mode", False) and grad_mode.reverse_off(level):
+        # a grad level switched off by an inner torch.no_grad() (or one below a level entered
+        # under no_grad) records nothing, as Autograd.apply (NOTE [Grad modes and transform
+        # levels] in grad_mode.py)
         return _call(cls, payloads, kwargs)
     if level.create_graph:
         # NOTE [Two ways to higher order] in autograd.py: the backward runs on this level

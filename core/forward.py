@@ -8,13 +8,18 @@ A rule takes the primals and the tangents as tuples and returns ``(out, out_dot)
 """
 import math
 
+import torch
+
 from . import ops
 from . import primitives as P
 from .dispatch import Dispatcher, complex_not_supported, name_of, nondifferentiable_outputs
 from .errors import missing_rule_error
+from .grad_mode import FORWARD, floors
 from .values import Value, bind
 
 jvp_rules: dict = {}
+_is_fwd_grad_enabled = torch._C._is_fwd_grad_enabled
+_set_fwd_grad_enabled = torch.autograd.forward_ad._set_fwd_grad_enabled
 
 
 class ForwardValue(Value):
@@ -42,11 +47,21 @@ class Forward(Dispatcher):
     """
 
     transform_name = "jvp"
+    # the forward grad mode found when the level started running the user's function
+    # (grad_mode.py; torch.no_grad does not stop forward mode, _set_fwd_grad_enabled does)
+    prev_fwd_grad_mode = True
+    obeys_grad_mode = False  # set by grad_mode.level_scope; never for the explicit API
 
     def __init__(self, inner, *, name="Forward", call=None):
         super().__init__(inner, name=name, call=call)
 
     def apply(self, prim, *args, **params):
+        # NOTE [Grad modes and transform levels] (grad_mode.py)
+        if not _is_fwd_grad_enabled() and self.obeys_grad_mode:
+            return bind(prim, *self._primals(args), **params)
+        if self.level < floors[FORWARD]:  # below a level entered with forward grad off
+            with _set_fwd_grad_enabled(False):
+                return bind(prim, *self._primals(args), **params)
         primals, tangents = [], []
         for a in args:
             if isinstance(a, ForwardValue) and a.dispatcher is self:
@@ -60,12 +75,20 @@ class Forward(Dispatcher):
         rule = jvp_rules.get(prim)
         if rule is None:
             raise missing_rule_error(prim, "jvp", "jvp")
-        out, out_dot = rule(primals, tangents, **params)
+        if self.prev_fwd_grad_mode:
+            out, out_dot = rule(primals, tangents, **params)
+        else:  # entered with forward grad off: the levels below, outside it, see nothing
+            with _set_fwd_grad_enabled(False):
+                out, out_dot = rule(primals, tangents, **params)
         if out_dot is None:
             return out
         if out.dtype.is_complex:
             raise complex_not_supported(self, prim)
         return ForwardValue(self, out, out_dot)
+
+    def _primals(self, args):
+        return [a.payload if isinstance(a, ForwardValue) and a.dispatcher is self else a
+                for a in args]
 
     def wrap_input(self, primal, tangent, name=None):
         return ForwardValue(self, primal, tangent, name)

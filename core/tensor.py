@@ -41,13 +41,14 @@ import optree
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import aten_api, ops, torch_api
+from . import aten_api, grad_mode, ops, torch_api
 from .errors import InPlaceError, UnsupportedOperationError
 from .names import label
 from . import values
 from .values import Value, top_dispatcher
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+_is_grad_enabled = torch.is_grad_enabled
 
 
 class FuncTensor(torch.Tensor):
@@ -110,7 +111,10 @@ class FuncTensor(torch.Tensor):
 
     @property
     def requires_grad(self):
-        return False
+        """As torch.func shows it: True for a value recorded by a grad or vjp level (the
+        transform's inputs, and what is computed from them with grad enabled), a plain
+        tensor's own flag, False otherwise (a batched value, a constant)."""
+        return getattr(value_of(self), "requires_grad", False)
 
     # --- what the engine knows about this tensor -----------------------------------------------
     @property
@@ -428,6 +432,8 @@ def _write(target, new_value, call):
             "inside the transformed function (torch.zeros(...) there can be written into)."
         )
     new_value = _conform(target, new_value, call)
+    if (not _is_grad_enabled() and grad_mode.grad_off()) or grad_mode.floors[grad_mode.REVERSE]:
+        new_value = _keep_grad_identity(target.value, new_value)
     target.value = new_value
     target._generation += 1
     view = target._view
@@ -463,6 +469,39 @@ def _has_batch(value):
             return True
         value = value.payload
     return False
+
+
+def _keep_grad_identity(old, new):
+    """NOTE [In-place writes under no_grad]
+    In torch, an in-place op under ``no_grad`` on a tensor that requires grad changes its data
+    but not its history: gradients flow into it as if the write had not happened (what
+    ``var.clamp_(min=eps)`` under no_grad in ``F.gaussian_nll_loss`` relies on). Here the new
+    value was computed while the grad levels were off (NOTE [Grad modes and transform
+    levels]), so it is a constant for them; each grad level of the old value that is off puts
+    the old value's name back on the new one, and its tape sees the same tensor with new
+    contents. Batched and forward levels keep the new value's own structure (a batch dim is
+    moved to where the old value had it, so the name still means the same layout)."""
+    if not isinstance(old, Value):
+        return new
+    level = old.dispatcher
+    new_own = isinstance(new, Value) and new.dispatcher is level
+    if (getattr(old, "requires_grad", False) and level.obeys_grad_mode
+            and grad_mode.reverse_off(level)):
+        inner = new.payload if new_own else new
+        return type(old)(level, _keep_grad_identity(old.payload, inner), old.name)
+    if not new_own:
+        return new
+    bdim = getattr(old, "bdim", None)
+    if bdim is not None:
+        payload = new.payload  # the batch dim moved from new.bdim to bdim (a permute)
+        if new.bdim != bdim:
+            dims = [d for d in range(len(ops.shape_of(payload))) if d != new.bdim]
+            dims.insert(bdim, new.bdim)
+            payload = ops.permute(payload, *dims)
+        return type(new)(level, _keep_grad_identity(old.payload, payload), bdim)
+    if hasattr(new, "tangent"):
+        return type(new)(level, _keep_grad_identity(old.payload, new.payload), new.tangent)
+    return new
 
 
 def _conform(target, new_value, call):
@@ -551,14 +590,18 @@ def call_function(func, args, kwargs):
         return wrap(new_value) if isinstance(new_value, Value) else _wrap_result(new_value)
     refusal = torch_api.REFUSED.get(func)
     if refusal is not None:
-        what, fix = refusal
-        raise UnsupportedOperationError(
-            f"{_qualified_name(func)}: {what} is not supported inside minifunctorch "
-            f"transforms. Fix: {fix}"
-        )
+        raise _refusal(func, refusal)
     # the back door: torch lowers the call to aten ops, which reach __torch_dispatch__
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
+
+
+def _refusal(func, refusal):
+    what, fix = refusal
+    return UnsupportedOperationError(
+        f"{_qualified_name(func)}: {what} is not supported inside minifunctorch transforms. "
+        f"Fix: {fix}"
+    )
 
 
 def _out_error(func):
@@ -584,8 +627,18 @@ def _torch_autograd_enabled():
 
 def call_aten(func, args, kwargs):
     """An aten op with a FuncTensor among its arguments (``__torch_dispatch__``)."""
-    with _torch_autograd_enabled():
-        return _call_aten(func, args, kwargs)
+    door = grad_mode.door  # NOTE [Grad mode inside the back door] (grad_mode.py)
+    depth = door[0]
+    outer_mode = door[1]
+    if depth == 0:
+        door[1] = _is_grad_enabled()
+    door[0] = depth + 1
+    try:
+        with _torch_autograd_enabled():
+            return _call_aten(func, args, kwargs)
+    finally:
+        door[0] = depth
+        door[1] = outer_mode
 
 
 def _call_aten(func, args, kwargs):
@@ -692,6 +745,8 @@ class _TransformMode(TorchFunctionMode):
             return call_function(func, args, kwargs)
         if func in torch_api.FACTORIES:
             return _wrap_result(func(*args, **kwargs))
+        if func in torch_api.REFUSED_IN_TRANSFORMS:  # even on plain tensors: Tensor.backward()
+            raise _refusal(func, torch_api.REFUSED_IN_TRANSFORMS[func])
         return func(*args, **kwargs)
 
 

@@ -169,8 +169,15 @@ IN_PLACE[torch.Tensor.copy_] = lambda x, source, non_blocking=False: source
 # --- calls that would bypass the engine --------------------------------------------------------
 _AUTOGRAD_FIX = ("differentiate with the transforms themselves (grad, vjp, jacrev) rather "
                  "than with torch.autograd inside them.")
-REFUSED[torch.Tensor.backward] = ("Tensor.backward() on a value of a transform", _AUTOGRAD_FIX)
-REFUSED[torch.autograd.grad] = ("torch.autograd.grad on a value of a transform", _AUTOGRAD_FIX)
+# torch.autograd.grad is supported (autograd.py, NOTE [torch.autograd.grad inside transforms]);
+# backward() is refused inside a transform even on plain tensors, as torch.func does: it would
+# accumulate into .grad outside the transform's control.
+_BACKWARD = ("backward() called inside a functorch transform (torch.func's words): "
+             "Tensor.backward() and torch.autograd.backward",
+             "use grad or vjp instead (torch.autograd.grad works inside transforms), or call "
+             "backward() outside of the transform.")
+REFUSED_IN_TRANSFORMS = {torch.Tensor.backward: _BACKWARD, torch.autograd.backward: _BACKWARD}
+REFUSED.update(REFUSED_IN_TRANSFORMS)
 REFUSED[torch.Tensor.register_hook] = ("a gradient hook on a value of a transform",
                                        "use custom_vjp to change a gradient.")
 REFUSED[torch.Tensor.retain_grad] = ("retain_grad on a value of a transform", _AUTOGRAD_FIX)

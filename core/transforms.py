@@ -32,6 +32,7 @@ from .errors import (
     TransformUsageError,
 )
 from .forward import Forward, ForwardValue
+from .grad_mode import level_scope
 from .tensor import (
     FuncTensor,
     as_tensor,
@@ -207,8 +208,14 @@ def _write_back(shown, originals, lower):
     written is copied into the caller's tensor, one level down (``lower``)."""
     for tensor, original in zip(shown, originals):
         if type(tensor) is FuncTensor and tensor._generation:
-            with torch.no_grad():
-                original.copy_(as_tensor(lower(value_of(tensor))))
+            new_value = as_tensor(lower(value_of(tensor)))
+            if type(original) is FuncTensor:
+                # a value of an enclosing transform: its grad levels record the write
+                # (under no_grad they would not: NOTE [Grad modes and transform levels])
+                original.copy_(new_value)
+            else:
+                with torch.no_grad():  # a plain leaf that requires grad may be written
+                    original.copy_(new_value)
 
 
 # --- reverse mode ------------------------------------------------------------------------------
@@ -234,7 +241,7 @@ def _run_reverse(f, args, kwargs, argnums, call):
     args = list(args)
     inputs = []
     shown, originals = [], []
-    with transform_scope(level):
+    with transform_scope(level), level_scope(level):
         for argnum in argnums:
             originals += optree.tree_leaves(args[argnum])
             leaves, treedef = _flatten_arrays(args[argnum], call, f"argument {argnum}")
@@ -478,7 +485,7 @@ def _jvp(f, primals, tangents, has_aux, strict=False):
     call = describe_call("jvp", f)
     p_leaves, t_leaves, p_treedef = _check_primals_and_tangents(primals, tangents, call)
     level = new_level(Forward, call=call)
-    with transform_scope(level):
+    with transform_scope(level), level_scope(level):
         wrapped = [as_tensor(level.wrap_input(p, t)) for p, t in zip(p_leaves, t_leaves)]
         with user_code():
             out = f(*optree.tree_unflatten(p_treedef, wrapped))

@@ -5,7 +5,6 @@ ctx, setup_context, backward, jvp, and vmap support by a vmap staticmethod or by
 generate_vmap_rule=True. Some backwards are deliberately not the true derivative (Tripled):
 only a transform that really calls the custom backward agrees with torch.func on them.
 """
-import importlib.util
 
 import pytest
 import torch
@@ -796,8 +795,6 @@ def test_in_place_forward_does_not_corrupt_saved_values():
     assert_same(mf.grad(f)(x), 2 * x.exp())
 
 
-@pytest.mark.skipif(importlib.util.find_spec("minifunctorch.core.grad_mode") is None,
-                    reason="grad modes inside transforms are another part of issue 12")
 def test_no_grad_around_the_call():
     x = torch.randn(3, dtype=torch.float64)
 
