@@ -530,11 +530,11 @@ def pow_vjp(x, y):
             if isinstance(y, (int, float)):
                 x_bar = None if y == 0 else ops.mul(ct, ops.mul(ops.power(x, y - 1), y))
             else:
-                x_bar = sum_to_size(ops.mul(ct, ops.mul(y, ops.pow(x, ops.sub(y, 1)))),
+                x_bar = sum_to_size(ops.mul(ct, ops.pow_base_derivative(x, y)),
                                     ops.shape_of(x))
         if wants_cotangent(1, y):
-            log_x = math.log(x) if isinstance(x, (int, float)) else ops.log(x)
-            y_bar = sum_to_size(ops.mul(ct, ops.mul(out, log_x)), ops.shape_of(y))
+            y_bar = sum_to_size(ops.mul(ct, ops.pow_exponent_derivative(x, y, out)),
+                                ops.shape_of(y))
         return x_bar, y_bar
     return out, backward
 vjp_rules[P.pow_p] = pow_vjp

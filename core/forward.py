@@ -6,7 +6,6 @@ primitive runs on the primals alone, one level down). In JAX this is ``JVPTrace`
 
 A rule takes the primals and the tangents as tuples and returns ``(out, out_dot)``.
 """
-import math
 
 import torch
 
@@ -259,10 +258,9 @@ def pow_jvp(primals, tangents):
         if isinstance(y, (int, float)):
             x_part = None if y == 0 else ops.mul(x_dot, ops.mul(ops.power(x, y - 1), y))
         else:
-            x_part = ops.mul(x_dot, ops.mul(y, ops.pow(x, ops.sub(y, 1))))
+            x_part = ops.mul(x_dot, ops.pow_base_derivative(x, y))
     if y_dot is not None:
-        log_x = math.log(x) if isinstance(x, (int, float)) else ops.log(x)
-        y_part = ops.mul(y_dot, ops.mul(out, log_x))
+        y_part = ops.mul(y_dot, ops.pow_exponent_derivative(x, y, out))
     return out, broadcast_tangent(add_tangents(x_part, y_part), ops.shape_of(out))
 jvp_rules[P.pow_p] = pow_jvp
 

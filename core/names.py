@@ -6,6 +6,7 @@ dispatch.py), so that the same notebook cell prints the same names on every run.
 need to be unique inside one top-level call: that is the scope of every tape and program.
 """
 import itertools
+import re
 import threading
 
 
@@ -20,8 +21,19 @@ class _PerThread(threading.local):
 _per_thread = _PerThread()
 
 
+# NOTE [A label that looks like an engine name]
+# Tapes key their values by name, so a user's label ``v2`` must never meet an engine's ``v2``
+# in one call: the gradient of one would be added into the other. Labels of that shape are
+# remembered, and the engine's counter skips them.
+_ENGINE_LIKE = re.compile(r"[vc]\d+$")
+_labels_in_use: set = set()
+
+
 def fresh_name() -> str:
-    return f"v{next(_per_thread.counter)}"
+    name = f"v{next(_per_thread.counter)}"
+    while _labels_in_use and name in _labels_in_use:
+        name = f"v{next(_per_thread.counter)}"
+    return name
 
 
 def reset_names() -> None:
@@ -41,6 +53,8 @@ def label(tensor, name: str | None = None):
     A tensor keeps the first name it is given, as in the seed: labelling it again is a no-op.
     """
     if getattr(tensor, "t_name", None) is None:
+        if name and _ENGINE_LIKE.match(name):
+            _labels_in_use.add(name)
         tensor.t_name = name or fresh_name()
     return tensor
 

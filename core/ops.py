@@ -73,6 +73,24 @@ def power(x, exponent):
     return x if exponent == 1 else pow(x, exponent)
 
 
+def pow_base_derivative(x, y):
+    """d(x ** y)/dx = y * x ** (y - 1) for a tensor exponent ``y``, and 0 where y == 0 (so
+    that 0 ** 0 has derivative 0, not 0 * inf). PyTorch's pow_backward_self says the same."""
+    return where(eq(y, 0), 0.0, mul(y, pow(x, sub(y, 1))))
+
+
+def pow_exponent_derivative(x, y, out):
+    """d(x ** y)/dy = x ** y * log(x), and 0 where x == 0 and y >= 0: there x ** y is 0 or 1
+    and log(x) is -inf, and PyTorch's pow_backward_exponent takes the derivative to be 0. A
+    number base gets its log here too (log 0 = -inf, log of a negative number = nan)."""
+    if isinstance(x, (int, float)):
+        log_x = math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)
+        d = mul(out, log_x)
+        return where(ge(y, 0), 0.0, d) if x == 0 else d
+    d = mul(out, log(x))
+    return where(eq(x, 0), where(ge(y, 0), 0.0, d), d)
+
+
 def _shape_arg(shape) -> tuple:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
         shape = shape[0]

@@ -265,7 +265,11 @@ def _gradients(level, seeds, inputs):
         grads = []
         for leaf, value in zip(leaves, wrapped):
             g = gradients.get(value.name)
-            grads.append(ops.zeros_like(leaf) if g is None else g)
+            if g is None:
+                g = ops.zeros_like(leaf)
+            elif g.dtype != leaf.dtype:  # as torch's autograd: a gradient has its input's dtype
+                g = ops.convert(g, leaf.dtype)
+            grads.append(g)
         result.append(optree.tree_unflatten(treedef, grads))
     return result
 

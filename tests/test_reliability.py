@@ -203,3 +203,65 @@ def test_an_input_written_in_place_and_returned_is_the_callers_tensor(in_dim, ou
     nested = mf.vmap(mf.vmap(torch.Tensor.cos_))
     x = torch.rand(3, 4, 2)
     assert nested(x) is x
+
+
+# --- pow at base 0 and with a number base --------------------------------------------------------
+ZEROS, ONES = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+POW_CASES = [
+    ("zeros**b", lambda b: (ZEROS ** b).sum(), ONES),
+    ("x**x at 0", lambda b: (b ** b).sum(), ZEROS),
+    ("x**0 at 0", lambda b: (b ** 0).sum(), ZEROS),
+    ("0.0**y", lambda y: (0.0 ** y).sum(), ONES),
+    ("0.0**y at 0", lambda y: (0.0 ** y).sum(), ZEROS),
+    ("(-2.0)**y", lambda y: ((-2.0) ** y).sum(), ONES),
+    ("2.0**y", lambda y: (2.0 ** y).sum(), ONES),
+    ("x**y mixed", lambda b: (torch.tensor([0.0, 2.0, 0.0], dtype=torch.float64) ** (b - 1)).sum(),
+     torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)),
+]
+
+
+@pytest.mark.parametrize("name, f, at", POW_CASES, ids=[c[0] for c in POW_CASES])
+def test_pow_derivatives_at_zero_as_torch_func(name, f, at):
+    same(mf.grad(f)(at), tf.grad(f)(at))
+    tangent = torch.ones_like(at)
+    same(mf.jvp(f, (at,), (tangent,))[1], tf.jvp(f, (at,), (tangent,))[1])
+    batch = torch.stack([at, at + 1])
+    same(mf.vmap(mf.grad(f))(batch), tf.vmap(tf.grad(f))(batch))
+
+
+# --- mixed float32 / float64: a gradient has its input's dtype ------------------------------------
+F32 = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float32)
+C64 = torch.tensor(1.5, dtype=torch.float64)
+F64_ONES = torch.ones(3, dtype=torch.float64)
+MIXED = [
+    ("argnums over f32 and a 0-d f64",
+     lambda api: api.grad(lambda a, c: (a * c).sum(), argnums=(0, 1))(F32, C64)),
+    ("f32 plus a captured f64", lambda api: api.grad(lambda a: (a + F64_ONES).sum())(F32)),
+    ("vmap of f32 times a 0-d f64 example",
+     lambda api: api.vmap(lambda c: F32 * c)(torch.arange(4.0, dtype=torch.float64))),
+    ("jacrev with respect to a 0-d f64",
+     lambda api: api.jacrev(lambda a, c: a * c, argnums=1)(F32, C64)),
+    ("jacfwd with respect to a 0-d f64",
+     lambda api: api.jacfwd(lambda a, c: a * c, argnums=1)(F32, C64)),
+    ("vjp of f32 through an f64 op",
+     lambda api: api.vjp(lambda a: a.double().sin(), F32)[1](F64_ONES)),
+]
+
+
+@pytest.mark.parametrize("name, run", MIXED, ids=[m[0] for m in MIXED])
+def test_mixed_precision_results_have_torch_funcs_dtypes(name, run):
+    ours, theirs = run(mf), run(tf)
+    ours, theirs = (ours, theirs) if isinstance(ours, tuple) else ((ours,), (theirs,))
+    for o, t in zip(ours, theirs):
+        same(o, t)
+
+
+# --- a user's label that looks like an engine name ----------------------------------------------
+@pytest.mark.parametrize("name", ["v0", "v2", "v5", "c1"])
+def test_a_label_that_looks_like_an_engine_name_changes_no_gradient(name):
+    x = torch.linspace(-1, 1, 4, dtype=torch.float64)
+    f = lambda a: (a.sin() * a.cos()).exp().sum()  # noqa: E731
+    labelled = mf.label(x.view_as(x), name)
+    same(mf.grad(f)(labelled), tf.grad(f)(x))
+    same(mf.vmap(mf.grad(lambda a: f(a * labelled)))(torch.ones(3, 4, dtype=torch.float64)),
+         tf.vmap(tf.grad(lambda a: f(a * x)))(torch.ones(3, 4, dtype=torch.float64)))
