@@ -8,6 +8,7 @@ need to be unique inside one top-level call: that is the scope of every tape and
 import itertools
 import re
 import threading
+import weakref
 
 
 class _PerThread(threading.local):
@@ -24,9 +25,17 @@ _per_thread = _PerThread()
 # NOTE [A label that looks like an engine name]
 # Tapes key their values by name, so a user's label ``v2`` must never meet an engine's ``v2``
 # in one call: the gradient of one would be added into the other. Labels of that shape are
-# remembered, and the engine's counter skips them.
+# counted while a tensor that carries one is alive, and the engine's counter skips them.
 _ENGINE_LIKE = re.compile(r"[vc]\d+$")
-_labels_in_use: set = set()
+_labels_in_use: dict = {}  # label -> how many live tensors carry it
+
+
+def _forget_label(name):
+    count = _labels_in_use.get(name, 0) - 1
+    if count > 0:
+        _labels_in_use[name] = count
+    else:
+        _labels_in_use.pop(name, None)
 
 
 def fresh_name() -> str:
@@ -54,7 +63,8 @@ def label(tensor, name: str | None = None):
     """
     if getattr(tensor, "t_name", None) is None:
         if name and _ENGINE_LIKE.match(name):
-            _labels_in_use.add(name)
+            _labels_in_use[name] = _labels_in_use.get(name, 0) + 1
+            weakref.finalize(tensor, _forget_label, name)
         tensor.t_name = name or fresh_name()
     return tensor
 
