@@ -54,6 +54,7 @@ from .modules import (
 from .compat import combine_state_for_ensemble, make_functional, make_functional_with_buffers
 from .transforms import (
     chunk_vmap,
+    debug_unwrap,
     grad,
     grad_and_value,
     hessian,
@@ -70,8 +71,8 @@ __all__ = [
     "FuncTensor", "InPlaceError", "Logger", "MissingRuleError", "NonScalarOutputError",
     "PRIMITIVES", "Primitive", "RandomnessError", "Tape", "TapeEntry", "Torch",
     "TransformError", "TransformUsageError", "TypecheckError", "UnsupportedOperationError",
-    "batching_rules", "bind", "capture_tapes", "chunk_vmap", "custom_vjp", "functional_call",
-    "grad",
+    "batching_rules", "bind", "capture_tapes", "chunk_vmap", "custom_vjp", "debug_unwrap",
+    "functional_call", "grad",
     "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "jvp_rules", "label", "linearize",
     "stack_module_state", "replace_all_batch_norm_modules_", "make_functional",
     "make_functional_with_buffers", "combine_state_for_ensemble", "ModuleArgumentError",

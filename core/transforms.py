@@ -43,7 +43,7 @@ from .tensor import (
     user_code,
     value_of,
 )
-from .values import Value
+from .values import Value, bottom_tensor
 
 
 # --- call descriptions for error messages -----------------------------------------------------
@@ -876,6 +876,25 @@ def _concatenate_chunks(outputs, out_dims, call):
         pieces = [leaves[position] for leaves in leaves_per_chunk]
         merged.append(pieces[0] if dim is None or pieces[0] is None else ops.cat(pieces, dim))
     return optree.tree_unflatten(treedef, merged)
+
+
+def debug_unwrap(tensor, *, recurse=True):
+    """The tensor under a transform's value, for looking at it in a debugger (torch.func's
+    ``debug_unwrap``): with ``recurse=True`` the plain tensor at the bottom (a batched value
+    shows its batch dims), else the value one level down. Computing with the result inside
+    the transformed function escapes the transform: use it to look, not to compute.
+
+    >>> import torch
+    >>> from minifunctorch.core import debug_unwrap, vmap
+    >>> shapes = []
+    >>> _ = vmap(lambda x: shapes.append(tuple(debug_unwrap(x).shape)) or x)(torch.ones(2, 3))
+    >>> shapes
+    [(2, 3)]
+    """
+    value = unwrap(tensor)
+    if not isinstance(value, Value):
+        return tensor
+    return bottom_tensor(value) if recurse else as_tensor(value.payload)
 
 
 # --- Jacobians and Hessians: compositions ------------------------------------------------------

@@ -642,3 +642,21 @@ def test_jacrev_accepts_preallocate_and_copy():
     expected = torch.func.jacrev(torch.sin, chunk_size=3, _preallocate_and_copy=True)(x)
     torch.testing.assert_close(mf.jacrev(torch.sin, chunk_size=3, _preallocate_and_copy=True)(x),
                                expected)
+
+
+@pytest.mark.parametrize("recurse", [True, False])
+def test_debug_unwrap_shows_what_torch_func_shows(recurse):
+    shapes = {}
+    for api in (mf, torch.func):
+        seen = []
+
+        def f(x):
+            seen.append(api.debug_unwrap(x, recurse=recurse))
+            return x.sin()
+        api.vmap(api.vmap(f))(torch.arange(24.0).reshape(2, 3, 4))
+        (unwrapped,) = seen
+        assert type(unwrapped) is torch.Tensor or not recurse
+        shapes[api.__name__] = tuple(unwrapped.shape)
+    assert shapes["minifunctorch.core"] == shapes["torch.func"]
+    plain = torch.ones(2)
+    assert mf.debug_unwrap(plain) is plain
