@@ -67,7 +67,8 @@ from .transforms import (
 )
 
 __all__ = [
-    "Autograd", "AutogradFunctionError", "BackwardStep", "Batched", "BatchedControlFlowError", "Dispatcher", "Forward",
+    "Autograd", "AutogradFunctionError", "BackwardStep", "Batched", "BatchedControlFlowError",
+    "Dispatcher", "Forward",
     "FuncTensor", "InPlaceError", "Logger", "MissingRuleError", "NonScalarOutputError",
     "PRIMITIVES", "Primitive", "RandomnessError", "Tape", "TapeEntry", "Torch",
     "TransformError", "TransformUsageError", "TypecheckError", "UnsupportedOperationError",
