@@ -26,6 +26,7 @@ the same few pieces. At the end, an exercise: per-sample gradient norms.
 """)
 
 code("""
+%load_ext minifunctorch.magics
 import torch
 import torch.func
 import torch.nn as nn
@@ -337,6 +338,82 @@ earlier.
 """)
 
 md("""
+## 11 · Randomness under `vmap`
+
+What should `torch.rand(3)` mean inside `vmap`? One draw for the whole batch, or one per
+example? torch.func makes you say it, with `randomness=`: `'error'` (the default) refuses
+random calls, `'different'` gives each example its own numbers, `'same'` shares one draw.
+Dropout is random too, so a per-sample loss with dropout in training mode needs the flag.
+With the same seed, minifunctorch draws exactly the numbers torch.func draws:
+""")
+
+code("""
+def noisy(x):
+    return x + torch.rand(3)
+
+xs3 = torch.zeros(4, 3)
+for mode in ("different", "same"):
+    torch.manual_seed(1)
+    ours = vmap(noisy, randomness=mode)(xs3)
+    torch.manual_seed(1)
+    torch.testing.assert_close(ours, torch.func.vmap(noisy, randomness=mode)(xs3))
+    rows_differ = not torch.equal(ours[0], ours[1])
+    print(f"{mode:9}: rows differ: {rows_differ}")
+""")
+
+md("""
+And the default refuses, naming the call and the fix. This cell fails on purpose; the
+extension loaded in the first cell (`%load_ext minifunctorch.magics`) keeps an engine error to
+your line and its message:
+""")
+
+cells.append(("raises", """
+vmap(noisy)(xs3)
+"""))
+
+md("""
+## 12 · Your own derivative: `torch.autograd.Function`
+
+PyTorch's way to give an operation a hand-written derivative is a `torch.autograd.Function`.
+For the transforms it needs `forward` without `ctx`, a `setup_context` that saves what the
+backward needs, and `backward` (and `jvp` for forward mode, and `generate_vmap_rule=True`
+for `vmap`). Here a "straight-through" rounding: the forward rounds, the backward lets the
+gradient through unchanged. Every transform uses the rule, as in torch.func:
+""")
+
+code("""
+class StraightThroughRound(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return torch.round(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output
+
+    @staticmethod
+    def jvp(ctx, x_dot):
+        return x_dot
+
+def rounded_loss(x):
+    return (StraightThroughRound.apply(x) * x).sum()
+
+x3 = torch.tensor([0.4, 1.6, -2.3])
+for transform in ("grad", "jacrev", "jacfwd"):
+    ours = getattr(minifunctorch.core, transform)(rounded_loss)(x3)
+    torch.testing.assert_close(ours, getattr(torch.func, transform)(rounded_loss)(x3))
+per_sample = vmap(grad(rounded_loss))(torch.stack([x3, 2 * x3]))
+torch.testing.assert_close(per_sample, torch.func.vmap(torch.func.grad(rounded_loss))(torch.stack([x3, 2 * x3])))
+grad(rounded_loss)(x3)  # round(x) + x: the rounding counts as the identity in the backward
+""")
+
+md("""
 ## Summary
 
 | transform | what it computes | built from |
@@ -347,6 +424,8 @@ md("""
 | `jvp(f, (x,), (t,))` | `f(x)` and `J·t` | forward mode |
 | `jacrev(f)`, `jacfwd(f)` | the full Jacobian | `vmap` of `vjp`, `vmap` of `jvp` |
 | `hessian(f)` | the matrix of second derivatives | `jacfwd(jacrev(f))` |
+| `vmap(f, randomness=...)` | random calls: refused, per example, or shared | batching |
+| `torch.autograd.Function` | your own derivative, honoured by every transform | its `backward`, `jvp`, `vmap` |
 
 Each one returns an ordinary function, so they stack: `grad(grad(f))`, `vmap(grad(loss))`,
 `vmap(jacrev(f))`. And each matches its `torch.func` namesake, which every cell above checked.

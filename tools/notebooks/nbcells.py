@@ -84,10 +84,12 @@ def write(cells, name):
 
 
 def build(pairs, name, prefix):
-    """Write ``pairs`` of ``(kind, source)`` as notebook ``name`` (kind: "md", "code", or
-    "solution" / "solution-md" for the collapsed cells of a solution), with the cell ids
+    """Write ``pairs`` of ``(kind, source)`` as notebook ``name`` (kind: "md", "code",
+    "raises" for a code cell that fails on purpose, or "solution" / "solution-md" for the
+    collapsed cells of a solution), with the cell ids
     ``<prefix>-00``, ``<prefix>-01``, ..."""
-    makers = {"md": md, "code": code, "solution": solution, "solution-md": solution_md}
+    makers = {"md": md, "code": code, "solution": solution, "solution-md": solution_md,
+              "raises": lambda source: code(source, ["raises-exception"])}
     cells = []
     for index, (kind, source) in enumerate(pairs):
         cell = makers[kind](source)
