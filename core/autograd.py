@@ -38,7 +38,6 @@ from .dispatch import (
     nondifferentiable_outputs,
 )
 from .errors import (
-    NonScalarOutputError,
     TransformUsageError,
     UnsupportedOperationError,
     missing_rule_error,
@@ -372,13 +371,12 @@ class Autograd(Dispatcher):
         Inputs are matched by name. With ``create_graph=False`` the gradients are values of
         the level below; with ``create_graph=True`` they are values of this level and can be
         differentiated again on the same tape.
+
+        As in the seed, the backward pass starts from ones of the loss's shape, so a loss with
+        dims gives the gradient of its sum (the torch.func-style ``grad`` keeps its check that
+        the output is a scalar).
         """
         loss = self.adopt(loss)
-        if tuple(loss.shape) != ():
-            raise NonScalarOutputError(
-                f"{self.name}.grad(loss, inputs): expected a scalar loss, got shape "
-                f"{tuple(loss.shape)}. Fix: reduce it first, e.g. d.sum(loss)."
-            )
         seed = ops.ones_like(loss if self.create_graph else loss.payload)
         gradients = self.tape.backward({loss.name: seed}, record_steps=self.record_steps)
         result = []

@@ -265,3 +265,37 @@ def test_a_label_that_looks_like_an_engine_name_changes_no_gradient(name):
     same(mf.grad(f)(labelled), tf.grad(f)(x))
     same(mf.vmap(mf.grad(lambda a: f(a * labelled)))(torch.ones(3, 4, dtype=torch.float64)),
          tf.vmap(tf.grad(lambda a: f(a * x)))(torch.ones(3, 4, dtype=torch.float64)))
+
+
+# --- the remaining reproducers of the issue, each against torch.func -----------------------------
+XV = torch.linspace(-1, 1, 4, dtype=torch.float64)
+TARGET = torch.tensor([0, 2, 1, 2])
+REPRODUCERS = [
+    ("softmax of 0-d examples", lambda api: api.vmap(lambda a: a.softmax(0))(torch.ones(4))),
+    ("log_softmax of 0-d examples",
+     lambda api: api.vmap(lambda a: a.log_softmax(0))(torch.ones(4))),
+    ("iterating a tensor", lambda api: api.grad(lambda a: sum(r.sum() for r in a))(X)),
+    ("list of a tensor", lambda api: api.grad(lambda a: list(a)[1].sin().sum())(X)),
+    ("x.to(other tensor)",
+     lambda api: api.vmap(lambda a: a.to(torch.ones(1, dtype=torch.float32)))(X)),
+    ("cross_entropy with ignore_index", lambda api: api.grad(
+        lambda a: torch.nn.functional.cross_entropy(a, TARGET, ignore_index=2))(X)),
+    ("nll_loss with the default ignore_index", lambda api: api.grad(
+        lambda a: torch.nn.functional.nll_loss(a, torch.tensor([0, -100, 1, 2])))(X)),
+    ("relu at NaN", lambda api: api.grad(lambda a: torch.relu(a).sum())(
+        torch.tensor([float("nan"), 1.0, -1.0], dtype=torch.float64))),
+    ("grad of an integer input", lambda api: api.grad(lambda a: (a * 2).sum())(torch.arange(3))),
+    ("vmap of a function that returns None", lambda api: api.vmap(lambda a: None)(X)),
+]
+
+
+@pytest.mark.parametrize("name, run", REPRODUCERS, ids=[r[0] for r in REPRODUCERS])
+def test_reproducer_as_torch_func(name, run):
+    try:
+        theirs = run(tf)
+    except Exception as error:  # noqa: BLE001 - torch.func refuses: so must we
+        with pytest.raises(type(error)) as ours:
+            run(mf)
+        assert isinstance(ours.value, mf.TransformError)
+        return
+    same(run(mf), theirs)
