@@ -22,8 +22,10 @@ decide. This is what lets a backward closure recorded under ``grad`` run later u
 ``inner`` is kept for the explicit API (adoption) and for level numbers.
 """
 import contextlib
+import functools
 import gc
 import threading
+import weakref
 
 import torch
 
@@ -352,6 +354,30 @@ class _TransformScope:
             gc.enable()
         popped = _per_thread.transform_stack.pop()
         assert popped is self.level, "transform levels must be popped in the order they were pushed"
+        # NOTE [Values that escape a transform]
+        # A value the user kept (appended to a list, stored on self) outlives its transform.
+        # torch.func unwraps such an "escaped" tensor to what it wraps. Here the level's
+        # apply is replaced, on this level object only, by one that does the same: its own
+        # values are lowered to their payloads and the op is bound again below it. Live
+        # levels keep the class's apply, so the hot path pays nothing.
+        # (through a weak reference: the level holding a partial that holds the level would
+        # be a cycle, and keep its tape alive until the cyclic collector runs)
+        self.level.apply = functools.partial(_apply_after_exit, weakref.ref(self.level))
+
+
+def _apply_after_exit(level_ref, prim, *args, **params):
+    """``level.apply`` once its transform has returned (NOTE [Values that escape a
+    transform])."""
+    level = level_ref()  # alive: this is called through it
+    if getattr(level, "length", None) is not None:  # a vmap level: no single value to use
+        raise UnsupportedOperationError(
+            f"{level.call}: a value batched by this vmap was used after the vmap returned (it "
+            "escaped, e.g. appended to a list inside the function), and it has no value "
+            "outside the vmap. Fix: return it from the function instead."
+        )
+    lowered = [arg.payload if isinstance(arg, Value) and arg.dispatcher is level else arg
+               for arg in args]
+    return bind(prim, *lowered, **params)
 
 
 def transform_scope(level: Dispatcher):

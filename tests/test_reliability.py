@@ -299,3 +299,25 @@ def test_reproducer_as_torch_func(name, run):
         assert isinstance(ours.value, mf.TransformError)
         return
     same(run(mf), theirs)
+
+
+# --- values that escape a transform ----------------------------------------------------------------
+def test_a_value_that_escapes_grad_is_its_plain_value_afterwards():
+    x = torch.linspace(-1, 1, 4, dtype=torch.float64)
+    results = []
+    for api in (mf, tf):
+        kept = []
+        api.grad(lambda a: (kept.append(a), a.sin().sum())[1])(x)
+        torch.testing.assert_close(kept[0] * 2, x * 2)
+        results.append(api.grad(lambda y: (kept[0] * y).sum())(x))  # a constant: x
+    same(results[0], results[1])
+    torch.testing.assert_close(results[0], x)
+
+
+def test_a_value_that_escapes_vmap_is_refused_afterwards():
+    kept = []
+    mf.vmap(lambda a: (kept.append(a), a.sin())[1])(torch.ones(2, 3))
+    with pytest.raises(RuntimeError, match="escaped") as info:
+        kept[0] * 2
+    assert isinstance(info.value, mf.TransformError)
+    assert mf.vmap(torch.sin)(torch.zeros(2)).tolist() == [0.0, 0.0]  # the next call works
