@@ -1028,7 +1028,8 @@ def _jacfwd(f, argnums, has_aux, randomness, args):
 
     def push_forward(*basis_leaves):
         tangents = optree.tree_unflatten(in_treedef, list(basis_leaves))
-        result = _jvp(f_selected, selected, tangents, has_aux)
+        with engine_code():  # vmap runs this as user code; _jvp is the engine's
+            result = _jvp(f_selected, selected, tangents, has_aux)
         return (result[1], result[2]) if has_aux else result[1]
     push_forward.__name__ = f"jvp of {_function_name(f)}"
 
