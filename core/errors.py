@@ -61,6 +61,10 @@ class CotangentTypeError(TangentsError, TypeError):
     """vjp_fn got a cotangent that is not a tensor (torch.func: ``TypeError``)."""
 
 
+class ShapeMismatchError(TransformUsageError, RuntimeError):
+    """An op's tensors have shapes it cannot combine (torch raises RuntimeError)."""
+
+
 class InputDtypeError(TransformUsageError, RuntimeError):
     """An input of a dtype the transform cannot differentiate: grad/vjp/jacrev of an integer
     tensor, jacrev/jacfwd of a complex one (torch.func: ``RuntimeError``; for an integer

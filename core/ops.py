@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import primitives as P
-from .errors import TransformUsageError
+from .errors import ShapeMismatchError, TransformUsageError
 from .values import Value, bind
 
 _builtin_sum = builtins.sum
@@ -219,7 +219,42 @@ def dot(x, y):
     return bind(P.matmul_p, x, y)
 
 
-mm = mv = bmm = matmul
+def _check_matrix_product(name, x, y, ranks):
+    """mm, mv and bmm take fixed ranks (matmul is the one that broadcasts), with torch's own
+    wording when the shapes do not fit."""
+    x_shape, y_shape = shape_of(x), shape_of(y)
+    if (len(x_shape), len(y_shape)) != ranks:
+        raise ShapeMismatchError(
+            f"{name}(x, y): Shape mismatch: Got incorrect dims for {name}(a, b). a has dim "
+            f"{len(x_shape)} and b has dim {len(y_shape)}; {name} expects {ranks[0]} and "
+            f"{ranks[1]}. Fix: use matmul, which takes any ranks."
+        )
+    inner = y_shape[-2] if len(y_shape) >= 2 else y_shape[-1]
+    if name == "bmm" and (x_shape[0], x_shape[2]) != (y_shape[0], y_shape[1]):
+        raise ShapeMismatchError(
+            f"bmm(x, y): Expected size for first two dimensions of batch2 tensor to be: "
+            f"[{x_shape[0]}, {x_shape[2]}] but got: [{y_shape[0]}, {y_shape[1]}]. Fix: make the "
+            "batch sizes and the inner sizes agree."
+        )
+    if x_shape[-1] != inner:
+        raise ShapeMismatchError(
+            f"{name}(x, y): mat1 and mat2 shapes cannot be multiplied "
+            f"({'x'.join(map(str, x_shape))} and {'x'.join(map(str, y_shape))}). Fix: make "
+            "the inner sizes agree."
+        )
+    return bind(P.matmul_p, x, y)
+
+
+def mm(x, y):
+    return _check_matrix_product("mm", x, y, (2, 2))
+
+
+def mv(x, y):
+    return _check_matrix_product("mv", x, y, (2, 1))
+
+
+def bmm(x, y):
+    return _check_matrix_product("bmm", x, y, (3, 3))
 
 
 # --- shape ---------------------------------------------------------------------------------
