@@ -27,6 +27,7 @@ from .errors import (
     NonScalarOutputError,
     RandomnessError,
     RandomnessOptionError,
+    ShapeMismatchError,
     TangentsError,
     TransformError,
     TransformUsageError,
@@ -82,5 +83,5 @@ __all__ = [
     "Equation", "Tracing", "TracerValue", "split_vjp", "vjp_program", "simplify", "jit",
     "Value", "AutogradValue", "BatchedValue", "ForwardValue", "LoggedValue", "capture_fallbacks",
     "ArgnumsError", "CotangentTypeError", "DimOutOfRangeError", "FunctionOutputError",
-    "InputDtypeError", "RandomnessOptionError", "TangentsError",
+    "InputDtypeError", "RandomnessOptionError", "ShapeMismatchError", "TangentsError",
 ]
