@@ -74,14 +74,14 @@ def _merge(dicts, call) -> dict:
         return dicts
     if not isinstance(dicts, Sequence):
         raise ModuleArgumentError(
-            f"Expected parameter_and_buffer_dicts to be a dict, or a list/tuple of dicts, but "
-            f"got {type(dicts)}. {call}: expected {{name: tensor}} or a tuple of such dicts "
+            f"{call}: Expected parameter_and_buffer_dicts to be a dict, or a list/tuple of "
+            f"dicts, but got {type(dicts)}. Expected {{name: tensor}} or a tuple of such dicts "
             "(parameters, buffers). Fix: pass dict(module.named_parameters()) or "
             "(params, buffers).")
     if not all(isinstance(d, dict) for d in dicts):
         kinds = [type(d).__name__ for d in dicts]
         raise ModuleArgumentError(
-            f"Expected all elements of parameter_and_buffer_dicts to be dictionaries. {call}: "
+            f"{call}: Expected all elements of parameter_and_buffer_dicts to be dictionaries. "
             f"got elements of the kinds {kinds}. Fix: pass a tuple of dicts such as "
             "(params, buffers).")
     merged, first_seen, repeated = {}, {}, {}
@@ -95,8 +95,8 @@ def _merge(dicts, call) -> dict:
     if repeated:
         where = "; ".join(f"{key!r} in dicts {indices}" for key, indices in repeated.items())
         raise ModuleArgumentError(
-            f"{list(repeated)} appeared in multiple dictionaries; behavior of functional call "
-            f"is ambiguous. {call}: expected dictionaries with distinct keys, got {where}. "
+            f"{call}: {list(repeated)} appeared in multiple dictionaries; behavior of "
+            f"functional call is ambiguous. Expected dictionaries with distinct keys, got {where}. "
             "Fix: give each parameter or buffer in one dictionary only.")
     return merged
 
@@ -109,11 +109,11 @@ def _check_refused_modules(module, call):
     jitted = (torch.jit.RecursiveScriptModule, torch.jit.ScriptModule, torch.jit.ScriptFunction)
     if torch.jit.is_tracing() or torch.jit.is_scripting() or isinstance(module, jitted):
         raise ModuleStateError(
-            f"The stateless API can't be used with Jitted modules. {call}: got a TorchScript "
+            f"{call}: The stateless API can't be used with Jitted modules. Got a TorchScript "
             "module. Fix: call functional_call on the original Python module.")
     if isinstance(module, torch.nn.DataParallel):
         raise ModuleStateError(
-            f"The stateless API can't be used with nn.DataParallel module. {call}: got an "
+            f"{call}: The stateless API can't be used with nn.DataParallel module. Got an "
             "nn.DataParallel. Fix: pass its .module.")
 
 
@@ -129,7 +129,7 @@ def _check_keys_and_values(module, tensors, call):
                 f"{key!r}. Fix: key the tensors by name.")
         if value is not None and not isinstance(value, torch.Tensor):
             raise ModuleTypeError(
-                f"{value} is not an instance of torch.Tensor. {call}: the value for {key!r} "
+                f"{call}: {value} is not an instance of torch.Tensor. The value for {key!r} "
                 f"is a {type(value).__name__}. Fix: pass tensors (torch.as_tensor(...)).")
         owner, path = module, ""
         *owner_names, attribute = key.split(".")
@@ -137,20 +137,20 @@ def _check_keys_and_values(module, tensors, call):
             path = f"{path}.{part}" if path else part
             if not hasattr(owner, part):
                 raise ModuleAttributeError(
-                    f"{owner._get_name()} has no attribute `{part}`. {call}: the key {key!r} "
+                    f"{call}: {owner._get_name()} has no attribute `{part}`. The key {key!r} "
                     f"goes through {path!r}, which the module does not have. {_USE_NAMES}")
             owner = getattr(owner, part)
             if not isinstance(owner, torch.nn.Module):
                 raise ModuleTypeError(
-                    f"submodule `{path}`: {owner} is not an instance of torch.nn.Module. "
-                    f"{call}: the key {key!r} goes through it. {_USE_NAMES}")
+                    f"{call}: submodule `{path}`: {owner} is not an instance of torch.nn.Module. "
+                    f"the key {key!r} goes through it. {_USE_NAMES}")
         if attribute in owner._parameters or attribute in owner._buffers:
             continue
         current = getattr(owner, attribute, None)
         if current is not None and not isinstance(current, torch.Tensor):
             raise ModuleTypeError(
-                f"attribute `{attribute}`: {current} is not an instance of torch.Tensor. "
-                f"{call}: the key {key!r} names an attribute that is not a tensor. {_USE_NAMES}")
+                f"{call}: attribute `{attribute}`: {current} is not an instance of torch.Tensor. "
+                f"the key {key!r} names an attribute that is not a tensor. {_USE_NAMES}")
 
 
 def _tied_groups(module) -> dict:
@@ -167,8 +167,8 @@ def _check_tied_values(tensors, groups, call):
         given = [other for other in groups.get(name, ()) if other in tensors]
         if len({id(tensors[other]) for other in given}) > 1:
             raise ModuleArgumentError(
-                f"functional_call got multiple values for keys {sorted(groups[name])}, which are "
-                f"tied. Consider using tie_weights=False. {call}: the module uses one tensor "
+                f"{call}: functional_call got multiple values for keys "
+                f"{sorted(groups[name])}, which are tied. Consider using tie_weights=False. The module uses one tensor "
                 f"under the names {sorted(groups[name])}, and the dict gives different tensors "
                 f"for {sorted(given)}. Fix: give one of the names (the others follow it), or "
                 "pass tie_weights=False to untie them for this call.")
@@ -189,8 +189,8 @@ def _check_strict(module, tensors, groups, tie_weights, call):
     if missing:
         problems.append(f"Missing key(s): {', '.join(map(repr, missing))}.")
     raise ModuleStateError(
-        f"Error(s) in reparametrizing for {module._get_name()}:\n\t" + "\n\t".join(problems)
-        + f"\n{call}: with strict=True the keys must be exactly the names of the module's "
+        f"{call}: Error(s) in reparametrizing for {module._get_name()}:\n\t" + "\n\t".join(problems)
+        + "\nWith strict=True the keys must be exactly the names of the module's "
         "parameters and buffers" + (" (a tied name given counts for its whole group)"
                                     if tie_weights else "")
         + ". Fix: pass every parameter and buffer (dict(module.named_parameters()), "
@@ -223,7 +223,7 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
     >>> functional_call(model, {"weight": torch.ones(1, 2)}, torch.ones(1, 2), strict=True)
     Traceback (most recent call last):
     ...
-    minifunctorch.core.modules.ModuleStateError: Error(s) in reparametrizing for Linear:...Missing key(s): 'bias'...
+    minifunctorch.core.modules.ModuleStateError: ...Error(s) in reparametrizing for Linear:...Missing...
 
     The swap is torch.func's own (NOTE [functional_call reuses torch.func's swap]).
     """
@@ -253,18 +253,18 @@ def _check_ensemble(models, name):
     call = f"{name}(<{len(models)} models>)"
     if len(models) == 0:
         raise ModuleStateError(
-            f"{name}: Expected at least one model, got 0. {call}: nothing to stack. Fix: pass "
+            f"{call}: {name}: Expected at least one model, got 0. Nothing to stack. Fix: pass "
             "a list of models of one class.")
     if not (all(m.training for m in models) or not any(m.training for m in models)):
         in_eval = [i for i, m in enumerate(models) if not m.training]
         raise ModuleStateError(
-            f"{name}: Expected all models to have the same training/eval mode. {call}: models "
+            f"{call}: {name}: Expected all models to have the same training/eval mode. Models "
             f"{in_eval} are in eval mode, the others in training mode. Fix: call .train() or "
             ".eval() on every model.")
     kinds = [type(m).__name__ for m in models]
     if any(type(m) is not type(models[0]) for m in models):
         raise ModuleStateError(
-            f"{name}: Expected all models to be of the same class. {call}: got {kinds}. Fix: "
+            f"{call}: {name}: Expected all models to be of the same class. Got {kinds}. Fix: "
             "stack copies of one architecture.")
     return call
 
@@ -289,7 +289,7 @@ def _stack(models, named, call, *, leaves):
         shapes = [tuple(t.shape) for t in tensors]
         if len(set(shapes)) > 1:
             raise ModuleStateError(
-                f"stack expects each tensor to be equal size. {call}: {name!r} has the shapes "
+                f"{call}: stack expects each tensor to be equal size. {name!r} has the shapes "
                 f"{shapes} in the models. Fix: stack models of one configuration.")
         if not leaves:
             stacked[name] = torch.stack(tensors).detach()
@@ -297,7 +297,7 @@ def _stack(models, named, call, *, leaves):
         requires = [t.requires_grad for t in tensors]
         if any(requires) and not all(requires):
             raise ModuleStateError(
-                f"Expected {name} from each model to have the same .requires_grad. {call}: "
+                f"{call}: Expected {name} from each model to have the same .requires_grad. "
                 f"requires_grad is {requires} across the models. Fix: freeze or unfreeze "
                 f"{name!r} in every model.")
         value = torch.stack(tensors)

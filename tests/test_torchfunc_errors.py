@@ -298,6 +298,12 @@ CASES = [
      lambda F: F.vmap(torch.mm)(torch.ones(2, 3, 4), torch.ones(2, 5, 6)), RuntimeError,
      r"Expected size for first two dimensions of batch2 tensor|mat1 and mat2 shapes cannot be "
      r"multiplied"),
+    ("functional_call_same_key_twice",
+     lambda F: F.functional_call(torch.nn.Linear(2, 1), ({"weight": torch.ones(1, 2)},
+                                                        {"weight": torch.ones(1, 2)}),
+                                 (torch.ones(1, 2),)),
+     ValueError, r"\['weight'\] appeared in multiple dictionaries; behavior of functional call "
+                 r"is ambiguous"),
     # --- refusals that live in the engine's ops (tensor.py, batching.py, modules.py) ---------
     ("vmap_item_on_a_batched_tensor", lambda F: F.vmap(lambda a: a.sum().item())(b),
                  RuntimeError, r"It looks like you're calling \.item\(\) on a Tensor"),
@@ -331,13 +337,6 @@ KNOWN_GAPS = [
                  lambda F: F.vmap(lambda a: torch.ones(3).mul_(a))(b),
                  RuntimeError, r"vmap: inplace arithmetic\(self, \*extra_args\) is not possible",
                  marks=_gap("not refused: core/tensor.py (_write) swaps in a batched value")),
-    pytest.param("functional_call_same_key_twice",
-                 lambda F: F.functional_call(torch.nn.Linear(2, 1),
-                                             ({"weight": torch.ones(1, 2)},
-                                              {"weight": torch.ones(1, 2)}), (torch.ones(1, 2),)),
-                 ValueError, r"\['weight'\] appeared in multiple dictionaries; behavior of "
-                             r"functional call is ambiguous",
-                 marks=_gap("functional_call is rewritten on issue12's module-utilities branch")),
 ]
 
 # The message begins with the call as the user wrote it (NOTE [Messages: ...]): a transform
