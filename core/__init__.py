@@ -23,6 +23,7 @@ from .errors import (
     FunctionOutputError,
     InPlaceError,
     InputDtypeError,
+    InvalidOptionError,
     MissingRuleError,
     NonScalarOutputError,
     RandomnessError,
@@ -56,6 +57,7 @@ from .compat import combine_state_for_ensemble, make_functional, make_functional
 from .transforms import (
     chunk_vmap,
     debug_unwrap,
+    functionalize,
     grad,
     grad_and_value,
     hessian,
@@ -74,7 +76,7 @@ __all__ = [
     "PRIMITIVES", "Primitive", "RandomnessError", "Tape", "TapeEntry", "Torch",
     "TransformError", "TransformUsageError", "TypecheckError", "UnsupportedOperationError",
     "batching_rules", "bind", "capture_tapes", "chunk_vmap", "custom_vjp", "debug_unwrap",
-    "functional_call", "grad",
+    "functional_call", "functionalize", "grad",
     "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "jvp_rules", "label", "linearize",
     "stack_module_state", "replace_all_batch_norm_modules_", "make_functional",
     "make_functional_with_buffers", "combine_state_for_ensemble", "ModuleArgumentError",
@@ -83,5 +85,6 @@ __all__ = [
     "Equation", "Tracing", "TracerValue", "split_vjp", "vjp_program", "simplify", "jit",
     "Value", "AutogradValue", "BatchedValue", "ForwardValue", "LoggedValue", "capture_fallbacks",
     "ArgnumsError", "CotangentTypeError", "DimOutOfRangeError", "FunctionOutputError",
-    "InputDtypeError", "RandomnessOptionError", "ShapeMismatchError", "TangentsError",
+    "InputDtypeError", "InvalidOptionError", "RandomnessOptionError", "ShapeMismatchError",
+    "TangentsError",
 ]

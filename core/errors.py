@@ -61,6 +61,10 @@ class CotangentTypeError(TangentsError, TypeError):
     """vjp_fn got a cotangent that is not a tensor (torch.func: ``TypeError``)."""
 
 
+class InvalidOptionError(TransformUsageError, RuntimeError):
+    """A keyword option outside its choices, where torch.func raises RuntimeError."""
+
+
 class ShapeMismatchError(TransformUsageError, RuntimeError):
     """An op's tensors have shapes it cannot combine (torch raises RuntimeError)."""
 

@@ -28,6 +28,7 @@ Two differences, both on purpose:
   issue 164759). Under a transform that tensor would be a value of a finished level left
   inside the user's module. In reverse order each slot gets back what it held.
 """
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -168,8 +169,9 @@ def _check_tied_values(tensors, groups, call):
         if len({id(tensors[other]) for other in given}) > 1:
             raise ModuleArgumentError(
                 f"{call}: functional_call got multiple values for keys "
-                f"{sorted(groups[name])}, which are tied. Consider using tie_weights=False. The module uses one tensor "
-                f"under the names {sorted(groups[name])}, and the dict gives different tensors "
+                f"{sorted(groups[name])}, which are tied. Consider using tie_weights=False. The "
+                f"module uses one tensor under the names {sorted(groups[name])}, and the dict "
+                f"gives different tensors "
                 f"for {sorted(given)}. Fix: give one of the names (the others follow it), or "
                 "pass tie_weights=False to untie them for this call.")
 
@@ -227,14 +229,9 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
 
     The swap is torch.func's own (NOTE [functional_call reuses torch.func's swap]).
     """
-    call = _describe(module, parameter_and_buffer_dicts, tie_weights, strict)
+    call = _Call(module, parameter_and_buffer_dicts, tie_weights, strict)
     tensors = _merge(parameter_and_buffer_dicts, call)
     _check_refused_modules(module, call)
-    groups = _tied_groups(module)
-    if tie_weights:
-        _check_tied_values(tensors, groups, call)
-    if strict:
-        _check_strict(module, tensors, groups, tie_weights, call)
     _check_keys_and_values(module, tensors, call)
     if args is None:
         args = ()
@@ -242,9 +239,39 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
         args = (args,)
     # ``tensors`` is the caller's own dict when one dict was given: torch.func writes buffers
     # that the module reassigns back into it, and so does this
-    with _reparametrize_module(module, tensors, tie_weights=tie_weights, strict=strict,
-                               stack_weights=True):
+    with contextlib.ExitStack() as swapped:
+        try:
+            swapped.enter_context(_reparametrize_module(
+                module, tensors, tie_weights=tie_weights, strict=strict, stack_weights=True))
+        except (ValueError, RuntimeError) as error:  # torch's own checks of ties and strict
+            raise _swap_error(error, module, tensors, tie_weights, call) from None
         return module(*args, **(kwargs or {}))
+
+
+class _Call:
+    """How errors name the call (``_describe``), made only when an error is raised: the
+    string costs a few microseconds, and functional_call runs once per step of a loop."""
+    __slots__ = ("arguments",)
+
+    def __init__(self, *arguments):
+        self.arguments = arguments
+
+    def __str__(self):
+        return _describe(*self.arguments)
+
+    def __format__(self, spec):
+        return format(str(self), spec)
+
+
+def _swap_error(error, module, tensors, tie_weights, call):
+    """torch's swap refuses tied names given different tensors, and (strict) missing or
+    unexpected keys: the same words, with the call and the fix."""
+    if "which are tied" in str(error):
+        groups = _tied_groups(module)
+        _check_tied_values(tensors, groups, call)  # raises with the names in the module
+    if "Error(s) in reparametrizing" in str(error):
+        _check_strict(module, tensors, _tied_groups(module), tie_weights, call)  # raises
+    return error
 
 
 # --- ensembles ---------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from .errors import (
     DimOutOfRangeError,
     FunctionOutputError,
     InputDtypeError,
+    InvalidOptionError,
     NonScalarOutputError,
     RandomnessOptionError,
     TangentsError,
@@ -876,6 +877,43 @@ def _concatenate_chunks(outputs, out_dims, call):
         pieces = [leaves[position] for leaves in leaves_per_chunk]
         merged.append(pieces[0] if dim is None or pieces[0] is None else ops.cat(pieces, dim))
     return optree.tree_unflatten(treedef, merged)
+
+
+def functionalize(f, *, remove="mutations"):
+    """torch.func's ``functionalize``: ``f`` with its in-place ops (and with
+    ``remove='mutations_and_views'``, its views) turned into out-of-place ones; a write to an
+    input still reaches the caller's tensor at the end.
+
+    NOTE [functionalize is the engine's own behaviour]
+    torch needs functionalize because its tensors are mutable storage: its tracers and
+    compilers want programs without writes. Here no transform ever writes into a value: an
+    in-place op on a FuncTensor swaps a new value in (tensor.py, ``_write``), and a view is
+    replayed from its base; ``trace`` records the out-of-place ops, and writes to a
+    transform's inputs are copied back when it returns (NOTE [In-place writes to a
+    transform's inputs]). So there is nothing left to remove: ``functionalize(f)`` checks its
+    argument and calls ``f``, and ``trace(functionalize(f))`` shows a program without writes,
+    as ``trace(f)`` does. In torch this is the Functionalize dispatch key.
+
+    >>> import torch
+    >>> from minifunctorch.core import functionalize, grad
+    >>> def f(x):
+    ...     y = x.clone()
+    ...     y.mul_(2.0)
+    ...     return y.sum()
+    >>> grad(functionalize(f))(torch.ones(2))
+    tensor([2., 2.])
+    """
+    if remove not in ("mutations", "mutations_and_views"):
+        raise InvalidOptionError(
+            f"functionalize({_function_name(f)}, remove={remove!r}): functionalize(f, "
+            f"remove='mutations'): received invalid argument for remove={remove}. Valid "
+            "options are 'mutations' and 'mutations_and_views'. Fix: pass one of those."
+        )
+
+    @functools.wraps(f)
+    def functionalized(*args, **kwargs):
+        return f(*args, **kwargs)
+    return functionalized
 
 
 def debug_unwrap(tensor, *, recurse=True):

@@ -660,3 +660,37 @@ def test_debug_unwrap_shows_what_torch_func_shows(recurse):
     assert shapes["minifunctorch.core"] == shapes["torch.func"]
     plain = torch.ones(2)
     assert mf.debug_unwrap(plain) is plain
+
+
+# --- functionalize ---------------------------------------------------------------------------------
+def _mutating(x):
+    y = x.clone()
+    y.add_(1.0)
+    y[1:].mul_(2.0)  # a write through a view
+    x.mul_(3.0)      # a write to the input: the caller's tensor changes
+    return y.sin()
+
+
+@pytest.mark.parametrize("remove", ["mutations", "mutations_and_views"])
+def test_functionalize_as_torch_func(remove):
+    results = []
+    for api in (mf, torch.func):
+        x = torch.linspace(-1, 1, 4)
+        out = api.functionalize(_mutating, remove=remove)(x)
+        results.append((out, x))
+    torch.testing.assert_close(results[0], results[1])
+
+
+def test_functionalize_traces_to_a_program_without_writes():
+    program = mf.trace(mf.functionalize(_mutating))(torch.ones(4))
+    names = [eq.prim.name for eq in program.equations]
+    assert names and not any(name.endswith("_") for name in names), names
+    torch.testing.assert_close(program(torch.ones(4)), _mutating(torch.ones(4)))
+
+
+def test_functionalize_refuses_an_unknown_remove():
+    with pytest.raises(RuntimeError, match="received invalid argument for remove"):
+        torch.func.functionalize(_mutating, remove="views")
+    with pytest.raises(RuntimeError, match="received invalid argument for remove") as info:
+        mf.functionalize(_mutating, remove="views")
+    assert isinstance(info.value, mf.TransformError)

@@ -1075,9 +1075,6 @@ def functionalize_program(api):
     }
 
 
-@pytest.mark.xfail(not hasattr(minifunctorch.core, "functionalize"), strict=True,
-                   raises=AttributeError,
-                   reason="engine gap: minifunctorch.core has no functionalize (issue 12)")
 def test_migration_functionalize():
     ours, theirs = run_both(functionalize_program)
     assert_same(ours, theirs)
