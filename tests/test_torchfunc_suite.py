@@ -57,8 +57,10 @@ def test_grad_works():
     assert torch.allclose(vmap(torch.func.grad(torch.sin))(x), x.cos())
 
 
-def test_missing_name_is_a_stub():
-    functionalize(torch.sin)(torch.ones(2))
+def test_functionalize_is_swapped_too():
+    if ENGINE == "minifunctorch":
+        assert functionalize.__wrapped__ is minifunctorch.core.functionalize
+    assert torch.equal(functionalize(torch.sin)(torch.ones(2)), torch.ones(2).sin())
 
 
 class Subtests(unittest.TestCase):
@@ -93,16 +95,14 @@ def run_plugin(tmp_path, engine):
 def test_plugin_swaps_the_api_and_records_outcomes(tmp_path):
     header, collected, tests = run_plugin(tmp_path, "minifunctorch")
     assert header["engine"] == "minifunctorch"
-    assert "functionalize" in header["missing"] and "vmap" not in header["missing"]
+    assert header["missing"] == []  # minifunctorch now has every name of the API
     assert len(collected) == 6
     outcome = {nodeid.split("::")[-1]: record for nodeid, record in tests.items()}
     assert outcome["test_names_point_at_the_engine_under_test"]["outcome"] == "passed"
     assert outcome["test_functorch_spelling_still_warns"]["outcome"] == "passed"
     assert outcome["test_grad_works"]["outcome"] == "passed"
     assert outcome["test_grad_works"]["engine_calls"] == 2
-    stub = outcome["test_missing_name_is_a_stub"]
-    assert stub["outcome"] == "failed"
-    assert stub["message"].startswith("NotImplementedError: minifunctorch has no functionalize")
+    assert outcome["test_functionalize_is_swapped_too"]["outcome"] == "passed"
     assert outcome["test_one_subtest_fails"]["outcome"] == "failed"  # a subtest failed
     assert outcome["test_expected_failure"]["outcome"] == "xfailed"
 
@@ -112,7 +112,21 @@ def test_plugin_leaves_torch_func_alone(tmp_path):
     assert header == {"engine": "torch.func", "torch": header["torch"]}
     outcome = {nodeid.split("::")[-1]: record["outcome"] for nodeid, record in tests.items()}
     assert outcome["test_names_point_at_the_engine_under_test"] == "passed"
-    assert outcome["test_missing_name_is_a_stub"] == "passed"
+    assert outcome["test_functionalize_is_swapped_too"] == "passed"
+
+
+def test_a_name_minifunctorch_lacks_becomes_a_stub():
+    spec = importlib.util.spec_from_file_location("torchfunc_shim", TOOLS / "torchfunc_shim.py")
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+    stub = shim._missing("frobnicate")
+    assert stub.__name__ == "frobnicate"
+    try:
+        stub(1, key=2)
+    except NotImplementedError as error:
+        assert str(error).startswith("minifunctorch has no frobnicate: torchfunc_shim replaced")
+    else:
+        raise AssertionError("the stub for a missing name did not raise")
 
 
 def test_normalize_groups_messages_of_one_cause():
