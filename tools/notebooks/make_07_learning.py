@@ -6,6 +6,7 @@ md = lambda s: cells.append(("md", s))
 code = lambda s: cells.append(("code", s))
 solution = lambda s: cells.append(("solution", s))
 solution_md = lambda s: cells.append(("solution-md", s))
+trained = lambda s: cells.append(("trained", s))  # prints the outcome of a long training run
 
 md("""
 # Chapter 7 · Learning with the transforms
@@ -454,7 +455,7 @@ expected = torch.func.grad(
 torch.testing.assert_close(grad(meta_loss)(meta_params, *tasks), expected)
 """)
 
-code("""
+trained("""
 meta_step = grad_and_value(meta_loss)
 moment = {name: torch.zeros_like(p) for name, p in meta_params.items()}
 square = {name: torch.zeros_like(p) for name, p in meta_params.items()}
@@ -481,7 +482,7 @@ parameters with the inner learning rate, measuring the loss on 100 points of the
 after each.
 """)
 
-code("""
+trained("""
 torch.manual_seed(4)
 t_new = (torch.linspace(-4.5, 4.5, 10) + 0.3 * torch.randn(10)).unsqueeze(1)   # spread out
 wave = lambda t: 3.5 * torch.sin(t + 2.5)
