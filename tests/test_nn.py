@@ -549,14 +549,18 @@ def _kernel_calls(fn, *args, name="aten::max_pool2d_with_indices"):
     return sum(e.count for e in prof.key_averages() if e.key == name)
 
 
+@pytest.mark.parametrize("size", ["small", "channels-last"])
 @pytest.mark.parametrize("transform", ["vjp", "jvp", "vmap", "vmap_grad"])
-def test_max_pool_values_are_the_kernels_and_bit_exact(transform):
+def test_max_pool_values_are_the_kernels_and_bit_exact(transform, size):
     """NOTE [Max pooling: the kernel's values, derivatives through its indices]: one kernel
     call gives the values and the indices (no re-gather of the values), float32 results stay
-    bit-exact with torch.func."""
+    bit-exact with torch.func; also where the CPU kernel runs on a channels-last copy
+    (NOTE [Max pooling on the CPU runs channels-last])."""
     g = torch.Generator().manual_seed(0)
-    x, t = _f32(g, 4, 2, 3, 9, 8), _f32(g, 4, 2, 3, 9, 8)
-    ct = _f32(g, 4, 2, 3, 5, 4)
+    shape = (4, 2, 3, 9, 8) if size == "small" else (4, 16, 8, 12, 12)
+    x, t = _f32(g, *shape), _f32(g, *shape)
+    ct = _f32(g, *shape[:3], (shape[3] + 1) // 2, (shape[4] + 1) // 2)
+    assert mf_nn._pool_channels_last(x[0]) == (size == "channels-last")
     f = lambda x: F.max_pool2d(x, 3, 2, 1)  # noqa: E731
     runs = {
         "vjp": lambda ft: (lambda out, pull: (out, pull(ct[0])))(*ft.vjp(f, x[0])),
