@@ -122,7 +122,7 @@ _USE_NAMES = "Fix: use the names of module.named_parameters() and module.named_b
 
 
 def _check_keys_and_values(module, tensors, call):
-    """What torch's swap would trip over, refused before anything is swapped."""
+    """What torch's swap tripped over, said with the key and the fix (run after it failed)."""
     for key, value in tensors.items():
         if not isinstance(key, str):
             raise ModuleTypeError(
@@ -232,18 +232,20 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
     call = _Call(module, parameter_and_buffer_dicts, tie_weights, strict)
     tensors = _merge(parameter_and_buffer_dicts, call)
     _check_refused_modules(module, call)
-    _check_keys_and_values(module, tensors, call)
     if args is None:
         args = ()
     elif not isinstance(args, tuple):
         args = (args,)
     # ``tensors`` is the caller's own dict when one dict was given: torch.func writes buffers
     # that the module reassigns back into it, and so does this
+    # torch's swap checks keys, values, ties and strict (and puts back what it swapped when
+    # one fails); the checks here run only then, to say which key and how to fix it
     with contextlib.ExitStack() as swapped:
         try:
             swapped.enter_context(_reparametrize_module(
                 module, tensors, tie_weights=tie_weights, strict=strict, stack_weights=True))
-        except (ValueError, RuntimeError) as error:  # torch's own checks of ties and strict
+        except (ValueError, RuntimeError, TypeError, AttributeError, KeyError) as error:
+            _check_keys_and_values(module, tensors, call)  # raises where a key or value is bad
             raise _swap_error(error, module, tensors, tie_weights, call) from None
         return module(*args, **(kwargs or {}))
 

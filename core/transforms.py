@@ -692,7 +692,11 @@ def _vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs, *, chunks=
     prefix = in_dims if isinstance(in_dims, tuple) else (in_dims,) * len(args)
     originals, arg_treedef = optree.tree_flatten(args, none_is_leaf=True)
     arg_leaves = [unwrap(leaf) for leaf in originals]
-    dim_leaves = _broadcast_dims(prefix, args, call, "in_dims")
+    if all(d is None or type(d) is int for d in prefix):  # one dim per argument: spread it
+        dim_leaves = [d for d, child in zip(prefix, arg_treedef.children())
+                      for _ in range(child.num_leaves)]
+    else:
+        dim_leaves = _broadcast_dims(prefix, args, call, "in_dims")
     size = _batch_size(arg_leaves, dim_leaves, call)
     if chunks is not None:  # chunk_vmap
         chunk_size = max(-(-size // chunks), 1)
