@@ -636,8 +636,9 @@ def _check_chunk_size(f, chunk_size):
         )
     if chunk_size is not None and chunk_size < 1:
         raise TransformUsageError(
-            f"{call}: chunk_size should be None or greater than 0. (got {chunk_size}) It is "
-            "the number of examples run at once. Fix: pass a positive int, or None for all."
+            f"{call}: vmap: chunk_size should be None or greater than 0. (got {chunk_size}) "
+            "It is the number of examples run at once. Fix: pass a positive int, or None for "
+            "all."
         )
 
 
@@ -999,8 +1000,8 @@ def jacrev(f, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_cop
     """
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise TransformUsageError(
-            f"jacrev({_function_name(f)}, chunk_size={chunk_size!r}): `chunk_size` should be "
-            "greater than 0. It is the number of Jacobian rows computed at once. Fix: pass a "
+            f"jacrev({_function_name(f)}, chunk_size={chunk_size!r}): jacrev: `chunk_size` "
+            "should be greater than 0. It is the number of Jacobian rows computed at once. Fix: pass a "
             "positive int, or None for all rows at once."
         )
 

@@ -184,8 +184,8 @@ def test_vmap_options_are_checked():
                        r"sometimes\. Fix:") as info:
         mf.vmap(lambda x: x, randomness="sometimes")
     assert isinstance(info.value, RuntimeError) and isinstance(info.value, TransformUsageError)
-    with pytest.raises(TransformUsageError, match=r"chunk_size=0\): chunk_size should be None or "
-                       r"greater than 0\. \(got 0\).*Fix: pass a positive int"):
+    with pytest.raises(TransformUsageError, match=r"chunk_size=0\): vmap: chunk_size should be "
+                       r"None or greater than 0\. \(got 0\).*Fix: pass a positive int"):
         mf.vmap(lambda x: x, chunk_size=0)
     check_engine_still_works()
 

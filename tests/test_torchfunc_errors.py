@@ -232,9 +232,9 @@ CASES = [
      ValueError, VMAP_OUTPUTS.format("str")),
     # --- vmap: options ------------------------------------------------------------------------
     ("vmap_chunk_size_zero", lambda F: F.vmap(torch.sin, chunk_size=0)(b),
-     ValueError, r"chunk_size should be None or greater than 0\. \(got 0\)"),
+     ValueError, r"vmap: chunk_size should be None or greater than 0\. \(got 0\)"),
     ("vmap_chunk_size_negative", lambda F: F.vmap(torch.sin, chunk_size=-1)(b),
-     ValueError, r"chunk_size should be None or greater than 0\. \(got -1\)"),
+     ValueError, r"vmap: chunk_size should be None or greater than 0\. \(got -1\)"),
     ("vmap_randomness_invalid", lambda F: F.vmap(torch.sin, randomness="sometimes")(b),
      RuntimeError, RANDOMNESS + "sometimes"),
     # --- jacrev, jacfwd, hessian --------------------------------------------------------------
@@ -253,9 +253,9 @@ CASES = [
      RuntimeError, r"jacrev: Expected all inputs to be real but received complex tensor at "
                    r"flattened input idx: 0"),
     ("jacrev_chunk_size_zero", lambda F: F.jacrev(torch.sin, chunk_size=0)(x),
-     ValueError, r"`chunk_size` should be greater than 0"),
+     ValueError, r"jacrev: `chunk_size` should be greater than 0"),
     ("jacrev_chunk_size_negative", lambda F: F.jacrev(torch.sin, chunk_size=-1)(x),
-     ValueError, r"`chunk_size` should be greater than 0"),
+     ValueError, r"jacrev: `chunk_size` should be greater than 0"),
     ("jacrev_non_tensor_argument", lambda F: F.jacrev(torch.sin)(3.0), ValueError, NOT_A_TENSOR),
     ("jacrev_integer_input", lambda F: F.jacrev(lambda a: a * 2)(xi), RuntimeError, NOT_FLOAT),
     ("jacfwd_argnums_out_of_range", lambda F: F.jacfwd(torch.sin, argnums=3)(x),
