@@ -40,7 +40,10 @@ def register(*aten_ops):
 _VIEW_CACHE: dict = {}
 _FUNCTIONAL_CACHE: dict = {}
 # in-place ops whose functional form has another overload name
-_FUNCTIONAL_RENAMES = {"bernoulli_.float": "bernoulli.p"}
+_FUNCTIONAL_RENAMES = {"bernoulli_.float": "bernoulli.p", "transpose_.default": "transpose.int",
+                       "pow_.Tensor": "pow.Tensor_Tensor",
+                       "float_power_.Tensor": "float_power.Tensor_Tensor",
+                       "floor_divide_.Tensor": "floor_divide.default"}
 # in-place ops that change the tensor's own shape (a view op applied in place)
 _METADATA_OPS = {"squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_", "swapaxes_",
                  "as_strided_"}

@@ -169,6 +169,31 @@ def test_in_place_on_tensors_created_inside_the_function():
                                torch.stack([tf.grad(f)(row) for row in batch]))
 
 
+def _written_in_place(method, *args):
+    def f(x):
+        y = x.abs() + 1
+        getattr(y, method)(*[x if a is None else a for a in args])
+        return y * x
+    return f
+
+
+@pytest.mark.parametrize("name, f", [
+    # aten's in-place overload and its out-of-place one have different names for these
+    ("transpose_", lambda x: (lambda y: (y.transpose_(0, 1), y @ x)[1])(x.sin())),
+    ("pow_ tensor exponent", _written_in_place("pow_", None)),
+    ("float_power_ tensor exponent", _written_in_place("float_power_", None)),
+    ("quantile (torch sorts with transpose_)", lambda x: torch.quantile(x, 0.3, dim=1)),
+])
+def test_in_place_ops_whose_out_of_place_overload_is_named_otherwise(name, f):
+    xs = torch.rand(2, 3, 4, dtype=torch.float64) + 0.5
+    x_dots = torch.randn(2, 3, 4, dtype=torch.float64)
+    scalar = lambda x: f(x).sum()  # noqa: E731
+    torch.testing.assert_close(mf.vmap(f)(xs), tf.vmap(f)(xs))
+    torch.testing.assert_close(mf.vmap(mf.grad(scalar))(xs), tf.vmap(tf.grad(scalar))(xs))
+    torch.testing.assert_close(mf.jvp(f, (xs[0],), (x_dots[0],)),
+                               tf.jvp(f, (xs[0],), (x_dots[0],)))
+
+
 def test_relu_inplace_module():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(inplace=True)).double()
     params = dict(model.named_parameters())
