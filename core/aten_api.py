@@ -224,9 +224,7 @@ def _copy(x, source, non_blocking=False):
     return out
 
 
-register(aten.fill.Scalar, aten.fill.Tensor)(lambda x, value: _copy(x, value)
-                                             if hasattr(value, "shape") else
-                                             ops.full_like(x, value))
+register(aten.fill.Scalar, aten.fill.Tensor)(ops.filled)
 register(aten.zero.default)(lambda x: ops.zeros_like(x))
 register(aten.lift_fresh_copy.default)(ops.clone)
 register(aten.contiguous.default)(lambda x, memory_format=None: x)

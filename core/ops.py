@@ -505,6 +505,19 @@ def full_like(x, fill_value, *, dtype=None, **ignored):
     return bind(P.full_like_p, x, fill_value=fill_value, dtype=dtype)
 
 
+def filled(x, value):
+    """What ``x`` holds after ``x.fill_(value)``: a number everywhere, or a 0-dim tensor's
+    value (a tensor value stays differentiable and, under vmap, may differ per example)."""
+    if not isinstance(value, (torch.Tensor, Value)):
+        return full_like(x, value)
+    if shape_of(value):
+        raise TransformUsageError(
+            f"Tensor.fill_(value): fill_ only supports 0-dimension value tensor but got "
+            f"tensor with {len(shape_of(value))} dimensions. Fix: pass a number or a 0-dim "
+            "tensor (value.squeeze(), or value[i]).")
+    return expand(convert(value, x.dtype), *shape_of(x))
+
+
 def zeros_like(x, *, dtype=None, **ignored):
     return full_like(x, 0, dtype=dtype)
 

@@ -162,7 +162,7 @@ for _name, _op in (("__iadd__", ops.add), ("__isub__", ops.sub), ("__imul__", op
 IN_PLACE[torch.relu_] = ops.relu
 IN_PLACE[torch.Tensor.__setitem__] = ops.setitem
 IN_PLACE[torch.Tensor.zero_] = lambda x: ops.zeros_like(x)
-IN_PLACE[torch.Tensor.fill_] = lambda x, value: ops.full_like(x, value)
+IN_PLACE[torch.Tensor.fill_] = ops.filled
 IN_PLACE[torch.Tensor.copy_] = lambda x, source, non_blocking=False: source
 
 

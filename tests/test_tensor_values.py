@@ -194,6 +194,19 @@ def test_in_place_ops_whose_out_of_place_overload_is_named_otherwise(name, f):
                                tf.jvp(f, (xs[0],), (x_dots[0],)))
 
 
+def test_fill_with_a_tensor_value_that_varies_per_example():
+    def f(x, value):
+        filled = x.clone()
+        filled.fill_(value)
+        return filled * x
+    xs, values = batch.clone(), torch.tensor([0.5, -1.0, 2.0, 3.0], dtype=torch.float64)
+    torch.testing.assert_close(mf.vmap(f)(xs, values), tf.vmap(f)(xs, values))
+    per_example = lambda api: api.vmap(api.grad(lambda x, v: f(x, v).sum(), argnums=(0, 1)))  # noqa: E731,E501
+    torch.testing.assert_close(per_example(mf)(xs, values), per_example(tf)(xs, values))
+    with pytest.raises(mf.TransformError, match="fill_ only supports 0-dimension value tensor"):
+        mf.grad(lambda x: x.clone().fill_(x).sum())(x3)
+
+
 def test_relu_inplace_module():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(inplace=True)).double()
     params = dict(model.named_parameters())
