@@ -228,6 +228,12 @@ def _to_common_batch(name, values, bdims, cores, broadcast):
         shape = list(_shape(value))
         if bdim is not None:
             del shape[bdim]
+        if len(shape) < core:  # the payload has the rank, one example does not
+            raise TransformUsageError(
+                f"vmap({name}): {name}: The input tensor must have at least {core} dimensions "
+                f"(for each example), got an example of shape {tuple(shape)}. vmap hides the "
+                "batch dim, so each example must be a matrix by itself. Fix: vmap over an "
+                "input with one more dim, or reshape each example.")
         batch_shapes.append(tuple(shape[:len(shape) - core]))
     if not broadcast and len(set(batch_shapes)) > 1:
         raise TransformUsageError(

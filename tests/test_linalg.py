@@ -380,6 +380,21 @@ def test_singular_matrices_raise_as_in_torch():
         mf.grad(lambda a: torch.linalg.cholesky(a).sum())(-torch.eye(2, dtype=DTYPE))
 
 
+@pytest.mark.parametrize("name, f", [
+    ("qr", lambda a: torch.linalg.qr(a)[0]), ("svd", lambda a: torch.linalg.svd(a)[1]),
+    ("pinv", torch.linalg.pinv), ("lu", lambda a: torch.linalg.lu(a)[1]),
+    ("cholesky", torch.linalg.cholesky), ("det", torch.linalg.det),
+])
+def test_a_vector_per_example_is_refused_as_torch_func_does(name, f):
+    """vmap over the rows of a matrix gives each example a vector: torch.func raises, and so
+    does this (before, some kernels ran on the whole (batch, n) payload as one matrix)."""
+    rows = torch.randn(3, 4, dtype=DTYPE)
+    with pytest.raises(RuntimeError):
+        tf.vmap(f)(rows)
+    with pytest.raises(TransformError, match="dimensions"):
+        mf.vmap(f)(rows)
+
+
 def test_det_at_a_singular_matrix_is_torchs():
     """The gradient of det at a singular matrix is the adjugate (NOTE [The derivative of
     det]); its Hessian at an orthogonal matrix is torch.func's nan."""
