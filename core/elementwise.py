@@ -139,6 +139,13 @@ frac = unary("frac", lambda x, out: full_like(x, 1))
 deg2rad = unary("deg2rad", lambda x, out: full_like(x, math.pi / 180))
 rad2deg = unary("rad2deg", lambda x, out: full_like(x, 180 / math.pi))
 positive = unary("positive", lambda x, out: full_like(x, 1))
+# Conjugation and the angle: on a real tensor the identity (a copy) and a step with zero
+# derivative, as torch.func differentiates them; on a complex tensor only vmap applies
+# (NOTE [Complex numbers]). aten._conj is torch's lazy conjugate view of a complex tensor.
+conj_physical = unary("conj_physical", lambda x, out: full_like(x, 1),
+                      aten_ops=[aten.conj_physical.default, aten._conj_physical.default])
+conj_view = unary("_conj", lambda x, out: full_like(x, 1), impl=aten._conj, functions=())
+angle = unary("angle", None, aten_ops=[aten.angle.default])
 # zero derivative wherever there is one
 ceil = unary("ceil", None)
 floor = unary("floor", None)
