@@ -255,7 +255,9 @@ def _linear_ensemble_kernel(x, x_bdim, weight, w_bdim, bias, b_bdim, size):
     - a shared input: the B weight matrices stacked into one (B * out, in) matrix make a
       single linear of x, whose (..., B * out) result is viewed as (..., B, out), the batch
       dim second to last (no copy of x per model);
-    - a batched input: a batched product with the bias fused (baddbmm).
+    - a batched input: a batched product (bmm), then the bias added in place into the
+      product's fresh buffer: torch's baddbmm copies the bias into its output first and
+      takes longer on the CPU (27 against 23 us for 10 models of 64x64 by 64x10; torch 2.13).
     Above another level the rule's general path (ops) computes the same."""
     weight = move_bdim(weight, w_bdim, 0)
     out_features, in_features = weight.shape[1:]
@@ -267,10 +269,9 @@ def _linear_ensemble_kernel(x, x_bdim, weight, w_bdim, bias, b_bdim, size):
         return out.unflatten(-1, (size, out_features)), x.dim() - 1
     x = move_bdim(x, x_bdim, 0)
     rows = x.reshape(size, -1, in_features)
-    if bias is None:
-        out = torch.bmm(rows, weight.transpose(1, 2))
-    else:
-        out = torch.baddbmm(bias.unsqueeze(1), rows, weight.transpose(1, 2))
+    out = torch.bmm(rows, weight.transpose(1, 2))
+    if bias is not None:
+        out.add_(bias.unsqueeze(1))
     return out.reshape(*x.shape[:-1], out_features), 0
 
 

@@ -725,6 +725,24 @@ def _vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs, *, chunks=
 
 
 def _batch_size(arg_leaves, dim_leaves, call):
+    size = None  # the common case first: int dims within range of tensors of one batch size
+    for leaf, dim in zip(arg_leaves, dim_leaves):
+        if dim is None:
+            continue
+        if type(dim) is not int or not _is_array(leaf):
+            break
+        shape = leaf.shape
+        if not -len(shape) <= dim < len(shape) or (size is not None and shape[dim] != size):
+            break
+        size = shape[dim]
+    else:
+        if size is not None:
+            return size
+    return _checked_batch_size(arg_leaves, dim_leaves, call)
+
+
+def _checked_batch_size(arg_leaves, dim_leaves, call):
+    """The batch size, or the error that says which input is wrong and how."""
     sizes = []  # (input position, batch size), in the order of the inputs
     for position, (leaf, dim) in enumerate(zip(arg_leaves, dim_leaves)):
         if dim is None:
@@ -778,7 +796,7 @@ def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, r
         with user_code():
             out = f(*optree.tree_unflatten(arg_treedef, wrapped), **kwargs)
     for tensor, original, d in zip(wrapped, originals, dim_leaves):
-        if d is not None:
+        if d is not None and type(tensor) is FuncTensor and tensor._generation:  # written
             _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d))
     result = _unbatch_outputs(level, unwrap_tree(out), out_dims, size, call, _function_name(f))
     written = {id(t): (original, d) for t, original, d in zip(wrapped, originals, dim_leaves)
