@@ -301,7 +301,15 @@ def _infer_shape(shape, numel, op, old_shape):
     return tuple(shape)
 
 
+# NOTE [Plain tensors skip the checks]
+# The batching rules call reshape, unsqueeze and expand on payloads, which are plain tensors
+# at the bottom level. There no level records anything and torch checks the arguments
+# itself, so these ops call torch's own method: the checks and bind here cost three times
+# the view they make. A value of a level (what user code reaches through the transforms)
+# always takes the checked path.
 def reshape(x, *shape):
+    if type(x) is torch.Tensor:
+        return x.reshape(_shape_arg(shape))
     old = shape_of(x)
     new = _infer_shape(_shape_arg(shape), math.prod(old), "reshape", old)
     if new == old:
@@ -322,6 +330,8 @@ def flatten(x, start_dim=0, end_dim=-1):
 
 
 def unsqueeze(x, dim):
+    if type(x) is torch.Tensor:  # NOTE [Plain tensors skip the checks]
+        return x.unsqueeze(dim)
     return bind(P.unsqueeze_p, x, dim=normalize_dim(dim, _rank(x) + 1, op="unsqueeze"))
 
 
@@ -337,6 +347,8 @@ def squeeze(x, dim=None):
 
 
 def expand(x, *sizes):
+    if type(x) is torch.Tensor:  # NOTE [Plain tensors skip the checks]
+        return x.expand(_shape_arg(sizes))
     sizes = _shape_arg(sizes)
     old = shape_of(x)
     offset = len(sizes) - len(old)
