@@ -725,24 +725,6 @@ def _vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs, *, chunks=
 
 
 def _batch_size(arg_leaves, dim_leaves, call):
-    size = None  # the common case first: int dims within range of tensors of one batch size
-    for leaf, dim in zip(arg_leaves, dim_leaves):
-        if dim is None:
-            continue
-        if type(dim) is not int or not _is_array(leaf):
-            break
-        shape = leaf.shape
-        if not -len(shape) <= dim < len(shape) or (size is not None and shape[dim] != size):
-            break
-        size = shape[dim]
-    else:
-        if size is not None:
-            return size
-    return _checked_batch_size(arg_leaves, dim_leaves, call)
-
-
-def _checked_batch_size(arg_leaves, dim_leaves, call):
-    """The batch size, or the error that says which input is wrong and how."""
     sizes = []  # (input position, batch size), in the order of the inputs
     for position, (leaf, dim) in enumerate(zip(arg_leaves, dim_leaves)):
         if dim is None:
@@ -795,12 +777,12 @@ def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, r
                    for leaf, d in zip(arg_leaves, dim_leaves)]
         with user_code():
             out = f(*optree.tree_unflatten(arg_treedef, wrapped), **kwargs)
-    for tensor, original, d in zip(wrapped, originals, dim_leaves):
-        if d is not None and type(tensor) is FuncTensor and tensor._generation:  # written
-            _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d))
-    result = _unbatch_outputs(level, unwrap_tree(out), out_dims, size, call, _function_name(f))
-    written = {id(t): (original, d) for t, original, d in zip(wrapped, originals, dim_leaves)
+    # the batched inputs that f wrote in place
+    written = {id(t): (t, original, d) for t, original, d in zip(wrapped, originals, dim_leaves)
                if d is not None and type(t) is FuncTensor and t._generation}
+    for tensor, original, d in written.values():
+        _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d))
+    result = _unbatch_outputs(level, unwrap_tree(out), out_dims, size, call, _function_name(f))
     return _alias_written_inputs(out, result, written, out_dims) if written else result
 
 
@@ -818,7 +800,7 @@ def _alias_written_inputs(out, result, written, out_dims):
     for position, leaf in enumerate(out_leaves):
         alias = written.get(id(leaf))
         if alias is not None:
-            original, in_dim = alias
+            _, original, in_dim = alias
             rank = original.dim()
             in_dim, out_dim = in_dim % rank, out_dims % rank
             result_leaves[position] = original if in_dim == out_dim else \
@@ -1019,8 +1001,8 @@ def jacrev(f, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_cop
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise TransformUsageError(
             f"jacrev({_function_name(f)}, chunk_size={chunk_size!r}): jacrev: `chunk_size` "
-            "should be greater than 0. It is the number of Jacobian rows computed at once. Fix: pass a "
-            "positive int, or None for all rows at once."
+            "should be greater than 0. It is the number of Jacobian rows computed at once. "
+            "Fix: pass a positive int, or None for all rows at once."
         )
 
     @functools.wraps(f)
