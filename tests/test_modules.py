@@ -321,6 +321,43 @@ def test_tied_weights_both_names_given(tie_weights):
         mf.grad(lambda o: mf.functional_call(lm, o, TOKENS).sum())(other)
 
 
+class SharedSubmodule(nn.Module):
+    """One submodule under two names: its tensors have two names each, without a tie written."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.a = nn.Linear(3, 3).to(DTYPE)
+        self.b = self.a
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def test_the_search_for_ties_is_skipped_only_where_there_are_none():
+    # NOTE [A module without ties skips torch's untying]: a module answered "no ties" gets
+    # the swap with tie_weights=False, so the answer must never miss a tie
+    from minifunctorch.core.modules import _has_tied_tensors
+    assert not _has_tied_tensors(mlp())
+    assert not _has_tied_tensors(nn.BatchNorm1d(3))  # buffers, a None-free module
+    assert not _has_tied_tensors(nn.Linear(3, 3, bias=False))  # a None parameter
+    assert _has_tied_tensors(TiedLM())  # a parameter and a buffer, each under two names
+    assert _has_tied_tensors(SharedSubmodule())
+    crossed = nn.Module()
+    crossed.first, crossed.second = nn.Linear(2, 2), nn.Module()
+    crossed.second.register_buffer("w", crossed.first.weight.detach())
+    assert not _has_tied_tensors(crossed), "a detached copy is another tensor"
+    crossed.second.register_buffer("w", crossed.first.weight)  # a parameter as another's buffer
+    assert _has_tied_tensors(crossed)
+    # one name given for the shared submodule's weight replaces it under both names
+    net, x = SharedSubmodule(), randn(2, 3)
+    new = {"a.weight": randn(3, 3, seed=4)}
+    for tie_weights in (True, False):
+        both(lambda ft: ft.functional_call(net, new, x, tie_weights=tie_weights))
+        both(lambda ft: ft.grad(lambda p: ft.functional_call(
+            net, p, x, tie_weights=tie_weights).sum())(new))
+
+
 def test_tied_weights_in_an_ensemble():
     models = [TiedLM(seed) for seed in range(3)]
     base = TiedLM(10)
