@@ -278,7 +278,9 @@ def _has_tied_tensors(module) -> bool:
                 if id(tensor) in seen:
                     return True
                 seen.add(id(tensor))
-        pending.extend(child for child in current._modules.values() if child is not None)
+        for child in current._modules.values():
+            if child is not None:
+                pending.append(child)
     return False
 
 

@@ -226,7 +226,8 @@ def linear_batch(values, bdims):
             x, x_bdim = move_bdim(x, x_bdim, 0), 0
         return bind(linear_p, x, weight, bias), x_bdim
     size = batch_size(values, bdims)
-    if w_bdim is not None and all(type(v) is torch.Tensor for v in values if v is not None):
+    if (w_bdim is not None and type(x) is torch.Tensor and type(weight) is torch.Tensor
+            and (bias is None or type(bias) is torch.Tensor)):
         return _linear_ensemble_kernel(x, x_bdim, weight, w_bdim, bias, b_bdim, size)
     # batched weights or bias: x (B or 1, N, in) @ w^T (B, in, out) + b (B or 1, 1, out)
     lead = list(shape_of(x))
@@ -266,7 +267,7 @@ def _linear_ensemble_kernel(x, x_bdim, weight, w_bdim, bias, b_bdim, size):
     if x_bdim is None:
         out = F.linear(x, weight.reshape(size * out_features, in_features),
                        None if bias is None else bias.reshape(size * out_features))
-        return out.unflatten(-1, (size, out_features)), x.dim() - 1
+        return out.view(*out.shape[:-1], size, out_features), x.dim() - 1
     x = move_bdim(x, x_bdim, 0)
     rows = x.reshape(size, -1, in_features)
     out = torch.bmm(rows, weight.transpose(1, 2))
