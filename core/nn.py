@@ -269,11 +269,11 @@ def _linear_ensemble_kernel(x, x_bdim, weight, w_bdim, bias, b_bdim, size):
                        None if bias is None else bias.reshape(size * out_features))
         return out.view(*out.shape[:-1], size, out_features), x.dim() - 1
     x = move_bdim(x, x_bdim, 0)
-    rows = x.reshape(size, -1, in_features)
+    rows = x if x.dim() == 3 else x.reshape(size, -1, in_features)  # (B, rows, in)
     out = torch.bmm(rows, weight.transpose(1, 2))
     if bias is not None:
         out.add_(bias.unsqueeze(1))
-    return out.reshape(*x.shape[:-1], out_features), 0
+    return (out if x.dim() == 3 else out.reshape(*x.shape[:-1], out_features)), 0
 
 
 # --- convolution ---------------------------------------------------------------------------------
