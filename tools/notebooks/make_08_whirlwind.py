@@ -27,6 +27,8 @@ the same few pieces. At the end, an exercise: per-sample gradient norms.
 
 code("""
 %load_ext minifunctorch.magics
+import math
+
 import torch
 import torch.func
 import torch.nn as nn
@@ -303,7 +305,63 @@ ours
 """)
 
 md("""
-## 10 · Swapping libraries
+## 10 · Beyond networks: linear algebra
+
+Nothing above was specific to neural networks. A Gaussian process fits a smooth curve through
+noisy points, and its three hyperparameters (a lengthscale, a signal variance, a noise
+variance) are chosen by minimizing the negative log marginal likelihood of the data:
+
+$$\\mathrm{nll}(\\theta) = \\tfrac12\\, y^\\top K_\\theta^{-1} y + \\tfrac12 \\log\\det K_\\theta + \\tfrac n2 \\log 2\\pi,$$
+
+where $K_\\theta$ is the $n \\times n$ kernel matrix of the inputs. The function goes through
+`torch.linalg.solve` and `torch.linalg.slogdet`; the transforms differentiate through both, and
+`hessian` gives the curvature that a Newton step, or a Laplace approximation of the
+hyperparameters' uncertainty, needs. We work with the logs of the hyperparameters, so that any
+real vector is valid, and in float64, as linear algebra usually is.
+""")
+
+code("""
+t = torch.linspace(0, 5, 12, dtype=torch.float64)
+y = torch.sin(t) + 0.1 * torch.randn(12, dtype=torch.float64)
+
+def nll(log_params):
+    lengthscale, variance, noise = log_params.exp()
+    gaps = t[:, None] - t[None, :]
+    K = variance * torch.exp(-0.5 * (gaps / lengthscale) ** 2) + noise * torch.eye(len(t), dtype=t.dtype)
+    _, logdet = torch.linalg.slogdet(K)
+    return 0.5 * (y @ torch.linalg.solve(K, y)) + 0.5 * logdet + 0.5 * len(t) * math.log(2 * math.pi)
+
+theta = torch.tensor([0.0, 0.0, -2.0], dtype=torch.float64)
+g, H = grad(nll)(theta), hessian(nll)(theta)
+torch.testing.assert_close(g, torch.func.grad(nll)(theta))
+torch.testing.assert_close(H, torch.func.hessian(nll)(theta))
+
+# the Hessian's first column, against central differences of the gradient
+eps = 1e-5
+step = torch.tensor([eps, 0.0, 0.0], dtype=torch.float64)
+torch.testing.assert_close(H[:, 0], (grad(nll)(theta + step) - grad(nll)(theta - step)) / (2 * eps))
+H
+""")
+
+md("""
+The Jacobians of the linear-algebra functions themselves are worth a look too. The solution
+of $A x = b$ is $x = A^{-1} b$, which is linear in $b$, so the Jacobian of `solve` with respect
+to `b` is $A^{-1}$ itself:
+""")
+
+code("""
+A = torch.tensor([[4.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 2.0]], dtype=torch.float64)
+b = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+d_db = jacrev(torch.linalg.solve, argnums=1)(A, b)
+torch.testing.assert_close(d_db, torch.func.jacrev(torch.linalg.solve, argnums=1)(A, b))
+torch.testing.assert_close(d_db, torch.linalg.inv(A))
+d_dA = jacfwd(torch.linalg.solve)(A, b)  # one (3, 3) slice per entry of x
+torch.testing.assert_close(d_dA, torch.func.jacfwd(torch.linalg.solve)(A, b))
+tuple(d_db.shape), tuple(d_dA.shape)
+""")
+
+md("""
+## 11 · Swapping libraries
 
 Since the names and signatures match, moving code between torch.func and minifunctorch is a
 one-line change: write it against a module name, and choose what that name means,
@@ -338,7 +396,7 @@ earlier.
 """)
 
 md("""
-## 11 · Randomness under `vmap`
+## 12 · Randomness under `vmap`
 
 What should `torch.rand(3)` mean inside `vmap`? One draw for the whole batch, or one per
 example? torch.func makes you say it, with `randomness=`: `'error'` (the default) refuses
@@ -372,7 +430,7 @@ vmap(noisy)(xs3)
 """))
 
 md("""
-## 12 · Your own derivative: `torch.autograd.Function`
+## 13 · Your own derivative: `torch.autograd.Function`
 
 PyTorch's way to give an operation a hand-written derivative is a `torch.autograd.Function`.
 For the transforms it needs `forward` without `ctx`, a `setup_context` that saves what the
