@@ -5,5 +5,5 @@
 contender for correctness on small sizes and times nothing.
 
 Modules: ``harness`` (contenders, correctness checks, interleaved timing, profiles),
-``cases`` (the cases S1-S6), ``report`` (tables, targets, plot), ``run`` (the command line).
+``cases`` (the cases S1-S10), ``report`` (tables, targets, plot), ``run`` (the command line).
 """
