@@ -132,3 +132,27 @@ def test_jit_contenders_follow_the_engine(monkeypatch):
     monkeypatch.setattr(core, "jit", lambda f, backend=None: f, raising=False)
     assert harness.check_case(case)[harness.MFT_JIT].ok
 
+
+def test_tutorial_programs_script_checks_and_reports(tmp_path):
+    """benchmarks.programs (issue 16): the five tutorial programs of tests/test_tutorials.py
+    run on both libraries and agree (--check times nothing); with (made-up) times the report
+    gives each part's ratio and judges it against 1.0x."""
+    from benchmarks import programs
+
+    threads = torch.get_num_threads()
+    checked = programs.run(check_only=True, out=tmp_path / "PROGRAMS.md", log=_quiet)
+    assert torch.get_num_threads() == threads, "the script restores the thread count"
+    assert not (tmp_path / "PROGRAMS.md").exists(), "--check writes nothing"
+    assert not programs.failures(checked)
+    assert {part.program.split(".")[0] for part, _ in checked} == {"1", "2", "3", "4", "5"}
+    for part, by_contender in checked:
+        for contender in (harness.MFT, harness.TORCH_FUNC):
+            assert by_contender[contender].ok and not by_contender[contender].times, part
+    fake = [(part, {c: r.fresh() for c, r in by_contender.items()})
+            for part, by_contender in checked]
+    for i, (_, by_contender) in enumerate(fake):
+        by_contender[harness.TORCH_FUNC].times = [2.0]
+        by_contender[harness.MFT].times = [1.0 if i else 3.0]  # the first part misses
+    text = programs.render(fake, {"device": "cpu"})
+    assert f"{len(fake) - 1} of {len(fake)} parts within torch.func's time" in text
+    assert "| 1.50× | **missed** |" in text and "| 0.50× | met |" in text
