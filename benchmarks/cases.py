@@ -1,6 +1,7 @@
-"""The cases S1-S8, each written once against an ``api`` that is either
-``minifunctorch.core`` or ``torch.func`` (both have grad, vmap, jvp, jacrev, jacfwd, hessian
-and functional_call), so that every contender computes the very same function.
+"""The cases S1-S10, each written once against an ``api`` that is either
+``minifunctorch.core`` or ``torch.func`` (both have grad, vmap, jvp, jacrev, jacfwd, hessian,
+functional_call and stack_module_state), so that every contender computes the very same
+function.
 
 S1 overhead       a chain of elementwise ops on a 10x10 tensor under each transform level
 S2 per-sample     vmap(grad) of an MLP 784-128-10 with cross-entropy, B = 64 and 256
@@ -11,6 +12,10 @@ S6 tracing        time to first result, and cache-hit dispatch (from S1's 1-op f
 S7 per-sample CNN vmap(grad) through functional_call of a small CNN at MNIST shapes, B = 64
 S8 MAML           a meta-step: vmap over tasks of one inner grad step and the query loss,
                   then torch.autograd.grad of the mean query loss into the meta-parameters
+S9 NTK            the empirical neural tangent kernel of a small CNN: vmap(jacrev) through
+                  functional_call for x1 and x2, contracted with einsum('Naf,Mbf->NMab')
+S10 CNN ensemble  vmap over stack_module_state of 10 small CNNs (S7's), one shared
+                  minibatch (in_dims (0, 0, None)) and one minibatch per model (0, 0, 0)
 """
 import copy
 import dataclasses
@@ -52,6 +57,16 @@ class Sizes:
     s8_tasks: int = 8  # the meta-batch
     s8_points: int = 10  # support points, and as many query points, per task
     s8_hidden: int = 40  # MLP 1-40-40-1
+    s9_in_channels: int = 3
+    s9_image: int = 16  # 3×16×16 inputs
+    s9_channels: tuple = (8, 8)  # conv 3→8 3×3, conv 8→8 3×3, linear to s9_classes
+    s9_classes: int = 10
+    s9_examples: tuple = (8, 8)  # N rows of x1, M rows of x2: the kernel is N×M×10×10
+    s10_models: int = 10
+    s10_image: int = 28  # S7's CNN at MNIST shapes
+    s10_channels: tuple = (8, 16)
+    s10_classes: int = 10
+    s10_batch: int = 64
     inductor: bool = True  # build the torch.compile / jit(backend='inductor') contenders
 
 
@@ -60,7 +75,10 @@ QUICK = Sizes(s1_shape=(4, 4), s1_ops=10, s2_batches=(8,), s2_dims=(12, 8, 4),
               s3_shapes=(("4→6", 4, 6), ("tall 4→40", 4, 40), ("wide 40→4", 40, 4)),
               s4_n=6, s4_batch=3, s5_models=3, s5_dims=(5, 7, 3), s5_batch=4,
               s7_image=10, s7_channels=(2, 3), s7_classes=4, s7_batch=4,
-              s8_tasks=3, s8_points=4, s8_hidden=6, inductor=False)
+              s8_tasks=3, s8_points=4, s8_hidden=6,
+              s9_in_channels=2, s9_image=7, s9_channels=(2, 3), s9_classes=3,
+              s9_examples=(3, 2), s10_models=3, s10_image=10, s10_channels=(2, 3),
+              s10_classes=4, s10_batch=4, inductor=False)
 
 # Where the inductor contenders run: compiling costs seconds per graph, so only the cases
 # that the inductor targets are about (S2), plus one second-order and one ensemble case, and
@@ -352,14 +370,15 @@ S7_HAND_NOTE = ("left out: per-sample gradients of a convolution's weight have n
                 "would be a second implementation to benchmark, not a floor")
 
 
-def small_cnn(sizes):
+def small_cnn(channels, image, classes):
     """conv 1→c1 3×3, relu, max_pool 2, conv c1→c2 3×3, relu, max_pool 2, flatten, linear,
-    log_softmax (the torch.func per-sample-gradients tutorial's kind of model)."""
-    c1, c2 = sizes.s7_channels
-    side = ((sizes.s7_image - 2) // 2 - 2) // 2
+    log_softmax (the torch.func per-sample-gradients tutorial's kind of model), on
+    1×image×image inputs; S7 and S10 use it."""
+    c1, c2 = channels
+    side = ((image - 2) // 2 - 2) // 2
     return nn.Sequential(nn.Conv2d(1, c1, 3), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(c1, c2, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(c2 * side * side, sizes.s7_classes), nn.LogSoftmax(dim=-1))
+                         nn.Linear(c2 * side * side, classes), nn.LogSoftmax(dim=-1))
 
 
 def cnn_per_sample_grads(model):
@@ -385,7 +404,7 @@ def cnn_per_sample_grads_loop(model):
 
 def s7_cases(sizes, device) -> list:
     torch.manual_seed(70)
-    model = small_cnn(sizes).to(device)
+    model = small_cnn(sizes.s7_channels, sizes.s7_image, sizes.s7_classes).to(device)
     params = {k: v.detach() for k, v in model.named_parameters()}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
     side, batch = sizes.s7_image, sizes.s7_batch
@@ -502,6 +521,168 @@ def s8_cases(sizes, device) -> list:
     return [case]
 
 
+# --- S9: the empirical NTK of a small CNN ---------------------------------------------------------
+S9_HAND_NOTE = ("left out: the Jacobian of a CNN's outputs w.r.t. its convolution weights has "
+                "no einsum closed form (as in S7); batching it by hand would be a second "
+                "implementation to benchmark, not a floor")
+
+
+def ntk_cnn(sizes):
+    """conv in→c1 3×3, relu, conv c1→c2 3×3, relu, flatten, linear (the NTK tutorial's kind
+    of model: no pooling, no softmax), on in×image×image inputs."""
+    c1, c2 = sizes.s9_channels
+    side = sizes.s9_image - 4
+    return nn.Sequential(nn.Conv2d(sizes.s9_in_channels, c1, 3), nn.ReLU(),
+                         nn.Conv2d(c1, c2, 3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(c2 * side * side, sizes.s9_classes))
+
+
+def empirical_ntk(net):
+    """transform(api) -> ntk(params, x1, x2), the torch.func NTK tutorial's "Jacobian
+    contraction": per example (vmap), the Jacobian of the network's outputs w.r.t. its
+    parameters (jacrev through functional_call), for x1 and for x2; then, per parameter,
+    ``einsum('Naf,Mbf->NMab')`` of the flattened Jacobians, summed over the parameters.
+    The kernel is (N, M, classes, classes)."""
+    def transform(api):
+        def net_single(params, x):
+            return api.functional_call(net, params, (x.unsqueeze(0),)).squeeze(0)
+
+        def ntk(params, x1, x2):
+            jac1 = api.vmap(api.jacrev(net_single), (None, 0))(params, x1)
+            jac2 = api.vmap(api.jacrev(net_single), (None, 0))(params, x2)
+            return _contract_jacobians(jac1, jac2)
+        return ntk
+    return transform
+
+
+def _contract_jacobians(jac1, jac2):
+    """Σ over parameters of einsum('Naf,Mbf->NMab') of the per-example Jacobians (each a
+    dict name -> (examples, outputs, *parameter shape))."""
+    return torch.stack([torch.einsum("Naf,Mbf->NMab", jac1[name].flatten(2),
+                                     jac2[name].flatten(2)) for name in jac1]).sum(0)
+
+
+def empirical_ntk_loop(net):
+    """The loop: the network itself (its own parameters, the same values), one forward per
+    example and one ``torch.autograd.grad`` per output of it, giving the same per-example
+    Jacobians; then the same contraction."""
+    names, leaves = zip(*net.named_parameters())
+
+    def jacobians(x):
+        per_example = []
+        for i in range(x.shape[0]):
+            outputs = net(x[i:i + 1]).squeeze(0)
+            rows = [torch.autograd.grad(output, leaves, retain_graph=True)
+                    for output in outputs]  # one tuple of parameter gradients per output
+            per_example.append([torch.stack([row[j] for row in rows])
+                                for j in range(len(names))])
+        return {name: torch.stack([jacobian[j] for jacobian in per_example])
+                for j, name in enumerate(names)}
+
+    def loop(params, x1, x2):
+        return _contract_jacobians(jacobians(x1), jacobians(x2))
+    return loop
+
+
+def s9_cases(sizes, device) -> list:
+    torch.manual_seed(90)
+    net = ntk_cnn(sizes).to(device)
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    side, (n, m) = sizes.s9_image, sizes.s9_examples
+    x1 = _randn(n, sizes.s9_in_channels, side, side, device=device, seed=91)
+    x2 = _randn(m, sizes.s9_in_channels, side, side, device=device, seed=92)
+    c1, c2 = sizes.s9_channels
+    name = f"CNN {c1}-{c2} on {sizes.s9_in_channels}×{side}×{side}, N={n}, M={m}"
+    return [engine_case("S9", name, empirical_ntk(net), (params, x1, x2), sizes=sizes,
+                        loop=empirical_ntk_loop(net), notes={HAND: S9_HAND_NOTE},
+                        rtol=1e-4, atol=1e-5)]
+
+
+# --- S10: an ensemble of small CNNs (stack_module_state) ------------------------------------------
+def cnn_ensemble(models, in_dims):
+    """transform(api) -> predict(x), the torch.func model-ensembling tutorial's program with
+    S7's CNN: ``api.stack_module_state(models)`` (once, when the contender is built), a base
+    model on the meta device, and ``vmap(fmodel, in_dims=in_dims)`` over the models:
+    (0, 0, None) gives every model the same minibatch, (0, 0, 0) each its own."""
+    base = copy.deepcopy(models[0]).to("meta")  # holds no weights: each call supplies them
+
+    def transform(api):
+        params, buffers = api.stack_module_state(models)
+        # stack_module_state returns leaves that require grad (for training the ensemble);
+        # here every contender computes predictions only, as in S5, so that none records an
+        # autograd graph that the loop (under no_grad) does not.
+        params = {k: v.detach() for k, v in params.items()}
+        buffers = {k: v.detach() for k, v in buffers.items()}
+
+        def fmodel(params, buffers, x):
+            return api.functional_call(base, (params, buffers), (x,))
+
+        ensemble = api.vmap(fmodel, in_dims=in_dims)
+        return lambda x: ensemble(params, buffers, x)
+    return transform
+
+
+def cnn_ensemble_loop(models, shared):
+    """The loop: each model itself on the shared minibatch, or on its own, under no_grad."""
+    def loop(x):
+        with torch.no_grad():
+            return torch.stack([model(x if shared else x[i]) for i, model in enumerate(models)])
+    return loop
+
+
+def cnn_ensemble_hand(models, shared):
+    """The floor: the models side by side in the channels. The first convolution of a shared
+    minibatch is one convolution with every model's output channels; of one minibatch per
+    model, and for the second convolution, one grouped convolution (groups = the number of
+    models); the linear layer is an einsum."""
+    stacked = {name: torch.stack([dict(m.named_parameters())[name].detach() for m in models])
+               for name in dict(models[0].named_parameters())}
+    n_models = len(models)
+
+    def conv(h, name, groups):  # name: small_cnn's "0" (first conv) or "3" (second)
+        return F.conv2d(h, stacked[name + ".weight"].flatten(0, 1),
+                        stacked[name + ".bias"].flatten(), groups=groups)
+
+    def relu_pool(h):
+        # Pooled channels-last, as the engine pools (NOTE [Max pooling on the CPU runs
+        # channels-last] in core/nn.py): torch's CPU max-pool kernel is not vectorized over
+        # contiguous (N, C, H, W) planes, and 80 or 160 channels make it several times slower
+        # than the channels-last one. A floor without it would be slower than the engine for
+        # a reason that has nothing to do with batching.
+        return F.max_pool2d(F.relu(h).contiguous(memory_format=torch.channels_last), 2)
+
+    def hand(x):
+        if shared:  # (batch, 1, side, side): every model's channels from one convolution
+            h = conv(x, "0", groups=1)
+        else:  # (models, batch, 1, side, side) -> (batch, models·1, side, side)
+            h = conv(x.transpose(0, 1).flatten(1, 2), "0", groups=n_models)
+        h = relu_pool(conv(relu_pool(h), "3", groups=n_models))
+        h = h.unflatten(1, (n_models, -1)).flatten(2)  # (batch, models, c2·side·side)
+        logits = torch.einsum("moi,bmi->mbo", stacked["7.weight"], h) \
+            + stacked["7.bias"][:, None]
+        return torch.log_softmax(logits, dim=-1)
+    return hand
+
+
+def s10_cases(sizes, device) -> list:
+    torch.manual_seed(100)
+    models = [small_cnn(sizes.s10_channels, sizes.s10_image, sizes.s10_classes).to(device)
+              for _ in range(sizes.s10_models)]
+    n_models, batch, side = sizes.s10_models, sizes.s10_batch, sizes.s10_image
+    shared_x = _randn(batch, 1, side, side, device=device, seed=101)
+    own_x = _randn(n_models, batch, 1, side, side, device=device, seed=102)
+    c1, c2 = sizes.s10_channels
+    cases = []
+    for shared, x, what in ((True, shared_x, "one minibatch"), (False, own_x, "own minibatches")):
+        in_dims = (0, 0, None) if shared else (0, 0, 0)
+        cases.append(engine_case(
+            "S10", f"{n_models} CNNs {c1}-{c2} on 1×{side}×{side}, {what}, B={batch}",
+            cnn_ensemble(models, in_dims), (x,), sizes=sizes,
+            loop=cnn_ensemble_loop(models, shared), hand=cnn_ensemble_hand(models, shared),
+            rtol=1e-4, atol=1e-5))
+    return cases
+
+
 # Every group: how its cases are measured (each inner list is timed together).
 GROUPS = {
     "S1": lambda sizes, device: s1_cases(sizes, device),
@@ -511,6 +692,8 @@ GROUPS = {
     "S5": lambda sizes, device: [[case] for case in s5_cases(sizes, device)],
     "S7": lambda sizes, device: [[case] for case in s7_cases(sizes, device)],
     "S8": lambda sizes, device: [[case] for case in s8_cases(sizes, device)],
+    "S9": lambda sizes, device: [[case] for case in s9_cases(sizes, device)],
+    "S10": lambda sizes, device: [[case] for case in s10_cases(sizes, device)],
 }
 
 

@@ -56,9 +56,9 @@ DESCRIPTIONS = {
     MAKE_FX: "`make_fx(torch.func transform)(*args)` traced once; the GraphModule is "
              "replayed",
     COMPILE: "`torch.compile(make_fx(torch.func transform)(*args))` (inductor)",
-    LOOP: "a Python loop: `torch.autograd.grad` per sample (S2), one module call per model "
-          "(S5)",
-    HAND: "hand-batched closed form (einsum), the floor",
+    LOOP: "a Python loop: `torch.autograd.grad` per sample (S2, S7), per task (S8), per "
+          "example and output (S9); one module call per model (S5, S10)",
+    HAND: "hand-batched closed form (einsum; S10: a grouped convolution), the floor",
 }
 
 

@@ -37,9 +37,10 @@ def run(*, quick=False, device="cpu", threads=1, extra_threads=2, out_dir=None,
         groups = tuple(groups)
         unknown = set(groups) - set(cases.GROUPS) - {"S6"}
         if unknown:
+            known = sorted(set(cases.GROUPS) | {"S6"}, key=lambda g: int(g[1:]))  # S9 < S10
             raise SystemExit(f"benchmarks: --groups {','.join(groups)}: no group "
                              f"{', '.join(sorted(unknown))}; the groups are "
-                             f"{', '.join(sorted(set(cases.GROUPS) | {'S6'}))}.")
+                             f"{', '.join(known)}.")
     started = time.perf_counter()
     torch.set_num_threads(threads)
     sizes = cases.QUICK if quick else cases.FULL

@@ -39,7 +39,7 @@ def test_quick_mode_checks_every_case_against_torch_func(quick_suite):
     failures = [f"{r.case.label} / {r.contender}: {r.status}: {r.detail}"
                 for r in quick_suite.failures()]
     assert not failures, "\n".join(failures)
-    assert set(quick_suite.groups) == {"S1", "S2", "S3", "S4", "S5", "S7", "S8"}
+    assert set(quick_suite.groups) == {"S1", "S2", "S3", "S4", "S5", "S7", "S8", "S9", "S10"}
     for group in quick_suite.groups:
         for by_contender in quick_suite.results(group):
             for contender in (harness.MFT, harness.TORCH_FUNC, harness.MAKE_FX):
@@ -53,31 +53,35 @@ def test_quick_report_renders_to_a_directory(quick_suite, tmp_path):
     markdown, image = report.write(quick_suite, tmp_path)
     text = markdown.read_text()
     assert "Quick mode" in text and "## Targets" in text
-    for group in ("S7", "S8"):
+    for group in ("S7", "S8", "S9", "S10"):
         assert f"## {report.GROUP_TITLES[group]}" in text
     assert image.stat().st_size > 0
 
 
-def test_s7_joins_t1_and_s8_has_no_target(quick_suite):
-    """With (made-up) times, S7's eager ratio is judged by T1 and S8's is only shown."""
+def test_s7_to_s10_are_judged_by_t1(quick_suite):
+    """With (made-up) times, the eager ratio of every case of S7-S10 is judged by T1 (issue
+    16: T1 covers S2-S5 and S7-S10), and a partial run reports only its groups."""
+    late = ("S7", "S8", "S9", "S10")
     groups = {g: [[{c: r.fresh() for c, r in by_c.items()} for by_c in measured]
-                  for measured in quick_suite.groups[g]] for g in ("S7", "S8")}
+                  for measured in quick_suite.groups[g]] for g in late}
     for measured in groups.values():
-        for by_contender in measured[0]:
-            by_contender[harness.TORCH_FUNC].times = [2.0]
-            by_contender[harness.MFT].times = [1.0]
+        for together in measured:
+            for by_contender in together:
+                by_contender[harness.TORCH_FUNC].times = [2.0]
+                by_contender[harness.MFT].times = [1.0]
     suite = report.Suite(env={"device": "cpu"}, quick=False, groups=groups, s1_ops=1,
                          threads=1)
     suite.targets = report.evaluate_targets(suite)
-    s7 = [row for row in suite.targets if row.case.startswith("S7")]
-    assert [(row.target, row.value, row.status) for row in s7] == \
-        [(report.T_EAGER, 0.5, "met")]
-    assert "S7" in report.T_EAGER
-    assert not [row for row in suite.targets if row.case.startswith("S8")]
+    cases_per_group = {g: len(suite.results(g)) for g in late}
+    assert cases_per_group["S10"] == 2, "S10: one shared minibatch, and one per model"
+    for group in late:
+        rows = [row for row in suite.targets if row.case.startswith(group + " ")]
+        assert [(row.target, row.value, row.status) for row in rows] == \
+            [(report.T_EAGER, 0.5, "met")] * cases_per_group[group], group
+    assert "S7–S10" in report.T_EAGER
     text = report.render(suite)
-    assert "Measured without a target: S8" in text and "0.50× torch.func's time" in text
     assert "## " + report.GROUP_TITLES["S1"] not in text, "a partial run shows its groups only"
-    assert [group for group, _ in report.plot_data(suite)] == ["S7", "S8"]
+    assert [group for group, _ in report.plot_data(suite)] == list(late)
 
 
 def test_groups_option_runs_only_the_named_groups():
@@ -91,8 +95,8 @@ def test_groups_option_runs_only_the_named_groups():
     (by_contender,) = suite.results("S8")
     # the jit cannot trace the outer torch.autograd.grad: it compiles the vmapped losses
     assert by_contender[harness.MFT_JIT].ok and by_contender[harness.LOOP].ok
-    with pytest.raises(SystemExit, match="no group S9"):
-        run.run(quick=True, groups=["S9"], log=_quiet)
+    with pytest.raises(SystemExit, match="no group S11"):
+        run.run(quick=True, groups=["S11"], log=_quiet)
 
 
 def test_timing_profile_and_report_on_a_tiny_case(tmp_path):
@@ -127,3 +131,28 @@ def test_jit_contenders_follow_the_engine(monkeypatch):
 
     monkeypatch.setattr(core, "jit", lambda f, backend=None: f, raising=False)
     assert harness.check_case(case)[harness.MFT_JIT].ok
+
+
+def test_tutorial_programs_script_checks_and_reports(tmp_path):
+    """benchmarks.programs (issue 16): the five tutorial programs of tests/test_tutorials.py
+    run on both libraries and agree (--check times nothing); with (made-up) times the report
+    gives each part's ratio and judges it against 1.0x."""
+    from benchmarks import programs
+
+    threads = torch.get_num_threads()
+    checked = programs.run(check_only=True, out=tmp_path / "PROGRAMS.md", log=_quiet)
+    assert torch.get_num_threads() == threads, "the script restores the thread count"
+    assert not (tmp_path / "PROGRAMS.md").exists(), "--check writes nothing"
+    assert not programs.failures(checked)
+    assert {part.program.split(".")[0] for part, _ in checked} == {"1", "2", "3", "4", "5"}
+    for part, by_contender in checked:
+        for contender in (harness.MFT, harness.TORCH_FUNC):
+            assert by_contender[contender].ok and not by_contender[contender].times, part
+    fake = [(part, {c: r.fresh() for c, r in by_contender.items()})
+            for part, by_contender in checked]
+    for i, (_, by_contender) in enumerate(fake):
+        by_contender[harness.TORCH_FUNC].times = [2.0]
+        by_contender[harness.MFT].times = [1.0 if i else 3.0]  # the first part misses
+    text = programs.render(fake, {"device": "cpu"})
+    assert f"{len(fake) - 1} of {len(fake)} parts within torch.func's time" in text
+    assert "| 1.50× | **missed** |" in text and "| 0.50× | met |" in text
