@@ -11,7 +11,11 @@ MAML) whole, minifunctorch side by side with torch.func in one process, and writ
 allocator settings they ran with; ``make bench`` sets them
 (``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000``), set them the same way here.
 
+``python -m benchmarks.floor`` prints the least one op can cost in a Python engine whose
+values are tensor subclasses (unwrap, call torch, wrap), beside torch.func's and
+minifunctorch's per-op times (NOTE [The floor of a tensor-subclass engine]).
+
 Modules: ``harness`` (contenders, correctness checks, interleaved timing, profiles),
 ``cases`` (the cases S1-S10), ``report`` (tables, targets, plot), ``run`` (the command line),
-``programs`` (the tutorial programs).
+``programs`` (the tutorial programs), ``floor`` (the per-op floor).
 """

@@ -156,3 +156,22 @@ def test_tutorial_programs_script_checks_and_reports(tmp_path):
     text = programs.render(fake, {"device": "cpu"})
     assert f"{len(fake) - 1} of {len(fake)} parts within torch.func's time" in text
     assert "| 1.50× | **missed** |" in text and "| 0.50× | met |" in text
+
+
+def test_the_dispatch_floor_script_measures_every_row():
+    """benchmarks.floor (NOTE [The floor of a tensor-subclass engine]): the minimal subclass
+    computes what torch computes, and every row gets a time per op (nothing is judged)."""
+    from benchmarks import floor
+
+    x = torch.randn(3, 3)
+    f = cases.chain(4)
+    torch.testing.assert_close(f(floor.Wrapped.of(x)).inner, f(x))
+    with floor.PassThrough():
+        out = f(floor.Wrapped.of(x))
+    assert type(out) is floor.Wrapped
+    torch.testing.assert_close(out.inner, f(x))
+    rows = floor.measure(ops=2, rounds=1)
+    assert [name for name, _ in rows][:3] == [
+        "plain torch call", "floor: subclass, unwrap-call-wrap",
+        "floor: subclass + mode on the stack"]
+    assert len(rows) == 7 and all(isinstance(t, float) for _, t in rows)
