@@ -98,7 +98,7 @@ def _indexed_shape(x_shape, index_shapes, dims):
     """The shape of ``x[...]`` with index tensors of ``index_shapes`` at ``dims`` (torch's
     rule: adjacent index tensors put their broadcast shape in place, separated ones put it
     in front)."""
-    broadcast = tuple(torch.broadcast_shapes(*index_shapes))
+    broadcast = ops.broadcast_shapes(*index_shapes, op="indexing with tensors")
     if _adjacent(dims):
         return tuple(x_shape[:dims[0]]) + broadcast + tuple(x_shape[dims[-1] + 1:])
     return broadcast + tuple(s for d, s in enumerate(x_shape) if d not in dims)
@@ -332,7 +332,7 @@ def _values_for(x, values, region, op):
     values = ops.convert(values, x.dtype)
     shape = ops.shape_of(values)
     try:
-        fits = tuple(torch.broadcast_shapes(shape, region)) == tuple(region)
+        fits = ops.broadcast_shapes(shape, region) == tuple(region)
     except RuntimeError:
         fits = False
     if not fits:
@@ -812,8 +812,9 @@ def take_along_dim(x, indices, dim=None):
         )
     dim = ops.normalize_dim(dim, rank, op="take_along_dim")
     x_shape, i_shape = list(ops.shape_of(x)), list(ops.shape_of(indices))
-    common = list(torch.broadcast_shapes(tuple(x_shape[:dim] + [1] + x_shape[dim + 1:]),
-                                         tuple(i_shape[:dim] + [1] + i_shape[dim + 1:])))
+    common = list(ops.broadcast_shapes(x_shape[:dim] + [1] + x_shape[dim + 1:],
+                                       i_shape[:dim] + [1] + i_shape[dim + 1:],
+                                       op="take_along_dim"))
     x = ops.expand(x, *(common[:dim] + [x_shape[dim]] + common[dim + 1:]))
     indices = ops.expand(_long(indices), *(common[:dim] + [i_shape[dim]] + common[dim + 1:]))
     # unlike gather, take_along_dim counts negative indices from the end
@@ -979,7 +980,7 @@ def _bool_mask(mask, op):
 def _broadcast_with_mask(x, mask, op):
     """x and its boolean mask, broadcast to their common shape."""
     mask = _bool_mask(mask, op)
-    shape = tuple(torch.broadcast_shapes(ops.shape_of(x), ops.shape_of(mask)))
+    shape = ops.broadcast_shapes(ops.shape_of(x), ops.shape_of(mask), op=op)
     x = ops.expand(x, *shape) if ops.shape_of(x) != shape else x
     return x, (ops.expand(mask, *shape) if ops.shape_of(mask) != shape else mask)
 

@@ -240,7 +240,7 @@ def _to_common_batch(name, values, bdims, cores, broadcast):
             f"vmap({name}): expected its tensors to share their batch dims, got batch shapes "
             f"{batch_shapes}. Fix: give every argument the same leading dims (this op does "
             "not broadcast them).")
-    common = tuple(torch.broadcast_shapes(*batch_shapes))
+    common = ops.broadcast_shapes(*batch_shapes, op=f"vmap({name})")
     moved = []
     for value, bdim, core in zip(values, bdims, cores):
         if core is None or not _is_tensor(value):
@@ -1537,7 +1537,7 @@ def _lstsq_kernel(A, B, *, rcond, driver):
 
 def _lstsq_meta(A, B, driver):
     m, n = A.shape[-2:]
-    batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    batch = ops.broadcast_shapes(A.shape[:-2], B.shape[:-2], op="linalg.lstsq")
     k = B.shape[-1]
     driver = driver or "gelsy"
     new = lambda *shape, dtype=A.dtype: torch.empty(shape, dtype=dtype, device="meta")  # noqa

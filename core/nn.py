@@ -2004,7 +2004,7 @@ def normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
 
 @torch_api.register(F.cosine_similarity, torch.cosine_similarity)
 def cosine_similarity(x1, x2, dim=1, eps=1e-8):
-    shape = torch.broadcast_shapes(shape_of(x1), shape_of(x2))
+    shape = ops.broadcast_shapes(shape_of(x1), shape_of(x2), op="cosine_similarity")
     x1, x2 = ops.expand(x1, *shape), ops.expand(x2, *shape)
     dim = ops.normalize_dim(dim, len(shape), op="cosine_similarity")
     n1 = _clamp_min_no_grad(structural.vector_norm(x1, 2, dim, keepdim=True), eps)
@@ -2225,7 +2225,7 @@ def binary_cross_entropy_with_logits(x, target, weight=None, size_average=None, 
 
 def _pointwise_loss(op, x, target, reduction, weight, elementwise_loss):
     _refuse_complex(op, x, target)
-    shape = torch.broadcast_shapes(shape_of(x), shape_of(target))
+    shape = ops.broadcast_shapes(shape_of(x), shape_of(target), op=op)
     loss = elementwise_loss(ops.sub(ops.expand(x, *shape), ops.expand(target, *shape)))
     if weight is None:
         return _reduce(loss, reduction, op)

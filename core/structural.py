@@ -1311,7 +1311,7 @@ def linalg_cross(x, y, *, dim=-1):
 @aten_api.register(aten.cross.default)
 def cross(x, y, dim=None):
     if dim is None:  # torch.cross's legacy default: the first dim of size 3
-        shape = torch.broadcast_shapes(ops.shape_of(x), ops.shape_of(y))
+        shape = ops.broadcast_shapes(ops.shape_of(x), ops.shape_of(y), op="cross")
         dim = next((d for d, s in enumerate(shape) if s == 3), -1)
     return linalg_cross(x, y, dim=dim)
 
