@@ -40,6 +40,7 @@ from .dispatch import (
     nondifferentiable_outputs,
 )
 from .errors import (
+    NonScalarOutputError,
     TransformUsageError,
     UnsupportedOperationError,
     missing_rule_error,
@@ -883,6 +884,12 @@ def autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_
                 "differentiate outputs computed from the inputs with grad enabled."
             )
         if ct is None:
+            if o.dtype.is_complex:
+                raise NonScalarOutputError(
+                    f"{call}: grad can be implicitly created only for real scalar outputs but "
+                    f"got {o.dtype} (output {position}). Fix: pass grad_outputs, or "
+                    "differentiate a real number (out.real, out.abs())."
+                )
             if tuple(o.shape) != ():
                 raise TransformUsageError(
                     f"{call}: grad can be implicitly created only for scalar outputs; output "

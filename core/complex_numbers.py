@@ -24,7 +24,7 @@ rules elsewhere call); this module holds their rules and their doors.
 """
 import torch
 
-from . import aten_api, ops, torch_api
+from . import aten_api, nn, ops, torch_api
 from . import primitives as P
 from .autograd import sum_to_size, vjp_rules, wants_cotangent
 from .batching import batching_rules, broadcasting_batch, elementwise_batch, move_bdim
@@ -35,8 +35,6 @@ from .values import bind
 aten = torch.ops.aten
 
 sgn_p, angle_p = P.sgn_p, P.angle_p
-# torch's lazy conjugate (a view with a conj bit); rules treat it as conj_physical
-conj_view_p = P.primitive("_conj", aten._conj)
 
 
 # --- conj ------------------------------------------------------------------------------------
@@ -50,12 +48,18 @@ def _conj_rules(prim):
     return vjp, jvp
 
 
-for _prim in (P.conj_physical_p, conj_view_p):
-    vjp_rules[_prim], jvp_rules[_prim] = _conj_rules(_prim)
-    batching_rules[_prim] = elementwise_batch(_prim)
+vjp_rules[P.conj_physical_p], jvp_rules[P.conj_physical_p] = _conj_rules(P.conj_physical_p)
+batching_rules[P.conj_physical_p] = elementwise_batch(P.conj_physical_p)
 torch_api.register(*torch_api.torch_functions("conj_physical"))(ops.conj)
-aten_api.register(aten.conj_physical.default, aten._conj_physical.default)(ops.conj)
-aten_api.register(aten._conj.default)(lambda x: bind(conj_view_p, x))
+# NOTE [No lazy conjugates inside the engine]
+# torch's x.conj() is aten._conj, a view that only sets a conj bit, which torch's Conjugate
+# dispatch key resolves before a kernel reads the data. Inside __torch_dispatch__ (the back
+# door) that key is excluded, so a kernel called there on such a view reads the data
+# unconjugated (an FFT of a conj view, hfft of a complex tensor, came out wrong under vmap).
+# So the engine conjugates physically: aten._conj is conj_physical here (the in-place
+# machinery still sees aten._conj's schema, a view).
+aten_api.register(aten.conj_physical.default, aten._conj_physical.default,
+                  aten._conj.default)(ops.conj)
 
 
 # --- real, imag and complex ------------------------------------------------------------------
@@ -219,7 +223,7 @@ for _prim, _name in ((sgn_p, "sgn"), (angle_p, "angle")):
 # complex128 inputs in tests/test_complex.py; a primitive not listed here is refused)
 complex_ready(
     # this module
-    P.conj_physical_p, conj_view_p, P.real_p, P.imag_p, P.complex_p, P.view_as_real_p,
+    P.conj_physical_p, P.real_p, P.imag_p, P.complex_p, P.view_as_real_p,
     P.view_as_complex_p, sgn_p, angle_p,
     # the course's rules (autograd.py, forward.py), with conj where the formula needs it
     P.neg_p, P.exp_p, P.log_p, P.sin_p, P.cos_p, P.tanh_p, P.sigmoid_p, P.sqrt_p, P.abs_p,
@@ -228,4 +232,7 @@ complex_ready(
     P.sum_p, P.mean_p, P.permute_p, P.reshape_p, P.unsqueeze_p, P.squeeze_p, P.expand_p,
     P.cat_p, P.getitem_p, P.scatter_index_p, P.diagonal_p, P.diagonal_scatter_p,
     P.diag_embed_p, P.gather_p, P.scatter_add_p, P.clone_p, P.to_device_p, P.convert_p,
+    # nn.py's padding by a constant, linear in x (what fft(x, n) does for n > size), marked
+    # here to leave nn.py's hot paths alone
+    nn.constant_pad_nd_p,
 )

@@ -502,7 +502,8 @@ def scatter(x, dim, index, src):
     if not isinstance(src, (torch.Tensor, Value)):
         src = full_like(index, src, dtype=x.dtype)
     written = bind(P.scatter_add_p, full_like(src, 1), index, dim=dim, shape=shape)
-    return where(gt(written, 0), bind(P.scatter_add_p, src, index, dim=dim, shape=shape), x)
+    # (ne, not gt: a count of complex ones is complex, which gt does not take)
+    return where(ne(written, 0), bind(P.scatter_add_p, src, index, dim=dim, shape=shape), x)
 
 
 def setitem(x, index, value):

@@ -142,6 +142,7 @@ def test_vjp_jvp_of_two_complex_inputs(name, dtype):
 # real inputs, complex intermediates, real outputs: jacrev and jacfwd apply (torch.func
 # refuses complex inputs and outputs there)
 MIXED = {
+    "fft abs": lambda x: torch.fft.fft(x).abs(),
     "real times complex constant": lambda x: (x * (1 + 2j)).imag,
     "x promoted by a complex tensor": lambda x: torch.view_as_real(
         x * torch.tensor([1 + 1j, 2 - 1j, 0.5j, 1, 2], dtype=torch.complex64)).sum(-1),
@@ -169,6 +170,12 @@ def test_the_real_input_gets_a_real_gradient():
     ours = mf.grad(loss)(x)
     assert ours.dtype == torch.float32
     torch.testing.assert_close(ours, tf.grad(loss)(x))
+
+
+def test_fft_of_a_real_input_under_a_real_loss():
+    f = lambda x: torch.fft.fft(x).abs().sum()  # noqa: E731
+    x = torch.randn(8, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(mf.grad(f)(x), tf.grad(f)(x))
 
 
 def test_finite_differences_of_a_real_loss_of_a_complex_input():
@@ -223,3 +230,18 @@ def test_vmap_still_takes_any_complex_op():
     z = _complex((3, 2, 3), 0, torch.complex64)
     torch.testing.assert_close(mf.vmap(lambda a: torch.prod(a, 1))(z),
                                tf.vmap(lambda a: torch.prod(a, 1))(z))
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: mf.jacrev(lambda x: x * 1j)(torch.randn(3)), "jacrev: Expected all outputs to be real"),
+    (lambda: mf.jacfwd(lambda x: x * 1j)(torch.randn(3)), "jacfwd: Expected all outputs to be real"),
+    (lambda: mf.jacrev(torch.sin)(torch.randn(3) * 1j), "jacrev: Expected all inputs to be real"),
+    (lambda: mf.grad(lambda x: (x * 1j).sum())(torch.randn(3)),
+     "grad can be implicitly created only for real scalar outputs"),
+    (lambda: mf.grad(lambda x: torch.autograd.grad((x * 1j).sum(), x)[0].sum().real)(
+        torch.randn(3)), "grad can be implicitly created only for real scalar outputs"),
+], ids=["jacrev output", "jacfwd output", "jacrev input", "grad", "torch.autograd.grad"])
+def test_complex_outputs_torch_func_refuses_are_refused(call, words):
+    """torch.func computes real Jacobians and gradients of real losses only."""
+    with pytest.raises(RuntimeError, match=words):
+        call()
