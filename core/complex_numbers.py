@@ -7,9 +7,9 @@ NOTE [Rules of functions that are not holomorphic]
 A function f of z = a + ib that is not holomorphic has a differential with two terms,
 ``df = (df/dz) dz + (df/dz*) conj(dz)`` (Wirtinger derivatives; NOTE [Complex numbers] in
 dispatch.py). Its jvp is that sum; its vjp, in PyTorch's convention, is
-``conj(df/dz) ct + (df/dz*) conj(ct)`` (for a real output, where ct is real, that is
-``2 Re``-style formulas such as abs's ``ct * sgn(z)``). Each rule below is that formula worked
-out, the way FunctionsManual.cpp works out ``abs_backward``, ``angle_backward`` and
+``conj(df/dz) ct + (df/dz*) conj(ct)`` (abs: ``df/dz = conj(z) / 2|z|`` and
+``df/dz* = z / 2|z|``, so a real ct gives ``ct * sgn(z)``, abs_vjp in autograd.py). Each rule
+below is that formula worked out, as FunctionsManual.cpp works out ``angle_backward`` and
 ``sgn_backward``; conj, real, imag and the views are linear over the reals, so their vjp is
 their adjoint for the real inner product ``Re(sum(conj(a) * b))``:
 - conj: dz -> conj(dz); its adjoint is conj.

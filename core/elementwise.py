@@ -151,7 +151,7 @@ positive = unary("positive", lambda x, out: full_like(x, 1))
 # vjp makes them complex-correct (NOTE [Complex numbers] in dispatch.py)
 complex_ready(*(P.PRIMITIVES[name] for name in (
     "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "exp2", "expm1",
-    "log2", "log10", "log1p", "rsqrt", "reciprocal")))
+    "log2", "log10", "log1p", "rsqrt", "reciprocal", "positive", "sinc")))
 # conj, conj_physical, angle and sgn are not holomorphic: their rules are in
 # complex_numbers.py (NOTE [Complex numbers] in dispatch.py)
 # zero derivative wherever there is one
@@ -638,6 +638,7 @@ igamma = binary("igamma", NotImplemented, lambda x, y, out: _igamma_dy(x, y),
                 functions=(*torch_api.torch_functions("igamma"), torch.special.gammainc))
 igammac = binary("igammac", NotImplemented, lambda x, y, out: neg(_igamma_dy(x, y)),
                  functions=(*torch_api.torch_functions("igammac"), torch.special.gammaincc))
+complex_ready(P.PRIMITIVES["logaddexp"])  # holomorphic, checked (NOTE [Complex numbers])
 # zero derivative wherever there is one
 # nextafter(x, y) moves x by one ulp: torch differentiates it as x itself
 nextafter = binary("nextafter", lambda x, y, out: full_like(out, 1), None)

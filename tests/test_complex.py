@@ -56,6 +56,8 @@ UNARY = {
     "square": (lambda z: z * z, (3, 4)), "pow 2": (lambda z: z ** 2, (3, 4)),
     "pow 0.5": (lambda z: z ** 0.5, (5,)), "pow 3": (lambda z: torch.pow(z, 3), (5,)),
     "rpow": (lambda z: 2.0 ** z, (5,)),
+    "positive": (torch.positive, (5,)), "sinc": (torch.sinc, (5,)),
+    "logaddexp": (lambda z: torch.logaddexp(z, z.sin()), (5,)),
     "abs": (torch.abs, (3, 4)), "angle": (torch.angle, (3, 4)), "sgn": (torch.sgn, (3, 4)),
     "real": (torch.real, (3, 4)), "imag": (torch.imag, (3, 4)),
     ".real and .imag": (lambda z: z.real * z.imag, (3, 4)),
