@@ -5,7 +5,7 @@ A VJP rule is written the way TorchScript's symbolic gradients are: a forward th
 the result and returns a backward closure over what it saved,
 
     def sin_vjp(x):
-        return ops.sin(x), lambda ct: (ops.mul(ct, ops.cos(x)),)
+        return ops.sin(x), lambda ct: (ops.mul(ct, conj(ops.cos(x))),)
 
 The closure returns one cotangent per argument (``None`` for a symbolic zero, and for
 arguments that are numbers or integer indices). Broadcasting is undone with ``sum_to_size``.
@@ -32,12 +32,15 @@ from . import ops, torch_api
 from . import primitives as P
 from .dispatch import (
     Dispatcher,
+    complex_derivatives,
     complex_not_supported,
     cyclic_gc_paused,
+    has_complex,
     name_of,
     nondifferentiable_outputs,
 )
 from .errors import (
+    NonScalarOutputError,
     TransformUsageError,
     UnsupportedOperationError,
     missing_rule_error,
@@ -142,7 +145,7 @@ class Tape:
         """How the tape names an argument that is not one of its own values: a number as a
         literal, a labelled tensor or a value of another level by its name, any other tensor
         as c0, c1, ... in the order the tape first saw it (the tensor itself is not touched)."""
-        if isinstance(value, (int, float, bool)):
+        if isinstance(value, (int, float, bool, complex)):
             return repr(value)
         if isinstance(value, Value):
             return value.name
@@ -249,7 +252,7 @@ def needs_input_grad(position: int) -> bool:
 
 def wants_cotangent(position: int, value) -> bool:
     """A tensor argument that the current backward pass wants a cotangent for."""
-    return not isinstance(value, (int, float, bool)) and needs_input_grad(position)
+    return not isinstance(value, (int, float, bool, complex)) and needs_input_grad(position)
 
 
 @contextlib.contextmanager
@@ -327,6 +330,9 @@ class Autograd(Dispatcher):
                 payloads.append(a)
                 inputs.append(None)
                 labels.append(self.tape.label_of_constant(a))
+        complex_ok = prim in complex_derivatives  # NOTE [Complex numbers] (dispatch.py)
+        if not complex_ok and has_complex(payloads):
+            raise complex_not_supported(self, prim, gives=False)
         if self.create_graph:
             self._paused += 1
             try:
@@ -347,7 +353,9 @@ class Autograd(Dispatcher):
             name = out._name = fresh_name()
         dtype = out.dtype
         if dtype.is_complex:
-            raise complex_not_supported(self, prim)
+            if not complex_ok:
+                raise complex_not_supported(self, prim)
+            backward = real_cotangents_of(payloads, inputs, backward)
         self.tape.record(TapeEntry(prim, params, inputs, labels, args, name, out.shape,
                                    dtype, backward))
         return out
@@ -394,6 +402,30 @@ class Autograd(Dispatcher):
 
 
 # --- helpers ---------------------------------------------------------------------------------
+def real_cotangents_of(payloads, inputs, backward):
+    """The backward of an op with a complex result, where the tracked inputs that are real get
+    the real part of their cotangent (NOTE [Complex numbers] in dispatch.py)."""
+    real = [i for i, (p, name) in enumerate(zip(payloads, inputs))
+            if name is not None and not p.dtype.is_complex]
+    if not real:
+        return backward
+
+    def backward_of_real_inputs(ct):
+        cts = list(backward(ct))
+        for i in real:
+            if cts[i] is not None and cts[i].dtype.is_complex:
+                cts[i] = ops.real(cts[i])
+        return tuple(cts)
+    return backward_of_real_inputs
+
+
+def conj(v):
+    """The complex conjugate; a real tensor (or number) is returned as it is."""
+    if isinstance(v, complex) or (getattr(v, "dtype", None) is not None and v.dtype.is_complex):
+        return ops.conj(v) if not isinstance(v, complex) else v.conjugate()
+    return v
+
+
 def sum_to_size(ct, shape):
     """Undo broadcasting: sum ``ct`` down to ``shape`` (TorchScript's ``sum_to_size``).
 
@@ -435,22 +467,22 @@ vjp_rules[P.neg_p] = neg_vjp
 
 def exp_vjp(x):
     out = ops.exp(x)
-    return out, lambda ct: (ops.mul(ct, out),)
+    return out, lambda ct: (ops.mul(ct, conj(out)),)
 vjp_rules[P.exp_p] = exp_vjp
 
 
 def log_vjp(x):
-    return ops.log(x), lambda ct: (ops.div(ct, x),)
+    return ops.log(x), lambda ct: (ops.div(ct, conj(x)),)
 vjp_rules[P.log_p] = log_vjp
 
 
 def sin_vjp(x):
-    return ops.sin(x), lambda ct: (ops.mul(ct, ops.cos(x)),)
+    return ops.sin(x), lambda ct: (ops.mul(ct, conj(ops.cos(x))),)
 vjp_rules[P.sin_p] = sin_vjp
 
 
 def cos_vjp(x):
-    return ops.cos(x), lambda ct: (ops.neg(ops.mul(ct, ops.sin(x))),)
+    return ops.cos(x), lambda ct: (ops.neg(ops.mul(ct, conj(ops.sin(x)))),)
 vjp_rules[P.cos_p] = cos_vjp
 
 
@@ -473,13 +505,16 @@ vjp_rules[P.relu_p] = relu_vjp
 
 
 def abs_vjp(x):
-    return ops.abs(x), lambda ct: (ops.mul(ct, ops.sign(x)),)
+    # d|z| = Re(conj(sgn z) dz): the cotangent of a complex z is ct * sgn(z)
+    # (FunctionsManual.cpp's abs_backward); on real numbers sgn is sign
+    sign = ops.sgn if x.dtype.is_complex else ops.sign
+    return ops.abs(x), lambda ct: (ops.mul(ct, sign(x)),)
 vjp_rules[P.abs_p] = abs_vjp
 
 
 def sqrt_vjp(x):
     out = ops.sqrt(x)
-    return out, lambda ct: (ops.div(ct, ops.mul(out, 2)),)
+    return out, lambda ct: (ops.div(ct, ops.mul(conj(out), 2)),)
 vjp_rules[P.sqrt_p] = sqrt_vjp
 
 
@@ -502,18 +537,19 @@ vjp_rules[P.sub_p] = sub_vjp
 
 def mul_vjp(x, y):
     def backward(ct):
-        return (sum_to_size(ops.mul(ct, y), ops.shape_of(x)) if wants_cotangent(0, x) else None,
-                sum_to_size(ops.mul(ct, x), ops.shape_of(y)) if wants_cotangent(1, y) else None)
+        return (sum_to_size(ops.mul(ct, conj(y)), ops.shape_of(x)) if wants_cotangent(0, x) else None,
+                sum_to_size(ops.mul(ct, conj(x)), ops.shape_of(y)) if wants_cotangent(1, y) else None)
     return ops.mul(x, y), backward
 vjp_rules[P.mul_p] = mul_vjp
 
 
 def div_vjp(x, y):
     def backward(ct):
-        x_bar = sum_to_size(ops.div(ct, y), ops.shape_of(x)) if wants_cotangent(0, x) else None
+        x_bar = sum_to_size(ops.div(ct, conj(y)), ops.shape_of(x)) if wants_cotangent(0, x) else None
         y_bar = None
         if wants_cotangent(1, y):
-            y_bar = sum_to_size(ops.neg(ops.div(ops.mul(ct, x), ops.mul(y, y))), ops.shape_of(y))
+            y_bar = sum_to_size(ops.neg(ops.div(ops.mul(ct, conj(x)), conj(ops.mul(y, y)))),
+                                ops.shape_of(y))
         return x_bar, y_bar
     return ops.div(x, y), backward
 vjp_rules[P.div_p] = div_vjp
@@ -526,12 +562,12 @@ def pow_vjp(x, y):
         x_bar = y_bar = None
         if wants_cotangent(0, x):
             if isinstance(y, (int, float)):
-                x_bar = None if y == 0 else ops.mul(ct, ops.mul(ops.power(x, y - 1), y))
+                x_bar = None if y == 0 else ops.mul(ct, conj(ops.mul(ops.power(x, y - 1), y)))
             else:
-                x_bar = sum_to_size(ops.mul(ct, ops.pow_base_derivative(x, y)),
+                x_bar = sum_to_size(ops.mul(ct, conj(ops.pow_base_derivative(x, y))),
                                     ops.shape_of(x))
         if wants_cotangent(1, y):
-            y_bar = sum_to_size(ops.mul(ct, ops.pow_exponent_derivative(x, y, out)),
+            y_bar = sum_to_size(ops.mul(ct, conj(ops.pow_exponent_derivative(x, y, out))),
                                 ops.shape_of(y))
         return x_bar, y_bar
     return out, backward
@@ -626,13 +662,14 @@ def matmul_vjp(x, y):
     def backward(ct):
         want_x, want_y = needs_input_grad(0), needs_input_grad(1)
         if x_rank == 1 and y_rank == 1:  # a dot product: ct is a scalar
-            return (ops.mul(ct, y) if want_x else None), (ops.mul(ct, x) if want_y else None)
+            return ((ops.mul(ct, conj(y)) if want_x else None),
+                    (ops.mul(ct, conj(x)) if want_y else None))
         if x_rank == 2 and y_rank == 1:  # matrix @ vector: an outer product and ct @ x
-            return (ops.mul(ops.unsqueeze(ct, 1), ops.unsqueeze(y, 0)) if want_x else None,
-                    ops.matmul(ct, x) if want_y else None)
+            return (ops.mul(ops.unsqueeze(ct, 1), ops.unsqueeze(conj(y), 0)) if want_x else None,
+                    ops.matmul(ct, conj(x)) if want_y else None)
         if x_rank == 1 and y_rank == 2:  # vector @ matrix: y @ ct and an outer product
-            return (ops.matmul(y, ct) if want_x else None,
-                    ops.mul(ops.unsqueeze(x, 1), ops.unsqueeze(ct, 0)) if want_y else None)
+            return (ops.matmul(conj(y), ct) if want_x else None,
+                    ops.mul(ops.unsqueeze(conj(x), 1), ops.unsqueeze(ct, 0)) if want_y else None)
         # view vectors as matrices, so that both cotangents are matrix products (each
         # operand is reshaped only where the cotangent that needs it is wanted)
         ct_matrix = ops.unsqueeze(ct, -2) if x_rank == 1 else ct
@@ -640,12 +677,13 @@ def matmul_vjp(x, y):
         x_bar = y_bar = None
         if want_x:
             y_matrix = ops.unsqueeze(y, 1) if y_rank == 1 else y
-            x_bar = sum_to_size(ops.matmul(ct_matrix, ops.transpose(y_matrix, -1, -2)),
+            # the adjoint: the conjugate transpose (a no-op conj on real numbers)
+            x_bar = sum_to_size(ops.matmul(ct_matrix, conj(ops.transpose(y_matrix, -1, -2))),
                                 (1, x.shape[0]) if x_rank == 1 else ops.shape_of(x))
             x_bar = ops.reshape(x_bar, *ops.shape_of(x))
         if want_y:
             x_matrix = ops.unsqueeze(x, 0) if x_rank == 1 else x
-            y_bar = sum_to_size(ops.matmul(ops.transpose(x_matrix, -1, -2), ct_matrix),
+            y_bar = sum_to_size(ops.matmul(conj(ops.transpose(x_matrix, -1, -2)), ct_matrix),
                                 (y.shape[0], 1) if y_rank == 1 else ops.shape_of(y))
             y_bar = ops.reshape(y_bar, *ops.shape_of(y))
         return x_bar, y_bar
@@ -755,6 +793,10 @@ def convert_vjp(x, *, dtype):
     out = bind(P.convert_p, x, dtype=dtype)
     if not (dtype.is_floating_point or dtype.is_complex):
         return out, lambda ct: (None,)  # x.long(), x.bool(): no derivative flows back
+    if dtype.is_complex and not x_dtype.is_complex:
+        # a real tensor promoted to complex: its cotangent is the real part (NOTE [Complex
+        # numbers]); complex to real (which torch warns drops the imaginary part) is refused
+        return out, lambda ct: (ops.convert(ops.real(ct), x_dtype),)
     return out, lambda ct: (ops.convert(ct, x_dtype),)
 vjp_rules[P.convert_p] = convert_vjp
 
@@ -842,6 +884,12 @@ def autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_
                 "differentiate outputs computed from the inputs with grad enabled."
             )
         if ct is None:
+            if o.dtype.is_complex:
+                raise NonScalarOutputError(
+                    f"{call}: grad can be implicitly created only for real scalar outputs but "
+                    f"got {o.dtype} (output {position}). Fix: pass grad_outputs, or "
+                    "differentiate a real number (out.real, out.abs())."
+                )
             if tuple(o.shape) != ():
                 raise TransformUsageError(
                     f"{call}: grad can be implicitly created only for scalar outputs; output "

@@ -248,7 +248,7 @@ def to_front(values, bdims, *, expand_unbatched=False):
     for value, bdim in zip(values, bdims):
         if bdim is not None:
             moved.append(move_bdim(value, bdim, 0))
-        elif expand_unbatched and not isinstance(value, (int, float, bool)):
+        elif expand_unbatched and not isinstance(value, (int, float, bool, complex)):
             moved.append(ops.expand(ops.unsqueeze(value, 0), size, *ops.shape_of(value)))
         else:
             moved.append(value)
@@ -260,7 +260,7 @@ def physical_dim(dim, bdim):
     return dim if dim < bdim else dim + 1
 
 
-_NUMBERS = (int, float, bool)
+_NUMBERS = (int, float, bool, complex)
 # primitives whose rule keeps a lone batched operand's batch dim in place (with at most a
 # number beside it): Batched.apply applies them directly (NOTE [The two commonest cases])
 _KEEPS_BDIM: set = set()
@@ -298,7 +298,7 @@ def broadcasting_batch(prim):
         shared_bdim, shared_rank, aligned, unbatched_ranks = None, None, True, []
         for value, bdim in zip(values, bdims):
             if bdim is None:
-                if not isinstance(value, (int, float, bool)):
+                if not isinstance(value, (int, float, bool, complex)):
                     unbatched_ranks.append(value.dim())
             elif shared_bdim is None:
                 shared_bdim, shared_rank = bdim, value.dim()
@@ -318,7 +318,7 @@ def broadcasting_batch(prim):
             for value, b, rank in zip(values, bdims, ranks):
                 if b is not None:
                     aligned = aligned and rank == out_rank
-                elif not isinstance(value, (int, float, bool)):
+                elif not isinstance(value, (int, float, bool, complex)):
                     aligned = aligned and bdim < out_rank + 1 - rank
             if aligned:
                 return bind(prim, *values, **params), bdim

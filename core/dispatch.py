@@ -426,15 +426,51 @@ def nondifferentiable_outputs(level, name, run, values, kwargs):
     return out
 
 
-def complex_not_supported(level, prim) -> UnsupportedOperationError:
-    """NOTE [Complex numbers]
-    Derivatives of complex functions follow PyTorch's conjugate Wirtinger convention, which
-    the rules do not implement yet: rather than a silently wrong gradient, a derivative level
-    refuses any complex result. vmap, which needs no derivative, accepts complex tensors."""
+# NOTE [Complex numbers]
+# Derivatives of complex functions follow PyTorch's convention (the "conjugate Wirtinger"
+# one, described in torch's docs, notes/autograd.rst, "Autograd for Complex Numbers", and
+# used by every formula of derivatives.yaml and FunctionsManual.cpp):
+# - jvp: the tangent of f(z) is ``df = (df/dz) z_dot + (df/dz*) conj(z_dot)``; for a
+#   holomorphic f (exp, sin, mul, matmul, ...) the second term is zero: ``z_dot * f'(z)``.
+# - vjp: the cotangent of z is ``conj(df/dz) ct + (df/dz*) conj(ct)``; for a holomorphic f,
+#   ``ct * conj(f'(z))``. For a real loss L of a complex z it is dL/dRe(z) + i dL/dIm(z),
+#   the direction of steepest ascent, which is what torch.func.grad returns.
+# - A real input of an op with a complex result (a real tensor promoted by ``x * 1j``) gets
+#   the real part of its cotangent, as torch's engine does (``validate_outputs`` in
+#   engine.cpp): ``Autograd.apply`` wraps such an entry's backward (real_cotangents_of).
+# A rule written for real numbers is often wrong for complex ones, silently (``ct * d``
+# without the conj, ``sign`` where ``sgn`` is meant). So complex derivatives are opt-in, per
+# primitive: a family adds the primitives whose vjp and jvp rules it has checked on complex
+# inputs against torch.func (tests/test_complex.py) to ``complex_derivatives``, right under
+# their rules. A derivative level (grad, vjp, jvp and the transforms built on them) refuses
+# any other primitive that takes or gives a complex tensor, with the message below: never a
+# silently wrong derivative. vmap, which needs no derivative, accepts complex tensors
+# everywhere.
+complex_derivatives: set = set()
+
+
+def complex_ready(*prims):
+    """Mark primitives whose vjp and jvp rules are checked on complex numbers
+    (NOTE [Complex numbers])."""
+    complex_derivatives.update(prims)
+
+
+def has_complex(values) -> bool:
+    """Whether any of ``values`` (tensors, engine values, numbers) is complex."""
+    for v in values:
+        dtype = getattr(v, "dtype", None)
+        if dtype is not None and dtype.is_complex:
+            return True
+    return False
+
+
+def complex_not_supported(level, prim, *, gives=True) -> UnsupportedOperationError:
+    """A derivative level meets a primitive not marked complex-ready (NOTE [Complex numbers])."""
     name = getattr(prim, "name", prim)
+    what = "gives a complex result" if gives else "takes a complex input"
     return UnsupportedOperationError(
-        f"{level.call}: {name} gives a complex result, and derivatives of complex numbers are "
-        "not supported yet. Fix: differentiate real and imaginary parts separately "
+        f"{level.call}: {name} {what}, and its derivatives of complex numbers are not "
+        "supported yet. Fix: differentiate real and imaginary parts separately "
         "(torch.view_as_real), or keep complex numbers out of the differentiated function."
     )
 

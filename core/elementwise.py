@@ -4,7 +4,11 @@ NOTE [A formula written once]
 The course writes the rules of ``sin`` by hand, one per transform (autograd.py, forward.py,
 batching.py). For an elementwise function they all follow from one fact, the derivative of
 the output with respect to each input:
-- vjp: ``ct * d``, summed back to the input's shape where it was broadcast;
+- vjp: ``ct * conj(d)``, summed back to the input's shape where it was broadcast (conj is
+  the identity on real numbers; on complex ones it is PyTorch's convention for a holomorphic
+  function, applied here once for every formula: NOTE [Complex numbers] in dispatch.py. A
+  primitive still takes complex inputs only once it is marked ``complex_ready``, after its
+  formula is checked on them: a formula of ``abs`` or ``clamp`` is not holomorphic);
 - jvp: ``x_dot * d``, summed over the inputs;
 - batching: elementwise, so the batch dim stays where it is (broadcasting moves it).
 So each primitive here is one line: a name and a derivative formula written with ``ops``
@@ -27,8 +31,9 @@ import torch.nn.functional as F
 
 from . import aten_api, ops, torch_api
 from . import primitives as P
-from .autograd import sum_to_size, vjp_rules, wants_cotangent
+from .autograd import conj, sum_to_size, vjp_rules, wants_cotangent
 from .batching import batching_rules, broadcasting_batch, elementwise_batch
+from .dispatch import complex_ready
 from .errors import MissingRuleError, TransformUsageError
 from .forward import add_tangents, broadcast_tangent, jvp_rules
 from .values import Value, bind
@@ -45,6 +50,8 @@ def _is_tensor(x):
 
 
 def _refuse_complex(prim, *args):
+    """For families whose rules are written for real numbers only (a clearer message than the
+    level's, NOTE [Complex numbers] in dispatch.py)."""
     for a in args:
         if _is_tensor(a) and a.dtype.is_complex:
             raise MissingRuleError(
@@ -63,13 +70,11 @@ def unary_rules(prim, derivative):
         return  # not differentiable: the rules of primitives.py say so
 
     def vjp(x, **params):
-        _refuse_complex(prim, x)
         out = bind(prim, x, **params)
-        return out, lambda ct: (ops.mul(ct, derivative(x, out, **params)),)
+        return out, lambda ct: (ops.mul(ct, conj(derivative(x, out, **params))),)
 
     def jvp(primals, tangents, **params):
         (x,), (x_dot,) = primals, tangents
-        _refuse_complex(prim, x)
         out = bind(prim, x, **params)
         return out, ops.mul(x_dot, derivative(x, out, **params))
 
@@ -118,7 +123,10 @@ atan = unary("atan", lambda x, out: reciprocal(add(square(x), 1)))
 sinh = unary("sinh", lambda x, out: cosh(x))
 cosh = unary("cosh", lambda x, out: sinh(x))
 asinh = unary("asinh", lambda x, out: rsqrt(add(square(x), 1)))
-acosh = unary("acosh", lambda x, out: rsqrt(sub(square(x), 1)))
+# (on complex numbers 1/sqrt(x^2 - 1) is on another branch: derivatives.yaml's
+# 1/(sqrt(x + 1) sqrt(x - 1)) is the derivative there)
+acosh = unary("acosh", lambda x, out: mul(rsqrt(add(x, 1)), rsqrt(sub(x, 1)))
+              if x.dtype.is_complex else rsqrt(sub(square(x), 1)))
 atanh = unary("atanh", lambda x, out: reciprocal(one_minus_square(x)))
 exp2 = unary("exp2", lambda x, out: mul(out, math.log(2.0)))
 expm1 = unary("expm1", lambda x, out: add(out, 1))
@@ -139,19 +147,18 @@ frac = unary("frac", lambda x, out: full_like(x, 1))
 deg2rad = unary("deg2rad", lambda x, out: full_like(x, math.pi / 180))
 rad2deg = unary("rad2deg", lambda x, out: full_like(x, 180 / math.pi))
 positive = unary("positive", lambda x, out: full_like(x, 1))
-# Conjugation and the angle: on a real tensor the identity (a copy) and a step with zero
-# derivative, as torch.func differentiates them; on a complex tensor only vmap applies
-# (NOTE [Complex numbers]). aten._conj is torch's lazy conjugate view of a complex tensor.
-conj_physical = unary("conj_physical", lambda x, out: full_like(x, 1),
-                      aten_ops=[aten.conj_physical.default, aten._conj_physical.default])
-conj_view = unary("_conj", lambda x, out: full_like(x, 1), impl=aten._conj, functions=())
-angle = unary("angle", None, aten_ops=[aten.angle.default])
+# holomorphic formulas, checked on complex inputs (tests/test_complex.py): the conj of the
+# vjp makes them complex-correct (NOTE [Complex numbers] in dispatch.py)
+complex_ready(*(P.PRIMITIVES[name] for name in (
+    "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "exp2", "expm1",
+    "log2", "log10", "log1p", "rsqrt", "reciprocal", "positive", "sinc")))
+# conj, conj_physical, angle and sgn are not holomorphic: their rules are in
+# complex_numbers.py (NOTE [Complex numbers] in dispatch.py)
 # zero derivative wherever there is one
 ceil = unary("ceil", None)
 floor = unary("floor", None)
 round = unary("round", None, aten_ops=[aten.round.default, prims.round.default], functions=())
 trunc = unary("trunc", None)
-sgn = unary("sgn", None)
 signbit = unary("signbit", None)
 isnan = unary("isnan", None)
 isinf = unary("isinf", None)
@@ -525,23 +532,21 @@ def binary_rules(prim, dx, dy):
         return formula(_as_tensor_like(x, like), _as_tensor_like(y, like), out, **params)
 
     def vjp(x, y, **params):
-        _refuse_complex(prim, x, y)
         out = bind(prim, x, y, **params)
 
         def backward(ct):
             x_bar = y_bar = None
             if dx is not None and wants_cotangent(0, x):
-                x_bar = sum_to_size(mul(ct, partial(dx, "first", x, y, out, params)),
+                x_bar = sum_to_size(mul(ct, conj(partial(dx, "first", x, y, out, params))),
                                     ops.shape_of(x))
             if dy is not None and wants_cotangent(1, y):
-                y_bar = sum_to_size(mul(ct, partial(dy, "second", x, y, out, params)),
+                y_bar = sum_to_size(mul(ct, conj(partial(dy, "second", x, y, out, params))),
                                     ops.shape_of(y))
             return x_bar, y_bar
         return out, backward
 
     def jvp(primals, tangents, **params):
         (x, y), (x_dot, y_dot) = primals, tangents
-        _refuse_complex(prim, x, y)
         out = bind(prim, x, y, **params)
         out_dot = None
         if dx is not None and x_dot is not None:
@@ -633,6 +638,7 @@ igamma = binary("igamma", NotImplemented, lambda x, y, out: _igamma_dy(x, y),
                 functions=(*torch_api.torch_functions("igamma"), torch.special.gammainc))
 igammac = binary("igammac", NotImplemented, lambda x, y, out: neg(_igamma_dy(x, y)),
                  functions=(*torch_api.torch_functions("igammac"), torch.special.gammaincc))
+complex_ready(P.PRIMITIVES["logaddexp"])  # holomorphic, checked (NOTE [Complex numbers])
 # zero derivative wherever there is one
 # nextafter(x, y) moves x by one ulp: torch differentiates it as x itself
 nextafter = binary("nextafter", lambda x, y, out: full_like(out, 1), None)
@@ -678,7 +684,9 @@ aten_api.register(aten.sigmoid_backward.default)(lambda ct, y: bind(sigmoid_back
 
 def fused_backward_rules(prim, backward_prim, **params):
     """The vjp and jvp rules of a primitive whose derivative torch computes with a fused
-    kernel of the incoming cotangent (or tangent) and the output: ``backward_prim(ct, out)``."""
+    kernel of the incoming cotangent (or tangent) and the output: ``backward_prim(ct, out)``.
+    On complex numbers the kernel is the vjp, ``ct * conj(d)``, so the jvp ``x_dot * d`` is
+    ``conj(kernel(conj(x_dot), out))`` (as derivatives.yaml's auto_element_wise does)."""
     def vjp(x):
         out = bind(prim, x)
         return out, lambda ct: (bind(backward_prim, ct, out, **params),)
@@ -686,6 +694,8 @@ def fused_backward_rules(prim, backward_prim, **params):
     def jvp(primals, tangents):
         (x,), (x_dot,) = primals, tangents
         out = bind(prim, x)
+        if out.dtype.is_complex:
+            return out, conj(bind(backward_prim, conj(x_dot), out, **params))
         return out, bind(backward_prim, x_dot, out, **params)
 
     vjp_rules[prim] = vjp

@@ -1,6 +1,7 @@
-"""The discrete Fourier transforms (``torch.fft``) under vmap, one kernel call per batch.
+"""The discrete Fourier transforms (``torch.fft``): one kernel call per batch under vmap, and
+their derivatives.
 
-NOTE [FFTs: batched by their dims, not yet differentiated]
+NOTE [FFTs: batched by their dims]
 Every ``torch.fft`` function lowers to one of three aten kernels: ``_fft_r2c`` (real input,
 complex output: ``rfft``, ``fft`` of a real tensor), ``_fft_c2c`` (complex to complex) and
 ``_fft_c2r`` (complex input, real output: ``irfft``, ``hfft``). Each transforms the dims its
@@ -8,18 +9,16 @@ complex output: ``rfft``, ``fft`` of a real tensor), ``_fft_c2c`` (complex to co
 batching rule for them uses: put the batch dim in front and shift ``dim`` by one. One kernel
 call then serves the whole batch, where the per-example fallback called it once per example.
 
-Their derivatives need complex cotangents (PyTorch's conjugate Wirtinger convention, see
-``fft_r2c_backward`` in FunctionsManual.cpp), which this engine does not implement yet
-(NOTE [Complex numbers] in dispatch.py). So a derivative level refuses the complex result,
-never a silent zero: ``rfft`` of a value that grad tracks stops there, with the call.
+Their derivatives take complex cotangents (NOTE [Complex numbers] in dispatch.py); the rules
+are in NOTE [Derivatives of the FFTs] below.
 """
 import torch
 
-from . import aten_api
+from . import aten_api, ops
 from . import primitives as P
 from .autograd import vjp_rules
 from .batching import batching_rules, move_bdim
-from .errors import UnsupportedOperationError
+from .dispatch import complex_ready
 from .forward import jvp_rules
 from .values import bind
 
@@ -55,27 +54,77 @@ def fft_batch(prim):
     return rule
 
 
-def fft_rules(prim):
-    """Each kernel is linear over the reals, so its jvp applies it to the tangent; its vjp
-    is its adjoint, which takes a complex cotangent. The level's own check then refuses the
-    complex result with the call in its message (NOTE [Complex numbers])."""
-    def vjp(x, **params):
-        def backward(ct):
-            raise UnsupportedOperationError(
-                f"{_KERNELS[prim]}: its backward takes complex cotangents, and derivatives "
-                "of complex numbers are not supported yet. Fix: keep the FFT out of the "
-                "differentiated function.")
-        return bind(prim, x, **params), backward
+# NOTE [Derivatives of the FFTs]
+# Each kernel is linear over the reals, so its jvp applies the same kernel to the tangent. Its
+# vjp is its adjoint for the real inner product Re(sum(conj(a) * b)), what PyTorch's
+# convention asks of a linear map (NOTE [Complex numbers] in dispatch.py); the math is the
+# one of ``fft_r2c_backward`` and ``fft_c2r_backward`` in FunctionsManual.cpp:
+# - c2c: the DFT matrix F (with its scale 1, 1/sqrt(n) or 1/n) is symmetric, so its adjoint
+#   is conj(F): the transform in the other direction, with the same normalization.
+# - r2c: a real x gives F x, or its first n//2 + 1 entries along the last dim (onesided).
+#   The adjoint puts zeros in the dropped entries, applies conj(F) (a c2c the other way),
+#   and keeps the real part, as x is real.
+# - c2r: a half spectrum X of m entries gives the real signal of the Hermitian spectrum that
+#   X extends; entries 1 .. n - m appear twice in that spectrum (as X[k] and conj(X[k]) at
+#   n - k), the others once. The adjoint is an r2c of the real cotangent (the same
+#   normalization, the other direction), with those entries doubled.
+def _zero_padded(ct, dim, size):
+    """``ct`` with zeros after its entries along ``dim``, up to ``size`` entries."""
+    shape = list(ops.shape_of(ct))
+    if shape[dim] == size:
+        return ct
+    index = (slice(None),) * dim + (slice(0, shape[dim]),)
+    shape[dim] = size
+    return bind(P.scatter_index_p, ct, index=index, shape=tuple(shape))
 
+
+def r2c_vjp(x, *, dim, normalization, onesided):
+    x_shape, x_dtype = ops.shape_of(x), x.dtype
+
+    def backward(ct):
+        if onesided:
+            ct = _zero_padded(ct, dim[-1], x_shape[dim[-1]])
+        full = bind(fft_c2c_p, ct, dim=dim, normalization=normalization, forward=False)
+        return (ops.convert(ops.real(full), x_dtype),)
+    return bind(fft_r2c_p, x, dim=dim, normalization=normalization, onesided=onesided), backward
+
+
+def c2c_vjp(x, *, dim, normalization, forward):
+    return (bind(fft_c2c_p, x, dim=dim, normalization=normalization, forward=forward),
+            lambda ct: (bind(fft_c2c_p, ct, dim=dim, normalization=normalization,
+                             forward=not forward),))
+
+
+def c2r_vjp(x, *, dim, normalization, last_dim_size):
+    x_shape = ops.shape_of(x)
+    last = dim[-1]
+    m = x_shape[last]
+
+    def backward(ct):
+        half = bind(fft_r2c_p, ct, dim=dim, normalization=normalization, onesided=True)
+        twice = last_dim_size - m  # entries 1 .. twice appear twice in the full spectrum
+        if twice <= 0:
+            return (half,)
+        scale = torch.ones(m, dtype=ct.dtype, device=ct.device)
+        scale[1:1 + twice] = 2
+        scale = scale.reshape((m,) + (1,) * (len(x_shape) - 1 - last))
+        return (ops.mul(half, scale),)
+    out = bind(fft_c2r_p, x, dim=dim, normalization=normalization, last_dim_size=last_dim_size)
+    return out, backward
+
+
+def _fft_jvp(prim):
     def jvp(primals, tangents, **params):
         (x,), (x_dot,) = primals, tangents
         return bind(prim, x, **params), bind(prim, x_dot, **params)
-    return vjp, jvp
+    return jvp
 
 
+vjp_rules[fft_r2c_p], vjp_rules[fft_c2c_p], vjp_rules[fft_c2r_p] = r2c_vjp, c2c_vjp, c2r_vjp
 for _prim in _KERNELS:
     batching_rules[_prim] = fft_batch(_prim)
-    vjp_rules[_prim], jvp_rules[_prim] = fft_rules(_prim)
+    jvp_rules[_prim] = _fft_jvp(_prim)
+complex_ready(*_KERNELS)
 
 
 @aten_api.register(aten._fft_r2c.default)

@@ -11,7 +11,8 @@ import torch
 
 from . import ops
 from . import primitives as P
-from .dispatch import Dispatcher, complex_not_supported, name_of, nondifferentiable_outputs
+from .dispatch import (Dispatcher, complex_derivatives, complex_not_supported, has_complex,
+                       name_of, nondifferentiable_outputs)
 from .errors import missing_rule_error
 from .grad_mode import FORWARD, floors
 from .values import Value, bind
@@ -74,6 +75,9 @@ class Forward(Dispatcher):
         rule = jvp_rules.get(prim)
         if rule is None:
             raise missing_rule_error(prim, "jvp", "jvp")
+        complex_ok = prim in complex_derivatives  # NOTE [Complex numbers] (dispatch.py)
+        if not complex_ok and has_complex(primals):
+            raise complex_not_supported(self, prim, gives=False)
         if self.prev_fwd_grad_mode:
             out, out_dot = rule(primals, tangents, **params)
         else:  # entered with forward grad off: the levels below, outside it, see nothing
@@ -81,7 +85,7 @@ class Forward(Dispatcher):
                 out, out_dot = rule(primals, tangents, **params)
         if out_dot is None:
             return out
-        if out.dtype.is_complex:
+        if not complex_ok and out.dtype.is_complex:
             raise complex_not_supported(self, prim)
         return ForwardValue(self, out, out_dot)
 
@@ -205,6 +209,8 @@ jvp_rules[P.relu_p] = relu_jvp
 
 def abs_jvp(primals, tangents):
     (x,), (x_dot,) = primals, tangents
+    if x.dtype.is_complex:  # d|z| = Re(conj(sgn z) dz) (NOTE [Complex numbers])
+        return ops.abs(x), ops.real(ops.mul(x_dot, ops.conj(ops.sgn(x))))
     return ops.abs(x), ops.mul(x_dot, ops.sign(x))
 jvp_rules[P.abs_p] = abs_jvp
 

@@ -35,6 +35,7 @@ from . import primitives as P
 from .autograd import sum_to_size, vjp_rules, wants_cotangent
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim, to_front
 from .elementwise import logical_and
+from .dispatch import complex_ready
 from .errors import TransformUsageError, UnsupportedOperationError
 from .forward import add_tangents, jvp_rules
 from .tensor import call_with_tensors, unwrap
@@ -581,6 +582,8 @@ def scatter_jvp(primals, tangents, *, dim):
     x_dot = ops.zeros_like(x) if x_dot is None else x_dot
     return out, bind(scatter_p, x_dot, index, 0.0 if src_dot is None else src_dot, dim=dim)
 jvp_rules[scatter_p] = scatter_jvp
+# linear in the indexed values: checked on complex numbers (NOTE [Complex numbers])
+complex_ready(index_p, index_put_p, scatter_p)
 
 
 def scatter_batch(values, bdims, *, dim):

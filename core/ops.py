@@ -88,6 +88,8 @@ def pow_exponent_derivative(x, y, out):
         d = mul(out, log_x)
         return where(ge(y, 0), 0.0, d) if x == 0 else d
     d = mul(out, log(x))
+    if isinstance(y, (torch.Tensor, Value)) and y.dtype.is_complex:  # y >= 0: a real y >= 0
+        return where(eq(x, 0), where(eq(imag(y), 0), where(ge(real(y), 0), 0.0, d), d), d)
     return where(eq(x, 0), where(ge(y, 0), 0.0, d), d)
 
 
@@ -109,6 +111,14 @@ def sqrt(x): return bind(P.sqrt_p, x)
 def abs(x): return bind(P.abs_p, x)
 def sign(x): return bind(P.sign_p, x)
 def detach(x): return bind(P.detach_p, x)
+def conj(x): return bind(P.conj_physical_p, x)
+def real(x): return bind(P.real_p, x)
+def imag(x): return bind(P.imag_p, x)
+def sgn(x): return bind(P.sgn_p, x)
+def angle(x): return bind(P.angle_p, x)
+def complex(re, im): return bind(P.complex_p, re, im)
+def view_as_real(x): return bind(P.view_as_real_p, x)
+def view_as_complex(x): return bind(P.view_as_complex_p, x)
 
 
 def relu(x):
@@ -517,7 +527,8 @@ def scatter(x, dim, index, src):
     if not isinstance(src, (torch.Tensor, Value)):
         src = full_like(index, src, dtype=x.dtype)
     written = bind(P.scatter_add_p, full_like(src, 1), index, dim=dim, shape=shape)
-    return where(gt(written, 0), bind(P.scatter_add_p, src, index, dim=dim, shape=shape), x)
+    # (ne, not gt: a count of complex ones is complex, which gt does not take)
+    return where(ne(written, 0), bind(P.scatter_add_p, src, index, dim=dim, shape=shape), x)
 
 
 def setitem(x, index, value):

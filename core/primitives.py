@@ -165,6 +165,18 @@ to_device_p = primitive("to_device",
 detach_p = primitive("detach", lambda x: x.detach(), differentiable=False)
 
 
+# --- complex numbers (their rules: complex_numbers.py) --------------------------------------
+conj_physical_p = primitive("conj_physical", torch.conj_physical)
+real_p = primitive("real", torch.real)
+imag_p = primitive("imag", torch.imag)
+sgn_p = primitive("sgn", torch.sgn)
+angle_p = primitive("angle", torch.angle)
+complex_p = primitive("complex", torch.complex)
+view_as_real_p = primitive("view_as_real", torch.view_as_real)
+# (contiguous: a rule may hand it a cotangent with any strides; torch wants the last dim dense)
+view_as_complex_p = primitive("view_as_complex", lambda x: torch.view_as_complex(x.contiguous()))
+
+
 def _diagonal_scatter(x, *, offset, dim1, dim2, shape):
     return torch.diagonal_scatter(x.new_zeros(shape), x, offset, dim1, dim2)
 

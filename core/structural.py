@@ -55,6 +55,7 @@ from . import primitives as P
 from . import tensor as tensor_module
 from .autograd import vjp_rules
 from .batching import batching_rules, move_bdim, physical_dim
+from .dispatch import complex_ready
 from .elementwise import _refuse_complex
 from .errors import TransformUsageError
 from .forward import jvp_rules, linear_jvp
@@ -887,6 +888,8 @@ jvp_rules[flip_p] = linear_jvp(flip_p)
 jvp_rules[roll_p] = linear_jvp(roll_p)
 batching_rules[flip_p] = _dims_batch(flip_p)
 batching_rules[roll_p] = _dims_batch(roll_p)
+# linear: checked on complex numbers (NOTE [Complex numbers] in dispatch.py)
+complex_ready(cumsum_p, flip_p, roll_p)
 
 
 @torch_api.register(*torch_api.torch_functions("flip"))

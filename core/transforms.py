@@ -309,6 +309,12 @@ def _grad_and_value(f, argnums, has_aux, args, kwargs):
             "number. Fix: reduce the output (e.g. .sum()), or use jacrev / %%jacobian for the "
             "Jacobian of a non-scalar output (vjp for a vector-Jacobian product)."
         )
+    if out.dtype.is_complex:  # NOTE [Complex numbers] (dispatch.py): a real loss only
+        raise NonScalarOutputError(
+            f"{call}: {_torch_call(call)}grad can be implicitly created only for real scalar "
+            f"outputs but got {out.dtype}. Fix: differentiate a real number, such as "
+            "out.real or out.abs() (vjp for a complex cotangent)."
+        )
     if isinstance(out, AutogradValue) and out.dispatcher is level:
         grads = _gradients(level, {out.name: ops.ones_like(out.payload)}, inputs)
         value = out.payload
@@ -960,14 +966,15 @@ def _with_selected(f, args, argnums):
     return f_of_selected
 
 
-def _refuse_complex_inputs(transform, selected, call):
-    """torch.func's jacrev and jacfwd compute real Jacobians only, and say so up front."""
+def _refuse_complex_inputs(transform, selected, call, what="inputs"):
+    """torch.func's jacrev and jacfwd compute real Jacobians only, of real inputs and real
+    outputs, and say so (in the same words for both)."""
     for index, leaf in enumerate(optree.tree_leaves(selected)):
         if _is_array(unwrap(leaf)) and unwrap(leaf).dtype.is_complex:
             raise InputDtypeError(
-                f"{call}: {transform}: Expected all inputs to be real but received complex "
-                f"tensor at flattened input idx: {index}. A Jacobian here is of real inputs. "
-                "Fix: differentiate the real and imaginary parts (torch.view_as_real)."
+                f"{call}: {transform}: Expected all {what} to be real but received complex "
+                f"tensor at flattened input idx: {index}. A Jacobian here is real. Fix: "
+                "differentiate the real and imaginary parts (torch.view_as_real)."
             )
 
 
@@ -1020,6 +1027,7 @@ def _jacrev(f, argnums, has_aux, chunk_size, args):
     result = _vjp(_with_selected(f, args, argnums_), selected, has_aux)
     out, vjp_fn = result[0], result[1]
     out_leaves, out_treedef = optree.tree_flatten(out)
+    _refuse_complex_inputs("jacrev", out_leaves, call, "outputs")
     basis, sizes = _identity_basis(out_leaves)
 
     def pull_back(*basis_leaves):
@@ -1080,6 +1088,7 @@ def _jacfwd(f, argnums, has_aux, randomness, args):
     # vmap(push_forward, out_dims=out_dims, randomness=randomness)(*basis)
     pushed = as_tensors(_vmap(push_forward, 0, out_dims, randomness, None, tuple(basis), {}))
     tangents_out, aux = pushed if has_aux else (pushed, None)
+    _refuse_complex_inputs("jacfwd", tangents_out, call, "outputs")
 
     def split(t):  # t: (*out_shape, total) -> per input leaf (*out_shape, *in_shape)
         out_shape = tuple(t.shape[:-1])

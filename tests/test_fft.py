@@ -1,6 +1,6 @@
 """torch.fft under vmap: one kernel call for the batch (no per-example fallback), equal to
-torch.func; derivatives refused at the complex result, never a silent zero
-(NOTE [FFTs: batched by their dims, not yet differentiated] in core/fft.py)."""
+torch.func (NOTE [FFTs: batched by their dims] in core/fft.py); and their derivatives, equal
+to torch.func's on every function, norm and dim (NOTE [Derivatives of the FFTs])."""
 import pytest
 import torch
 import torch.func as tf
@@ -48,15 +48,79 @@ def test_vmap_over_complex_inputs(name, f):
 
 
 @pytest.mark.parametrize("transform", [
-    lambda f: mf.grad(lambda a: f(a).abs().sum())(REAL[0]),
-    lambda f: mf.jvp(lambda a: f(a).abs(), (REAL[0],), (REAL[0],)),
-    lambda f: mf.vmap(mf.grad(lambda a: f(a).abs().sum()))(REAL),
+    lambda ft, f: ft.grad(lambda a: f(a).abs().sum())(REAL[0]),
+    lambda ft, f: ft.jvp(lambda a: f(a).abs(), (REAL[0],), (REAL[0],)),
+    lambda ft, f: ft.vmap(ft.grad(lambda a: f(a).abs().sum()))(REAL),
 ], ids=["grad", "jvp", "vmap(grad)"])
-def test_derivatives_stop_at_the_complex_result_with_the_call(transform):
-    with pytest.raises(TransformError, match=r"^(grad|jvp)\(<lambda>\)\(<inputs>\): fft_r2c "
-                                             r"gives a complex result"):
-        transform(torch.fft.rfft)
-    assert mf.grad(lambda a: (a * 2).sum())(REAL[0]).shape == REAL[0].shape  # still works
+def test_derivatives_through_the_complex_result(transform):
+    torch.testing.assert_close(transform(mf, torch.fft.rfft), transform(tf, torch.fft.rfft))
+
+
+# every torch.fft function, on its inputs' dtypes, under each norm and a few sizes and dims
+_NORMS = [None, "forward", "ortho"]
+_DIFFERENTIATED = {
+    "fft": (torch.fft.fft, {}), "ifft": (torch.fft.ifft, {}),
+    "fft n=5 dim=0": (torch.fft.fft, dict(n=5, dim=0)),
+    "rfft": (torch.fft.rfft, {}), "rfft n=7": (torch.fft.rfft, dict(n=7)),
+    "irfft": (torch.fft.irfft, {}), "irfft n=9": (torch.fft.irfft, dict(n=9)),
+    "irfft n=4 dim=0": (torch.fft.irfft, dict(n=4, dim=0)),
+    "hfft": (torch.fft.hfft, {}), "hfft n=7": (torch.fft.hfft, dict(n=7)),
+    "ihfft": (torch.fft.ihfft, {}),
+    "fft2": (torch.fft.fft2, {}), "ifft2": (torch.fft.ifft2, {}),
+    "fftn dims (-1, 0)": (torch.fft.fftn, dict(dim=(-1, 0))), "ifftn": (torch.fft.ifftn, {}),
+    "rfft2": (torch.fft.rfft2, {}), "irfft2": (torch.fft.irfft2, {}),
+    "rfftn s=(4, 5)": (torch.fft.rfftn, dict(s=(4, 5))),
+    "irfftn s=(3, 6)": (torch.fft.irfftn, dict(s=(3, 6))),
+    "hfft2": (torch.fft.hfft2, {}), "ihfft2": (torch.fft.ihfft2, {}),
+    "hfftn": (torch.fft.hfftn, {}), "ihfftn": (torch.fft.ihfftn, {}),
+}
+
+
+def _fft_inputs(name, dtype):
+    g = torch.Generator().manual_seed(1)
+    real = torch.randn(4, 6, generator=g, dtype=dtype)
+    if name.startswith(("rfft", "ihfft")):
+        return [real]
+    return [real, torch.complex(real, torch.randn(4, 6, generator=g, dtype=dtype))]
+
+
+@pytest.mark.parametrize("norm", _NORMS, ids=["backward", "forward", "ortho"])
+@pytest.mark.parametrize("name", sorted(_DIFFERENTIATED))
+def test_vjp_and_jvp_of_every_fft(name, norm):
+    fn, kwargs = _DIFFERENTIATED[name]
+    f = lambda a: fn(a, norm=norm, **kwargs)  # noqa: E731
+    for dtype in (torch.float32, torch.float64):
+        for x in _fft_inputs(name, dtype):
+            tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else {}
+            out, vjp_fn = mf.vjp(f, x)
+            ref_out, ref_vjp_fn = tf.vjp(f, x)
+            ct = torch.randn_like(ref_out)
+            (ours,), (theirs,) = vjp_fn(ct), ref_vjp_fn(ct)
+            assert ours.dtype == theirs.dtype
+            torch.testing.assert_close(ours, theirs, **tol)
+            t = torch.randn_like(x)
+            torch.testing.assert_close(mf.jvp(f, (x,), (t,)), tf.jvp(f, (x,), (t,)), **tol)
+
+
+@pytest.mark.parametrize("name", ["rfft", "irfft n=9", "fft2", "hfft", "ihfft2"])
+def test_jacrev_jacfwd_and_vmap_of_vjp_of_ffts(name):
+    fn, kwargs = _DIFFERENTIATED[name]
+    x = _fft_inputs(name, torch.float64)[-1]
+    f = lambda a: torch.view_as_real(fn(a, **kwargs)) if fn(a, **kwargs).is_complex() \
+        else fn(a, **kwargs)  # noqa: E731
+    if not x.is_complex():
+        torch.testing.assert_close(mf.jacrev(f)(x), tf.jacrev(f)(x))
+        torch.testing.assert_close(mf.jacfwd(f)(x), tf.jacfwd(f)(x))
+    xs = torch.stack([x, x * 2, x.flip(0)])
+    cts = torch.randn_like(torch.stack([f(x)] * 3))
+    vjp_of = lambda ft: lambda a, ct: ft.vjp(f, a)[1](ct)  # noqa: E731
+    torch.testing.assert_close(mf.vmap(vjp_of(mf))(xs, cts), tf.vmap(vjp_of(tf))(xs, cts))
+
+
+def test_hessian_through_an_fft():
+    x = REAL[0, 0].double()
+    f = lambda a: torch.fft.rfft(a.sin()).abs().pow(2).sum()  # noqa: E731
+    torch.testing.assert_close(mf.hessian(f)(x), tf.hessian(f)(x))
 
 
 def test_a_constant_spectrum_in_a_differentiated_function():

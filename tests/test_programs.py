@@ -166,6 +166,8 @@ CASES = [
     unary("detach", lambda x: x.detach() * x),
     unary("clone", lambda x: x.clone() * x),
     unary("div_rounding", lambda x: torch.div(x, 0.3, rounding_mode="floor") + x),
+    # complex numbers, between real inputs and outputs
+    unary("complex_numbers", lambda x: _complex_numbers(x)),
     # a captured tensor (a constant of the program)
     unary("captured_constant", lambda x: x * CONSTANT + CONSTANT.sum()),
     # the transposes of getitem, gather and diagonal appear in backward programs
@@ -176,6 +178,12 @@ CASES = [
     unary("grad_trace", grad(lambda x: torch.sin(torch.trace(x))), (3, 3)),
 ]
 CONSTANT = torch.linspace(-1.0, 1.0, 3)
+
+
+def _complex_numbers(x):
+    z = torch.complex(x, x * 2)
+    w = torch.view_as_complex(torch.view_as_real(z.conj_physical()) * 2)
+    return w.real + w.imag + w.angle() + torch.view_as_real(w.sgn()).sum(-1)
 
 
 def primitive_names(program):

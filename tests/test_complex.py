@@ -1,0 +1,249 @@
+"""Derivatives of complex numbers against torch.func (NOTE [Complex numbers] in
+core/dispatch.py): vjp, jvp and grad of a real loss on complex64 and complex128 inputs, jacrev
+and jacfwd of real functions through complex intermediates, a few under vmap; and the refusal
+of a primitive that is not marked complex-ready."""
+import pytest
+import torch
+import torch.func as tf
+
+import minifunctorch.core as mf
+from minifunctorch.core.errors import TransformError
+
+DTYPES = [torch.complex64, torch.complex128]
+
+
+def _complex(shape, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    real_dtype = torch.float32 if dtype == torch.complex64 else torch.float64
+    re = torch.randn(shape, generator=g, dtype=real_dtype) * 0.7 + 0.3
+    im = torch.randn(shape, generator=g, dtype=real_dtype) * 0.7
+    return torch.complex(re, im)
+
+
+def _like(v, seed):
+    """A random cotangent or tangent of ``v``'s shape and dtype."""
+    if v.dtype.is_complex:
+        return _complex(v.shape, seed, v.dtype)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(v.shape, generator=g, dtype=v.dtype)
+
+
+def _tol(dtype):
+    return dict(rtol=1e-4, atol=1e-4) if dtype in (torch.complex64, torch.float32) else \
+        dict(rtol=1e-9, atol=1e-9)
+
+
+def _real_loss(f, ws):
+    """A real scalar of f's output: Re(sum(f * w))."""
+    def loss(*args):
+        out = f(*args)
+        total = (out * ws).sum()
+        return total.real if total.is_complex() else total
+    return loss
+
+
+# one complex input: (name, function, shape)
+UNARY = {
+    "exp": (torch.exp, (3, 4)), "log": (torch.log, (3, 4)), "sin": (torch.sin, (3, 4)),
+    "cos": (torch.cos, (3, 4)), "tan": (torch.tan, (5,)), "tanh": (torch.tanh, (3, 4)),
+    "sigmoid": (torch.sigmoid, (3, 4)), "sqrt": (torch.sqrt, (3, 4)),
+    "rsqrt": (torch.rsqrt, (5,)), "reciprocal": (torch.reciprocal, (3, 4)),
+    "neg": (torch.neg, (3, 4)), "sinh": (torch.sinh, (5,)), "cosh": (torch.cosh, (5,)),
+    "asin": (torch.asin, (5,)), "acos": (torch.acos, (5,)), "atan": (torch.atan, (5,)),
+    "asinh": (torch.asinh, (5,)), "acosh": (torch.acosh, (5,)), "atanh": (torch.atanh, (5,)),
+    "expm1": (torch.expm1, (5,)), "log1p": (torch.log1p, (5,)), "log2": (torch.log2, (5,)),
+    "log10": (torch.log10, (5,)), "exp2": (torch.exp2, (5,)),
+    "square": (lambda z: z * z, (3, 4)), "pow 2": (lambda z: z ** 2, (3, 4)),
+    "pow 0.5": (lambda z: z ** 0.5, (5,)), "pow 3": (lambda z: torch.pow(z, 3), (5,)),
+    "rpow": (lambda z: 2.0 ** z, (5,)),
+    "positive": (torch.positive, (5,)), "sinc": (torch.sinc, (5,)),
+    "logaddexp": (lambda z: torch.logaddexp(z, z.sin()), (5,)),
+    "abs": (torch.abs, (3, 4)), "angle": (torch.angle, (3, 4)), "sgn": (torch.sgn, (3, 4)),
+    "real": (torch.real, (3, 4)), "imag": (torch.imag, (3, 4)),
+    ".real and .imag": (lambda z: z.real * z.imag, (3, 4)),
+    "conj": (lambda z: torch.conj(z) * 1.0, (3, 4)), "conj times z": (lambda z: z.conj() * z,
+                                                                      (3, 4)),
+    "conj_physical": (torch.conj_physical, (3, 4)),
+    "view_as_real": (torch.view_as_real, (3, 4)),
+    "view_as_complex of view_as_real": (
+        lambda z: torch.view_as_complex(torch.view_as_real(z) * 2), (3, 4)),
+    "polar of abs and angle": (lambda z: torch.polar(z.abs(), z.angle()), (3, 4)),
+    "complex of real and imag": (lambda z: torch.complex(z.imag, z.real), (3, 4)),
+    "sum": (lambda z: z.sum(0), (3, 4)), "mean": (lambda z: z.mean(), (3, 4)),
+    "reshape": (lambda z: z.reshape(4, 3), (3, 4)), "view": (lambda z: z.view(-1), (3, 4)),
+    "transpose": (lambda z: z.transpose(0, 1), (3, 4)), "T": (lambda z: z.T, (3, 4)),
+    "permute": (lambda z: z.permute(1, 0, 2), (2, 3, 4)),
+    "expand": (lambda z: z.unsqueeze(0).expand(2, 3, 4), (3, 4)),
+    "squeeze": (lambda z: z[:, None].squeeze(1), (3, 4)),
+    "cat": (lambda z: torch.cat([z, z * 2], 1), (3, 4)),
+    "stack": (lambda z: torch.stack([z, z.sin()]), (3, 4)),
+    "getitem": (lambda z: z[1:, ::2], (3, 4)),
+    "index": (lambda z: z[torch.tensor([0, 2, 2])], (3, 4)),
+    "diagonal": (lambda z: torch.diagonal(z), (3, 3)),
+    "diag_embed": (lambda z: torch.diag_embed(z), (3,)),
+    "gather": (lambda z: torch.gather(z, 1, torch.tensor([[0, 1], [3, 3], [2, 0]])), (3, 4)),
+    "where": (lambda z: torch.where(z.real > 0.3, z, z * z), (3, 4)),
+    "matmul z z^T": (lambda z: z @ z.T, (3, 4)),
+    "mv": (lambda z: torch.mv(z, z[0]), (3, 4)),
+    "dot": (lambda z: torch.dot(z, z.sin()), (5,)),
+    "vec @ mat": (lambda z: z[0] @ z.T, (3, 4)),
+    "bmm": (lambda z: torch.bmm(z, z.transpose(1, 2)), (2, 3, 4)),
+    "einsum": (lambda z: torch.einsum("ij,kj->ik", z, z.exp()), (3, 4)),
+    "index_put": (lambda z: z.index_put((torch.tensor([0, 2]),), z[1:] * 2), (3, 4)),
+    "index_put accumulate": (
+        lambda z: z.index_put((torch.tensor([0, 0]),), z[1:].exp(), accumulate=True), (3, 4)),
+    "scatter": (lambda z: torch.scatter(z, 1, torch.tensor([[0], [2], [1]]), z[:, 1:2].sin()),
+                (3, 4)),
+    "cumsum": (lambda z: torch.cumsum(z, 1), (3, 4)), "flip": (lambda z: z.flip(0), (3, 4)),
+    "roll": (lambda z: z.roll(1, 1), (3, 4)),
+    "clone": (torch.clone, (3, 4)),
+    "to complex128": (lambda z: z.to(torch.complex128) * 2, (3, 4)),
+    "div": (lambda z: z / (z.exp() + 1), (3, 4)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["c64", "c128"])
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_vjp_jvp_grad_of_one_complex_input(name, dtype):
+    f, shape = UNARY[name]
+    z = _complex(shape, 0, dtype)
+    out, vjp_fn = mf.vjp(f, z)
+    ref_out, ref_vjp_fn = tf.vjp(f, z)
+    ct = _like(ref_out, 1)
+    torch.testing.assert_close(out, ref_out, **_tol(dtype))
+    torch.testing.assert_close(vjp_fn(ct), ref_vjp_fn(ct), **_tol(dtype))
+    tangent = _like(z, 2)
+    torch.testing.assert_close(mf.jvp(f, (z,), (tangent,)), tf.jvp(f, (z,), (tangent,)),
+                               **_tol(dtype))
+    loss = _real_loss(f, _like(ref_out, 3))
+    torch.testing.assert_close(mf.grad(loss)(z), tf.grad(loss)(z), **_tol(dtype))
+
+
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "pow": lambda x, y: torch.pow(x, y * 0.3), "matmul": lambda x, y: x @ y.T,
+    "complex from real parts": lambda x, y: torch.complex(x.real, y.imag) * x,
+    "broadcast mul": lambda x, y: x[:, :1] * y,
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["c64", "c128"])
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_vjp_jvp_of_two_complex_inputs(name, dtype):
+    f = BINARY[name]
+    x, y = _complex((3, 4), 0, dtype), _complex((3, 4), 1, dtype)
+    out, vjp_fn = mf.vjp(f, x, y)
+    ref_out, ref_vjp_fn = tf.vjp(f, x, y)
+    ct = _like(ref_out, 2)
+    torch.testing.assert_close(vjp_fn(ct), ref_vjp_fn(ct), **_tol(dtype))
+    tangents = (_like(x, 3), _like(y, 4))
+    torch.testing.assert_close(mf.jvp(f, (x, y), tangents), tf.jvp(f, (x, y), tangents),
+                               **_tol(dtype))
+
+
+# real inputs, complex intermediates, real outputs: jacrev and jacfwd apply (torch.func
+# refuses complex inputs and outputs there)
+MIXED = {
+    "fft abs": lambda x: torch.fft.fft(x).abs(),
+    "real times complex constant": lambda x: (x * (1 + 2j)).imag,
+    "x promoted by a complex tensor": lambda x: torch.view_as_real(
+        x * torch.tensor([1 + 1j, 2 - 1j, 0.5j, 1, 2], dtype=torch.complex64)).sum(-1),
+    "complex of two halves": lambda x: torch.complex(x, x.flip(0)).exp().angle(),
+    "to complex, exp, abs": lambda x: x.to(torch.complex64).mul(1j).exp().real,
+    "polar": lambda x: torch.polar(x.exp(), x).sin().imag,
+}
+
+
+@pytest.mark.parametrize("name", sorted(MIXED))
+def test_real_function_with_complex_intermediates(name):
+    f = MIXED[name]
+    x = torch.randn(5, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(mf.jacrev(f)(x), tf.jacrev(f)(x))
+    torch.testing.assert_close(mf.jacfwd(f)(x), tf.jacfwd(f)(x))
+    loss = lambda a: f(a).sum()  # noqa: E731
+    torch.testing.assert_close(mf.grad(loss)(x), tf.grad(loss)(x))
+    torch.testing.assert_close(mf.vmap(mf.grad(loss))(torch.stack([x, x * 2])),
+                               tf.vmap(tf.grad(loss))(torch.stack([x, x * 2])))
+
+
+def test_the_real_input_gets_a_real_gradient():
+    x = torch.randn(4)
+    loss = lambda a: (a * (2 - 1j)).exp().abs().sum()  # noqa: E731
+    ours = mf.grad(loss)(x)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, tf.grad(loss)(x))
+
+
+def test_fft_of_a_real_input_under_a_real_loss():
+    f = lambda x: torch.fft.fft(x).abs().sum()  # noqa: E731
+    x = torch.randn(8, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(mf.grad(f)(x), tf.grad(f)(x))
+
+
+def test_finite_differences_of_a_real_loss_of_a_complex_input():
+    """The gradient of a real loss is dL/dRe(z) + i dL/dIm(z) (torch's convention)."""
+    z = _complex((4,), 5, torch.complex128)
+    loss = lambda z: (z.sin() * z.conj()).abs().sum()  # noqa: E731
+    g = mf.grad(loss)(z)
+    eps = 1e-6
+    for k in range(4):
+        e = torch.zeros(4, dtype=torch.complex128)
+        e[k] = 1
+        d_re = (loss(z + eps * e) - loss(z - eps * e)) / (2 * eps)
+        d_im = (loss(z + 1j * eps * e) - loss(z - 1j * eps * e)) / (2 * eps)
+        torch.testing.assert_close(g[k], torch.complex(d_re, d_im), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["exp", "abs", "matmul z z^T", "polar of abs and angle",
+                                  "view_as_real"])
+def test_vmap_of_vjp_and_jvp(name):
+    f, shape = UNARY[name]
+    zs = _complex((3, *shape), 0, torch.complex64)
+    out = f(zs[0])
+    cts = _like(torch.stack([out] * 3), 1)
+    vjp_of = lambda ft: lambda z, ct: ft.vjp(f, z)[1](ct)  # noqa: E731
+    torch.testing.assert_close(mf.vmap(vjp_of(mf))(zs, cts), tf.vmap(vjp_of(tf))(zs, cts))
+    jvp_of = lambda ft: lambda z, t: ft.jvp(f, (z,), (t,))  # noqa: E731
+    torch.testing.assert_close(mf.vmap(jvp_of(mf))(zs, zs.exp()), tf.vmap(jvp_of(tf))(zs, zs.exp()))
+
+
+def test_second_order_grad_of_a_real_loss():
+    x = torch.randn(4, dtype=torch.float64)
+    loss = lambda a: (a * (1 + 2j)).exp().mul(a).abs().sum()  # noqa: E731
+    torch.testing.assert_close(mf.hessian(loss)(x), tf.hessian(loss)(x))
+
+
+# --- refusal: a primitive not marked complex-ready ------------------------------------------
+@pytest.mark.parametrize("transform", [
+    lambda f, z: mf.vjp(f, z),
+    lambda f, z: mf.jvp(f, (z,), (z,)),
+    lambda f, z: mf.grad(lambda a: f(a).real.sum())(z),
+], ids=["vjp", "jvp", "grad"])
+def test_a_primitive_not_marked_is_refused(transform):
+    z = _complex((2, 3), 0, torch.complex64)
+    with pytest.raises(TransformError, match=r"(vjp|jvp|grad)\(<lambda>\)\(<inputs>\): prod "
+                                             r"takes a complex input"):
+        transform(lambda a: torch.prod(a, 1), z)
+    with pytest.raises(TransformError, match="cumprod takes a complex input"):
+        transform(lambda a: torch.cumprod(a, 1), z)
+
+
+def test_vmap_still_takes_any_complex_op():
+    z = _complex((3, 2, 3), 0, torch.complex64)
+    torch.testing.assert_close(mf.vmap(lambda a: torch.prod(a, 1))(z),
+                               tf.vmap(lambda a: torch.prod(a, 1))(z))
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: mf.jacrev(lambda x: x * 1j)(torch.randn(3)), "jacrev: Expected all outputs to be real"),
+    (lambda: mf.jacfwd(lambda x: x * 1j)(torch.randn(3)), "jacfwd: Expected all outputs to be real"),
+    (lambda: mf.jacrev(torch.sin)(torch.randn(3) * 1j), "jacrev: Expected all inputs to be real"),
+    (lambda: mf.grad(lambda x: (x * 1j).sum())(torch.randn(3)),
+     "grad can be implicitly created only for real scalar outputs"),
+    (lambda: mf.grad(lambda x: torch.autograd.grad((x * 1j).sum(), x)[0].sum().real)(
+        torch.randn(3)), "grad can be implicitly created only for real scalar outputs"),
+], ids=["jacrev output", "jacfwd output", "jacrev input", "grad", "torch.autograd.grad"])
+def test_complex_outputs_torch_func_refuses_are_refused(call, words):
+    """torch.func computes real Jacobians and gradients of real losses only."""
+    with pytest.raises(RuntimeError, match=words):
+        call()
