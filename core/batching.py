@@ -370,16 +370,19 @@ def reduction_batch(prim):
 
     NOTE [An empty dim tuple under vmap]
     torch reads ``dim=()`` as "every dim", so passing it on to the payload would reduce the
-    batch dim too. The ops give ``dim=()`` for a 0-d example: nothing to reduce, the value
-    stays (with sum's dtype promotion). For an example with dims, ``()`` means all of them.
+    batch dim too. The ops give ``dim=()`` for a 0-d example: the op then reduces a size-1
+    dim added beside the batch dim, which is the op on each number. (That is not always the
+    number itself: sum promotes integers, and the logsumexp of a complex z is log(exp(z)),
+    whose imaginary part wraps into (-pi, pi].) For an example with dims, ``()`` means all
+    of them.
     """
     def rule(values, bdims, *, dim, keepdim):
         (x,), (bdim,) = values, bdims
         if not dim:
             rank = len(ops.shape_of(x)) - 1
-            if rank == 0:  # the dtype of the op on one 0-d example (the batch may be empty)
-                example = torch.empty((), dtype=x.dtype, device="meta")
-                return ops.convert(x, prim.shape_rule(example, dim=dim, keepdim=keepdim)[1]), bdim
+            if rank == 0:  # (the payload is (B,): its one dim is the batch dim)
+                out = bind(prim, ops.unsqueeze(x, 1), dim=(1,), keepdim=False)
+                return out, 0
             dim = tuple(range(rank))
         out = bind(prim, x, dim=tuple(physical_dim(d, bdim) for d in dim), keepdim=keepdim)
         out_bdim = bdim if keepdim else bdim - sum(1 for d in dim if d < bdim)
