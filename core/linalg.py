@@ -74,6 +74,11 @@ def _mT(x):
     return ops.transpose(x, -2, -1)
 
 
+def _mH(x):
+    """The conjugate transpose (``x.mH``); the transpose of a real matrix."""
+    return _mT(ops.conj(x) if x.dtype.is_complex else x)
+
+
 def _mm(x, y):
     return ops.matmul(x, y)
 
@@ -919,8 +924,11 @@ def slogdet_old(A, *, out=None):
 
 @torch_api.register(torch.logdet, torch.Tensor.logdet)
 def logdet(A):
-    """log det(A): nan for a negative determinant, as torch's (a where over slogdet)."""
+    """log det(A): nan for a negative determinant, as torch's (a where over slogdet); for a
+    complex A, the complex logarithm log|det| + i angle(det), whose sign is a unit number."""
     sign, logabsdet = _bind_all((slogdet_sign_p, logabsdet_p), A)
+    if sign.dtype.is_complex:
+        return ops.add(ops.log(sign), logabsdet)
     return ops.where(ops.eq(sign, -1.0), float("nan"), logabsdet)
 
 
@@ -1322,7 +1330,7 @@ def svd_old(A, some=True, compute_uv=True, *, out=None):
     as torch returns."""
     if compute_uv:
         U, S, Vh = _svd(A, full_matrices=not some)
-        return torch.return_types.svd((U, S, _mT(Vh)))
+        return torch.return_types.svd((U, S, _mH(Vh)))  # A = U diag(S) V^H
     shape = _shape(A)
     m, n = shape[-2:]
     S = svdvals(A)

@@ -263,3 +263,18 @@ def test_reductions_of_0d_examples(name):
     ours = mf.vmap(f)(xs)
     torch.testing.assert_close(ours, tf.vmap(f)(xs))
     torch.testing.assert_close(ours, torch.stack([f(z) for z in xs]))
+
+
+def test_svd_and_logdet_of_complex_matrices_under_vmap():
+    # torch.svd's V is Vh's conjugate transpose (vmap returned its transpose), and the logdet
+    # of a complex matrix is a complex logarithm (vmap returned log|det|, a real number)
+    torch.manual_seed(0)
+    A = torch.randn(3, 3, 3, dtype=torch.complex64)
+    U, S, V = mf.vmap(torch.svd)(A)
+    torch.testing.assert_close(U @ torch.diag_embed(S).to(U.dtype) @ V.mH, A)
+    for ours, theirs in zip((U, S, V), tf.vmap(torch.svd)(A)):
+        torch.testing.assert_close(ours, theirs)
+    A[1] = 0  # a singular matrix: -inf + nan j, as torch gives
+    torch.testing.assert_close(mf.vmap(torch.logdet)(A), tf.vmap(torch.logdet)(A),
+                               equal_nan=True)
+    torch.testing.assert_close(mf.vmap(torch.logdet)(A), torch.logdet(A), equal_nan=True)
