@@ -55,10 +55,12 @@ bench: setup
 bench-quick: setup
 	$(BIN)/python -m benchmarks.run --quick
 
-# The full OpInfo sweep against torch.func (a few minutes, one thread): writes docs/COVERAGE.md.
+# The full OpInfo sweep against torch.func (a few minutes, one thread): writes docs/COVERAGE.md
+# (float32 samples) and docs/COVERAGE-complex64.md.
 # `make test` runs a sampled version of it (tests/test_opinfo.py).
 coverage: setup
 	$(BIN)/python tools/coverage.py
+	$(BIN)/python tools/coverage.py --dtype complex64
 
 # PyTorch's own torch.func tests on torch.func and on minifunctorch (an hour or more on two
 # cores): SUITE is the folder holding PyTorch's test files (docs/TORCHFUNC-SUITE.md says which).

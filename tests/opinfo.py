@@ -74,10 +74,10 @@ def entry_key(op) -> str:
     return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
 
 
-def entries():
-    """The op_db entries that support float32 on CPU, in op_db's order."""
+def entries(dtype=torch.float32):
+    """The op_db entries that support ``dtype`` on CPU, in op_db's order."""
     from torch.testing._internal.common_methods_invocations import op_db
-    return [op for op in op_db if torch.float32 in op.supported_dtypes("cpu")]
+    return [op for op in op_db if dtype in op.supported_dtypes("cpu")]
 
 
 def seed_of(*parts) -> int:
@@ -85,12 +85,12 @@ def seed_of(*parts) -> int:
     return zlib.crc32("/".join(str(p) for p in parts).encode())
 
 
-def load_samples(op):
-    """All of the op's float32 CPU samples, generated from a seed of its own name."""
+def load_samples(op, dtype=torch.float32):
+    """All of the op's CPU samples of ``dtype``, generated from a seed of its own name."""
     torch.manual_seed(seed_of(entry_key(op), "samples"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return list(op.sample_inputs("cpu", torch.float32, requires_grad=False))
+        return list(op.sample_inputs("cpu", dtype, requires_grad=False))
 
 
 def spread(n, cap):
@@ -106,7 +106,18 @@ def _is_tensor(x):
 
 
 def _is_float(x):
-    return isinstance(x, torch.Tensor) and x.dtype.is_floating_point
+    """A tensor with derivatives: floating or complex (NOTE [Complex numbers] in
+    core/dispatch.py: a complex output gets complex cotangents and tangents)."""
+    return isinstance(x, torch.Tensor) and (x.dtype.is_floating_point or x.dtype.is_complex)
+
+
+_WIDER = {torch.float32: torch.float64, torch.complex64: torch.complex128}
+
+
+def _widen(x):
+    """float32 -> float64 and complex64 -> complex128 (``.double()`` would drop the
+    imaginary part); anything else unchanged."""
+    return x.to(_WIDER[x.dtype]) if _is_tensor(x) and x.dtype in _WIDER else x
 
 
 class Sample:
@@ -158,7 +169,8 @@ def _split_outputs(out):
 
 def _random(shape, dtype, seed):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(tuple(shape), generator=g, dtype=torch.float32).to(dtype)
+    base = torch.complex64 if dtype.is_complex else torch.float32
+    return torch.randn(tuple(shape), generator=g, dtype=base).to(dtype)
 
 
 # --- the transforms, written once for both namespaces (ns: torch.func or minifunctorch) -----
@@ -239,6 +251,10 @@ def reference_vjp_by_jacfwd(s, wrt):
     return {"outputs": out, "aux": aux, "grads": grads}
 
 
+class _ComplexOutput(Exception):
+    """A real function with a complex output: no finite-difference opinion here."""
+
+
 FD_EPS = 1e-6
 FD_MAX_ELEMENTS = 512
 
@@ -246,27 +262,36 @@ FD_MAX_ELEMENTS = 512
 def finite_differences(s, transform, wrt):
     """Central differences in float64, in the format of run_jvp / run_vjp (tangents or
     grads only): the last word when torch.func's two modes disagree with ours and with each
-    other (NOTE [A second oracle for one mode])."""
+    other (NOTE [A second oracle for one mode]). Real arguments only: None (no opinion) for
+    a complex one."""
+    if any(p.dtype.is_complex for p in s.fresh(wrt)):
+        return None
     primals = [p.double() for p in s.fresh(wrt)]
     f = _differentiable_fn(s, wrt)
 
     def floats_at(ps):
         torch.manual_seed(seed_of(s.key, s.index, "call"))
         with torch.no_grad():
-            return [o.double() for o in f(*[p.to(torch.float64) for p in ps])[0]]
+            outputs = f(*[p.to(torch.float64) for p in ps])[0]
+        if any(o.dtype.is_complex for o in outputs):
+            raise _ComplexOutput()
+        return [o.double() for o in outputs]
 
     def directional(direction):
         plus = floats_at([p + FD_EPS * d for p, d in zip(primals, direction)])
         minus = floats_at([p - FD_EPS * d for p, d in zip(primals, direction)])
         return [(a - b) / (2 * FD_EPS) for a, b in zip(plus, minus)]
 
+    try:
+        out = floats_at(primals)
+    except _ComplexOutput:
+        return None
     if transform == "jvp":
         tangents = [_random(p.shape, torch.float32, seed_of(s.key, s.index, "tangent", k)).double()
                     for k, p in enumerate(primals)]
         return {"tangents": directional(tangents)}
     if sum(p.numel() for p in primals) > FD_MAX_ELEMENTS:
         return None
-    out = floats_at(primals)
     cts = [_random(o.shape, torch.float32, seed_of(s.key, s.index, "ct", k)).double()
            for k, o in enumerate(out)]
     grads = []
@@ -295,18 +320,16 @@ def _agrees_in_float64(run, s, wrt, ours):
     """NOTE [Tolerances]: whether ours agrees with torch.func run on the sample in float64,
     so that a disagreement in float32 is torch.func's rounding (a fused kernel's cancellation
     of two large terms, such as layer norm's backward over one element)."""
-    if not any(_is_float(leaf) and leaf.dtype == torch.float32 for leaf in s.leaves):
+    if not any(_is_tensor(leaf) and leaf.dtype in _WIDER for leaf in s.leaves):
         return False
     s64 = Sample.__new__(Sample)
     s64.__dict__.update(s.__dict__)
-    s64.leaves = [leaf.double() if _is_float(leaf) and leaf.dtype == torch.float32 else leaf
-                  for leaf in s.leaves]
+    s64.leaves = [_widen(leaf) for leaf in s.leaves]
     try:
         theirs = run(tf, s64, wrt)
     except Exception:  # noqa: BLE001 - no opinion
         return False
-    widened = optree.tree_map(lambda x: x.double() if _is_float(x) else x, ours,
-                              none_is_leaf=True)
+    widened = optree.tree_map(_widen, ours, none_is_leaf=True)
     return difference(widened, theirs) is None
 
 
@@ -652,15 +675,15 @@ def classify(key, transform, outcomes, no_samples_reason="op_db gives no sample"
 
 
 def check_op(op, transforms=TRANSFORMS, cap=SAMPLE_CAP, indices=None, variants=None,
-             samples=None):
-    """{transform: Result} for one op_db entry: the samples at ``indices`` (default: ``cap``
-    of them, spread over the list), every vmap variant in ``variants`` (default: all).
-    ``samples``: the op's samples if already loaded (load_samples)."""
+             samples=None, dtype=torch.float32):
+    """{transform: Result} for one op_db entry: the samples of ``dtype`` at ``indices``
+    (default: ``cap`` of them, spread over the list), every vmap variant in ``variants``
+    (default: all). ``samples``: the op's samples if already loaded (load_samples)."""
     key = entry_key(op)
     variants = list(VMAP_VARIANTS) if variants is None else variants
     if samples is None:
         try:
-            samples = load_samples(op)
+            samples = load_samples(op, dtype)
         except Exception as e:  # noqa: BLE001
             reason = f"sample_inputs fails: {describe_error(e)}"
             return {t: Result(key, t, NO_SAMPLES, reason) for t in transforms}
