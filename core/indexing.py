@@ -35,7 +35,7 @@ from . import primitives as P
 from .autograd import sum_to_size, vjp_rules, wants_cotangent
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim, to_front
 from .elementwise import logical_and
-from .errors import TransformUsageError, UnsupportedOperationError
+from .errors import MissingRuleError, TransformUsageError, UnsupportedOperationError
 from .forward import add_tangents, jvp_rules
 from .tensor import call_with_tensors, unwrap
 from .values import Value, bind, top_dispatcher
@@ -1352,3 +1352,137 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
                           ones, bag_of, dims=(0,), accumulate=True)
             out = ops.div(out, ops.unsqueeze(ops.where(ops.eq(counts, 0), 1.0, counts), 1))
     return ops.getitem(out, (slice(0, bags, 1),))
+
+
+# --- segment_reduce ------------------------------------------------------------------------------
+# NOTE [segment_reduce: torch's kernel and its backward kernel]
+# ``segment_reduce(data, reduce, lengths= or offsets=, axis=, initial=)`` reduces consecutive
+# runs of ``data`` along ``axis`` (sum, mean, max, min, prod). torch.func differentiates it
+# with torch's backward kernel ``_segment_reduce_backward``, which handles what a formula of
+# ops would have to repeat (ties of max and min share the gradient, products with zeros,
+# ``initial``, empty segments), so both kernels are primitives and the vjp is bit-exact.
+# - The backward kernel is linear in the cotangent: element i of segment s gets
+#   ``grad[s] * w_i``, with w = the backward kernel on a cotangent of ones. So the Jacobian
+#   is J[s, i] = w_i for i in s, and the jvp (torch has none; torch.func's jvp refuses) is
+#   a segment sum of ``w * data_dot``; the transpose of the backward kernel in its cotangent
+#   is the same segment sum. torch has no derivative of the backward kernel with respect to
+#   the data (derivatives.yaml), so a second derivative with respect to the data is refused.
+# - vmap: the segments run along ``axis`` and the lengths (offsets) have the shape
+#   ``data.shape[:axis] + (segments,)``: with the batch dim in front of both (an unbatched
+#   one expanded) it is one more leading dim, and the kernel runs once with ``axis + 1``.
+def _segment_kwargs(segments, by, axis, initial):
+    return {by: segments, "axis": axis, "initial": initial}
+
+
+segment_reduce_p = P.primitive(
+    "segment_reduce",
+    lambda data, segments, *, reduce, by, axis, initial, unsafe: aten.segment_reduce(
+        data, reduce, unsafe=unsafe, **_segment_kwargs(segments, by, axis, initial)))
+segment_reduce_backward_p = P.primitive(
+    "segment_reduce_backward",
+    lambda grad, output, data, segments, *, reduce, by, axis, initial:
+    aten._segment_reduce_backward(grad, output, data, reduce,
+                                  **_segment_kwargs(segments, by, axis, initial)))
+
+
+def _refuse_segment_second_order(op):
+    raise MissingRuleError(
+        f"{op}: the derivative of segment_reduce's backward with respect to the data is not "
+        "implemented (torch has none either: torch.func raises 'derivative for "
+        "aten::_segment_reduce_backward is not implemented'). Expected a first derivative of "
+        "segment_reduce, got a second one. Fix: differentiate segment_reduce once.")
+
+
+def _segment_sum(values, segments, by, axis):
+    return bind(segment_reduce_p, values, segments, reduce="sum", by=by, axis=axis,
+                initial=None, unsafe=True)
+
+
+def _segment_weights(output, data, segments, reduce, by, axis, initial):
+    """w: each element's derivative of its segment's result (the backward kernel on ones)."""
+    return bind(segment_reduce_backward_p, ops.full_like(output, 1.0), output, data, segments,
+                reduce=reduce, by=by, axis=axis, initial=initial)
+
+
+def segment_reduce_vjp(data, segments, *, reduce, by, axis, initial, unsafe):
+    out = bind(segment_reduce_p, data, segments, reduce=reduce, by=by, axis=axis,
+               initial=initial, unsafe=unsafe)
+
+    def backward(ct):
+        return bind(segment_reduce_backward_p, ct, out, data, segments, reduce=reduce, by=by,
+                    axis=axis, initial=initial), None
+    return out, backward
+vjp_rules[segment_reduce_p] = segment_reduce_vjp
+
+
+def segment_reduce_jvp(primals, tangents, *, reduce, by, axis, initial, unsafe):
+    (data, segments), (data_dot, _) = primals, tangents
+    out = bind(segment_reduce_p, data, segments, reduce=reduce, by=by, axis=axis,
+               initial=initial, unsafe=unsafe)
+    if data_dot is None:
+        return out, None
+    weights = _segment_weights(out, data, segments, reduce, by, axis, initial)
+    return out, _segment_sum(ops.mul(weights, data_dot), segments, by, axis)
+jvp_rules[segment_reduce_p] = segment_reduce_jvp
+
+
+def segment_reduce_backward_vjp(grad, output, data, segments, *, reduce, by, axis, initial):
+    out = bind(segment_reduce_backward_p, grad, output, data, segments, reduce=reduce, by=by,
+               axis=axis, initial=initial)
+
+    def backward(ct):
+        if wants_cotangent(1, output) or wants_cotangent(2, data):
+            _refuse_segment_second_order("vjp of segment_reduce's backward")
+        ct_grad = None
+        if wants_cotangent(0, grad):
+            weights = _segment_weights(output, data, segments, reduce, by, axis, initial)
+            ct_grad = _segment_sum(ops.mul(weights, ct), segments, by, axis)
+        return ct_grad, None, None, None
+    return out, backward
+vjp_rules[segment_reduce_backward_p] = segment_reduce_backward_vjp
+
+
+def segment_reduce_backward_jvp(primals, tangents, **params):
+    (grad, *rest), (grad_dot, output_dot, data_dot, _) = primals, tangents
+    out = bind(segment_reduce_backward_p, grad, *rest, **params)
+    if output_dot is not None or data_dot is not None:
+        _refuse_segment_second_order("jvp of segment_reduce's backward")
+    if grad_dot is None:
+        return out, None
+    return out, bind(segment_reduce_backward_p, grad_dot, *rest, **params)
+jvp_rules[segment_reduce_backward_p] = segment_reduce_backward_jvp
+
+
+def _segment_batch(prim):
+    def rule(values, bdims, *, axis, **params):
+        fronted = to_front(values, bdims, expand_unbatched=True)
+        return bind(prim, *fronted, axis=axis + 1, **params), 0
+    return rule
+
+
+batching_rules[segment_reduce_p] = _segment_batch(segment_reduce_p)
+batching_rules[segment_reduce_backward_p] = _segment_batch(segment_reduce_backward_p)
+
+
+@aten_api.register(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
+                   unsafe=False, initial=None):
+    op = f"segment_reduce(data, {reduce!r}, ...)"
+    if indices is not None or (lengths is None) == (offsets is None):
+        raise TransformUsageError(
+            f"{op}: expected exactly one of lengths= and offsets=, got "
+            f"{'indices=' if indices is not None else 'both or neither'}. Fix: pass lengths= "
+            "or offsets= (torch does not implement indices= either).")
+    by, segments = ("lengths", lengths) if lengths is not None else ("offsets", offsets)
+    axis = ops.normalize_dim(axis, _rank(data), op=op)
+    return bind(segment_reduce_p, data, segments, reduce=reduce, by=by, axis=axis,
+                initial=initial, unsafe=bool(unsafe))
+
+
+@aten_api.register(aten._segment_reduce_backward.default)
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0,
+                            initial=None):
+    by, segments = ("lengths", lengths) if lengths is not None else ("offsets", offsets)
+    axis = ops.normalize_dim(axis, _rank(data), op="_segment_reduce_backward")
+    return bind(segment_reduce_backward_p, grad, output, data, segments, reduce=reduce, by=by,
+                axis=axis, initial=initial)

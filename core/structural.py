@@ -54,7 +54,7 @@ from . import aten_api, elementwise, ops, torch_api
 from . import primitives as P
 from . import tensor as tensor_module
 from .autograd import vjp_rules
-from .batching import batching_rules, move_bdim, physical_dim
+from .batching import batching_rules, elementwise_batch, move_bdim, physical_dim
 from .elementwise import _refuse_complex
 from .errors import TransformUsageError
 from .forward import jvp_rules, linear_jvp
@@ -1351,3 +1351,50 @@ for _op in (aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar,
             aten.linspace.Scalar_Tensor, aten.logspace.Tensor_Tensor,
             aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor):
     aten_api.register(_op)(_with_detached_ends(_op))
+
+
+# --- frexp ------------------------------------------------------------------------------------------
+# NOTE [frexp: the kernel's mantissa, a derivative through the exponent]
+# frexp(x) = (mantissa, exponent) with x = mantissa * 2**exponent. The exponent is an integer
+# and not differentiable; on each piece where it is constant the mantissa is x / 2**exponent,
+# so its derivative is 1 / 2**exponent (derivatives.yaml says the same: grad /
+# exponent.exp2()). Both outputs are torch's kernel (a non-differentiable primitive for the
+# exponent, a differentiable one for the mantissa), so the values are torch's bit for bit,
+# including the ends where x / 2**exponent would overflow. Both act element by element, so
+# their batching rules keep the batch dim where it is. (It lives here because the
+# elementwise family's one-output helpers do not fit an op with two outputs.)
+frexp_mantissa_p = P.primitive("frexp_mantissa", lambda x: torch.frexp(x).mantissa)
+frexp_exponent_p = P.primitive("frexp_exponent", lambda x: torch.frexp(x).exponent,
+                               differentiable=False)
+
+
+def _frexp_scale(x):
+    """1 / 2**exponent(x), in x's dtype: the derivative of the mantissa."""
+    exponent = ops.convert(bind(frexp_exponent_p, x), x.dtype)
+    return ops.pow(2.0, ops.neg(exponent))
+
+
+def frexp_mantissa_vjp(x):
+    out = bind(frexp_mantissa_p, x)
+    return out, lambda ct: (ops.mul(ct, _frexp_scale(x)),)
+
+
+def frexp_mantissa_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    return bind(frexp_mantissa_p, x), ops.mul(x_dot, _frexp_scale(x))
+
+
+vjp_rules[frexp_mantissa_p] = frexp_mantissa_vjp
+jvp_rules[frexp_mantissa_p] = frexp_mantissa_jvp
+batching_rules[frexp_mantissa_p] = elementwise_batch(frexp_mantissa_p)
+batching_rules[frexp_exponent_p] = elementwise_batch(frexp_exponent_p)
+
+
+@torch_api.register(torch.frexp, torch.Tensor.frexp)
+def frexp(x):
+    _refuse_complex(frexp_mantissa_p, x)
+    return torch.return_types.frexp((bind(frexp_mantissa_p, x), bind(frexp_exponent_p, x)))
+
+
+aten_api.register(aten.frexp.Tensor)(frexp)
+aten_api.register(prims.frexp.default)(lambda x: tuple(frexp(x)))

@@ -1,0 +1,262 @@
+"""The long tail of op_db (issue 13): ops with a kernel of their own that torch.func
+differentiates and batches, each checked under every transform against torch.func
+(tests/oracle.py) and against central differences.
+
+- frexp (core/structural.py, NOTE [frexp: the kernel's mantissa, a derivative through the
+  exponent]);
+- fractional max pooling (core/nn.py, NOTE [Fractional max pooling: random windows given as
+  a tensor]), with the random samples passed in, so that both sides pool the same windows;
+- segment_reduce (core/indexing.py, NOTE [segment_reduce: torch's kernel and its backward
+  kernel]), and
+- ctc_loss (core/nn.py, NOTE [CTC loss: torch's kernels as primitives]): torch.func has no
+  forward-mode rule for either, so jvp and jacfwd are checked against torch.func's jacrev, and
+  second derivatives are refused on both sides.
+"""
+import pytest
+import torch
+import torch.func as tf
+import torch.nn.functional as F
+
+import minifunctorch.core as mf
+from minifunctorch.core.errors import TransformError
+from op_table import DTYPE, OpCase, distinct, normal
+from oracle import (
+    TRANSFORMS,
+    assert_same,
+    check_finite_differences,
+    check_under_transform,
+    transform_params,
+)
+
+
+def _frexp(x):
+    mantissa, exponent = torch.frexp(x)
+    return mantissa * (exponent + 1)
+
+
+def _fractional(spatial, output_size):
+    pool = F.fractional_max_pool2d if spatial == 2 else F.fractional_max_pool3d
+
+    def fn(x, samples):
+        return pool(x, 2, output_size=output_size, _random_samples=samples)
+    return fn
+
+
+def _samples(g, n, c, spatial):
+    return torch.rand(n, c, spatial, generator=g, dtype=DTYPE)
+
+
+CASES = [
+    OpCase("frexp", _frexp, lambda g: (normal(g, 3, 4) * 10,)),
+    OpCase("frexp_method", lambda x: x.frexp()[0], lambda g: (normal(g, 5),)),
+    OpCase("fractional_max_pool2d", _fractional(2, (3, 3)),
+           lambda g: (distinct(g, 2, 3, 7, 7), _samples(g, 2, 3, 2))),
+    OpCase("fractional_max_pool2d_unbatched", _fractional(2, (2, 3)),
+           lambda g: (distinct(g, 3, 6, 7), _samples(g, 1, 3, 2))),
+    OpCase("fractional_max_pool3d", _fractional(3, (2, 2, 3)),
+           lambda g: (distinct(g, 2, 2, 5, 5, 6), _samples(g, 2, 2, 3))),
+]
+
+
+@pytest.mark.parametrize("case, transform", list(transform_params(CASES)))
+def test_under_transform(case, transform):
+    check_under_transform(case, transform)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_finite_differences(case):
+    check_finite_differences(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_vmap_uses_no_fallback(case):
+    with mf.capture_fallbacks() as used:
+        mf.vmap(mf.grad(lambda *a: case.fn(*a).sum()))(*case.batch())
+    assert not used, f"{case.name}: per-example fallback for {dict(used)}"
+
+
+def test_fractional_max_pool_returns_the_kernels_indices():
+    g = torch.Generator().manual_seed(0)
+    x, samples = distinct(g, 2, 3, 7, 7), _samples(g, 2, 3, 2)
+    ours = mf.vmap(lambda x: F.fractional_max_pool2d(x, 2, output_size=3, return_indices=True,
+                                                     _random_samples=samples))(x)
+    theirs = tf.vmap(lambda x: F.fractional_max_pool2d(x, 2, output_size=3, return_indices=True,
+                                                       _random_samples=samples))(x)
+    assert_same(ours, theirs)
+
+
+# --- ctc_loss ---------------------------------------------------------------------------------------
+T, N, C = 6, 2, 4
+
+
+def _ctc(reduction, padded):
+    def fn(x, targets, input_lengths, target_lengths):
+        return F.ctc_loss(x.log_softmax(-1), targets, input_lengths, target_lengths,
+                          reduction=reduction, zero_infinity=True)
+    return fn
+
+
+def _ctc_inputs(padded):
+    """Each example has other target lengths (summing to 4 when concatenated), so under vmap
+    every example's sequences start at other offsets."""
+    def make(g):
+        x = normal(g, T, N, C)
+        target_lengths = [(1, 3), (3, 1), (2, 2)][int(torch.randint(0, 3, (), generator=g))]
+        if padded:
+            targets = torch.randint(1, C, (N, 3), generator=g)
+        else:
+            targets = torch.randint(1, C, (sum(target_lengths),), generator=g)
+        input_lengths = torch.tensor([T, T - 1 - int(torch.randint(0, 2, (), generator=g))])
+        return x, targets, input_lengths, torch.tensor(target_lengths)
+    return make
+
+
+CTC_CASES = [
+    OpCase("ctc_loss_none_concatenated", _ctc("none", False), _ctc_inputs(False)),
+    OpCase("ctc_loss_mean_concatenated", _ctc("mean", False), _ctc_inputs(False)),
+    OpCase("ctc_loss_sum_padded", _ctc("sum", True), _ctc_inputs(True)),
+    OpCase("ctc_loss_none_padded", _ctc("none", True), _ctc_inputs(True)),
+]
+# torch.func has no forward-mode rule for ctc_loss, nor a second derivative: forward mode is
+# checked against torch.func's reverse mode, second derivatives are refused on both sides.
+FORWARD = {"jvp": "jacrev_contracted", "jacfwd": "jacrev"}
+SECOND_ORDER = {"grad_grad", "jacfwd_jacrev", "jvp_grad", "hessian"}
+
+
+@pytest.mark.parametrize("case, transform", list(transform_params(CTC_CASES)))
+def test_ctc_loss_under_transform(case, transform):
+    check_first_order_only(case, transform, "_ctc_loss_backward")
+
+
+def check_first_order_only(case, transform, backward_name):
+    """An op that torch.func differentiates in reverse mode only, once."""
+    if transform in SECOND_ORDER:
+        with pytest.raises(Exception):
+            TRANSFORMS[transform](tf, case)
+        with pytest.raises(TransformError, match=f"{backward_name} is not implemented"):
+            TRANSFORMS[transform](mf, case)
+        return
+    if transform not in FORWARD:
+        check_under_transform(case, transform)
+        return
+    args = case.sample()
+    jacobian = tf.jacrev(case.fn)(*args)
+    if transform == "jacfwd":
+        assert_same(mf.jacfwd(case.fn)(*args), jacobian)
+        return
+    tangent = torch.randn(args[0].shape, dtype=DTYPE, generator=torch.Generator().manual_seed(1))
+    out, out_dot = mf.jvp(lambda x: case.fn(x, *args[1:]), (args[0],), (tangent,))
+    expected = (jacobian * tangent).sum(dim=tuple(range(-tangent.dim(), 0)))
+    assert_same(out, case.fn(*args))
+    torch.testing.assert_close(out_dot, expected, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("case", CTC_CASES, ids=lambda c: c.name)
+def test_ctc_loss_finite_differences(case):
+    check_finite_differences(case)
+
+
+@pytest.mark.parametrize("case", CTC_CASES, ids=lambda c: c.name)
+def test_ctc_loss_vmap_uses_no_fallback(case):
+    with mf.capture_fallbacks() as used:
+        mf.vmap(mf.grad(lambda *a: case.fn(*a).sum()))(*case.batch())
+        mf.vmap(case.fn, in_dims=(1, None, None, 0))(
+            case.batch()[0].movedim(0, 1), *case.sample()[1:3], case.batch()[3])
+    assert not used, f"{case.name}: per-example fallback for {dict(used)}"
+
+
+def test_ctc_loss_unbatched_input():
+    g = torch.Generator().manual_seed(3)
+    x, targets = normal(g, T, C), torch.tensor([1, 2, 2])
+
+    def f(x):
+        return F.ctc_loss(x.log_softmax(-1), targets, torch.tensor(T), torch.tensor(3))
+    assert_same(mf.grad(f)(x), tf.grad(f)(x))
+    xs = torch.stack([x, x * 0.5, x * 2])
+    assert_same(mf.vmap(mf.grad(f))(xs), tf.vmap(tf.grad(f))(xs))
+
+
+# --- segment_reduce ---------------------------------------------------------------------------------
+def _segment(reduce, by, axis=0, initial=None):
+    def fn(data, segments):
+        return torch.segment_reduce(data, reduce, axis=axis, initial=initial, **{by: segments})
+    return fn
+
+
+def _segment_inputs(by, axis, empty=False):
+    """Data (3, 6) or (2, 6, 2) along ``axis``, cut into 3 segments at random places (each
+    example of a batch cut elsewhere)."""
+    def make(g):
+        length = 6
+        data = distinct(g, 3, length) if axis == 0 else distinct(g, 2, length, 2)
+        if axis == 0:
+            data = data.T.contiguous()
+        lead = () if axis == 0 else (2,)
+        low = 0 if empty else 1
+        cuts = []
+        for _ in range(max(1, len(lead) and lead[0])):
+            first = int(torch.randint(low, 3, (), generator=g))
+            second = int(torch.randint(low, length - first - low + 1, (), generator=g))
+            lengths = [first, second, length - first - second]
+            cuts.append(lengths if by == "lengths" else
+                        [0, first, first + second, length])
+        segments = torch.tensor(cuts if lead else cuts[0])
+        return data, segments
+    return make
+
+
+SEGMENT_CASES = [
+    OpCase(f"segment_{reduce}_{by}_axis{axis}", _segment(reduce, by, axis, initial),
+           _segment_inputs(by, axis))
+    for reduce, initial in (("sum", None), ("mean", None), ("max", None), ("min", 0.5),
+                            ("prod", None))
+    for by in ("lengths", "offsets") for axis in (0, 1)
+] + [OpCase("segment_sum_empty", _segment("sum", "lengths"), _segment_inputs("lengths", 0, True)),
+     OpCase("segment_max_initial", _segment("max", "offsets", 1, 0.3),
+            _segment_inputs("offsets", 1))]
+
+
+@pytest.mark.parametrize("case, transform", list(transform_params(SEGMENT_CASES)))
+def test_segment_reduce_under_transform(case, transform):
+    check_first_order_only(case, transform, "_segment_reduce_backward")
+
+
+@pytest.mark.parametrize("case", SEGMENT_CASES, ids=lambda c: c.name)
+def test_segment_reduce_finite_differences(case):
+    check_finite_differences(case)
+
+
+@pytest.mark.parametrize("case", SEGMENT_CASES, ids=lambda c: c.name)
+def test_segment_reduce_vmap_uses_no_fallback(case):
+    with mf.capture_fallbacks() as used:
+        mf.vmap(mf.grad(lambda *a: case.fn(*a).sum()))(*case.batch())
+    assert not used, f"{case.name}: per-example fallback for {dict(used)}"
+
+
+# --- batch norm of an empty input --------------------------------------------------------------------
+@pytest.mark.parametrize("shape, training, affine", [
+    ((0,), True, False), ((0,), False, False), ((0, 3), True, True), ((2, 0, 4), False, False),
+])
+def test_batch_norm_of_an_empty_input(shape, training, affine):
+    """NOTE [Batch norm of an empty input]: torch returns a copy, no statistics involved."""
+    channels = shape[1] if len(shape) > 1 else 0
+    stats = (torch.zeros(channels, dtype=DTYPE), torch.ones(channels, dtype=DTYPE))
+    weight = torch.randn(channels, dtype=DTYPE) if affine else None
+    bias = torch.randn(channels, dtype=DTYPE) if affine else None
+
+    def f(x, weight, bias):
+        return F.batch_norm(x, *stats, weight, bias, training=training)
+    x = torch.zeros(shape, dtype=DTYPE)
+    ours = mf.vjp(lambda x: f(x, weight, bias), x)
+    theirs = tf.vjp(lambda x: f(x, weight, bias), x)
+    assert_same(ours[0], theirs[0])
+    ct = torch.zeros(shape, dtype=DTYPE)
+    assert_same(ours[1](ct), theirs[1](ct))
+    assert_same(mf.jvp(lambda x: f(x, weight, bias), (x,), (x,)),
+                tf.jvp(lambda x: f(x, weight, bias), (x,), (x,)))
+    xs = torch.zeros((3,) + shape, dtype=DTYPE)
+    assert_same(mf.vmap(lambda x: f(x, weight, bias))(xs),
+                tf.vmap(lambda x: f(x, weight, bias))(xs))
+    if affine:
+        assert_same(mf.grad(lambda w: f(x, w, bias).sum(), argnums=0)(weight),
+                    tf.grad(lambda w: f(x, w, bias).sum(), argnums=0)(weight))
