@@ -260,3 +260,103 @@ def test_batch_norm_of_an_empty_input(shape, training, affine):
     if affine:
         assert_same(mf.grad(lambda w: f(x, w, bias).sum(), argnums=0)(weight),
                     tf.grad(lambda w: f(x, w, bias).sum(), argnums=0)(weight))
+
+
+# --- embedding and embedding_bag: max_norm, sparse, scale_grad_by_freq ------------------------------
+def _embedding_weight(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return normal(g, 6, 3) * 2
+
+
+IDX = torch.tensor([[0, 2], [2, 5]])
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_norm=1.0), dict(max_norm=1.5, norm_type=1.0),
+                                    dict(sparse=True), dict(sparse=True, padding_idx=2)])
+def test_embedding_max_norm_and_sparse(kwargs):
+    """NOTE [embedding with max_norm renormalizes the weight in place] and NOTE [embedding
+    with sparse=True]: values, derivatives and the caller's weight as torch.func leaves them."""
+    def f(w):
+        return F.embedding(IDX, w, **kwargs)
+    ct = torch.randn(2, 2, 3, dtype=DTYPE)
+    results = {}
+    for ft in (mf, tf):
+        w = _embedding_weight()
+        out, pull = ft.vjp(f, w)
+        grad = pull(ct)[0]
+        w_jvp = _embedding_weight()
+        jvp = ft.jvp(f, (w_jvp,), (torch.ones_like(w_jvp),))
+        ws = torch.stack([_embedding_weight(1), _embedding_weight(2)])
+        batched = ft.vmap(f)(ws)
+        idxs = torch.stack([IDX, IDX.flip(0)])
+        ws2 = ws.clone()
+        both = ft.vmap(lambda w, i: F.embedding(i, w, **kwargs))(ws2, idxs)
+        results[ft] = (out, grad.to_dense() if grad.is_sparse else grad, grad.layout, w,
+                       jvp, w_jvp, batched, ws, both, ws2)
+    for ours, theirs in zip(results[mf], results[tf]):
+        if isinstance(ours, torch.layout):
+            assert ours == theirs
+        else:
+            assert_same(ours, theirs)
+
+
+def test_embedding_max_norm_refusals():
+    w = _embedding_weight()
+    idxs = torch.stack([IDX, IDX.flip(0)])
+    with pytest.raises(TransformError, match="torch.func refuses it too"):
+        mf.vmap(lambda i: F.embedding(i, w, max_norm=1.0))(idxs)
+    with pytest.raises(RuntimeError):
+        tf.vmap(lambda i: F.embedding(i, w.clone(), max_norm=1.0))(idxs)
+    ws = torch.stack([w, w])
+    with pytest.raises(TransformError, match="sparse=False"):
+        mf.vmap(mf.grad(lambda w: F.embedding(IDX, w, sparse=True).sum()))(ws)
+    with pytest.raises(TransformError, match="scale_grad_by_freq is not supported with sparse"):
+        mf.grad(lambda w: F.embedding(IDX, w, sparse=True, scale_grad_by_freq=True).sum())(w)
+
+
+def _bag(**kwargs):
+    offsets = torch.tensor([0, 2, 2, 5])
+
+    def fn(w, per_sample_weights=None):
+        return F.embedding_bag(torch.tensor([2, 2, 4, 1, 2, 0, 4]), w, offsets,
+                               per_sample_weights=per_sample_weights, **kwargs)
+    return fn
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(mode="sum", scale_grad_by_freq=True), dict(mode="mean", scale_grad_by_freq=True),
+    dict(mode="sum", scale_grad_by_freq=True, padding_idx=4),
+    dict(mode="sum", max_norm=1.0), dict(mode="max", max_norm=2.0, norm_type=1.0),
+    dict(mode="mean", sparse=True), dict(mode="sum", sparse=True, padding_idx=2),
+])
+def test_embedding_bag_options(kwargs):
+    """NOTE [embedding_bag's scale_grad_by_freq, as torch's kernel computes it] (torch.func
+    has no jvp of embedding_bag: the tangent is checked against its jacrev)."""
+    f = _bag(**kwargs)
+    ct = torch.randn(4, 3, dtype=DTYPE)
+    (out, pull), (out_t, pull_t) = mf.vjp(f, _embedding_weight()), tf.vjp(f, _embedding_weight())
+    assert_same(out, out_t)
+    ours, theirs = pull(ct)[0], pull_t(ct)[0]
+    assert ours.layout == theirs.layout
+    assert_same(ours.to_dense() if ours.is_sparse else ours,
+                theirs.to_dense() if theirs.is_sparse else theirs)
+    if not kwargs.get("sparse"):
+        w, t = _embedding_weight(), torch.randn(6, 3, dtype=DTYPE)
+        jacobian = tf.jacrev(f)(_embedding_weight())
+        _, out_dot = mf.jvp(f, (w,), (t,))
+        torch.testing.assert_close(out_dot, (jacobian * t).sum((-2, -1)))
+    ws = torch.stack([_embedding_weight(1), _embedding_weight(2)])
+    ws_t = ws.clone()
+    assert_same(mf.vmap(f)(ws), tf.vmap(f)(ws_t))
+    assert_same(ws, ws_t)
+
+
+def test_embedding_bag_scale_grad_with_per_sample_weights_under_vmap():
+    f = _bag(mode="sum", scale_grad_by_freq=True)
+    psw = torch.rand(3, 7, dtype=DTYPE)
+    w = _embedding_weight()
+
+    def loss(w, p):
+        return (f(w, p) ** 2).sum()
+    assert_same(mf.vmap(mf.grad(loss), in_dims=(None, 0))(w, psw),
+                tf.vmap(tf.grad(loss), in_dims=(None, 0))(w, psw))
