@@ -3229,3 +3229,79 @@ def bilinear(x1, x2, weight, bias=None):
     if bias is not None:
         out = ops.add(out, bias)
     return ops.reshape(out, *lead, outputs)
+
+
+# --- linear_cross_entropy's chunked ops -----------------------------------------------------------
+# NOTE [linear_cross_entropy's chunked ops are cross_entropy of linear]
+# F.linear_cross_entropy(..., options=LinearCrossEntropyOptions(...)) calls one of two custom
+# ops of torch (``torch_nn::_linear_cross_entropy_batch_chunked`` for mean and sum,
+# ``..._no_reduction`` for none), which run the classifier in chunks of the batch to save
+# memory. Their value is cross_entropy(linear(input, linear_weight, linear_bias), target,
+# weight, ignore_index, reduction) (label smoothing is always 0 on that path), which is what
+# they are here: the chunking is a memory schedule, and every derivative then comes from
+# linear's and cross_entropy's rules (torch's own ops have an autograd formula only, no
+# forward rule and no batching rule but a loop). The mean/sum op also returns the gradients
+# with respect to input, linear_weight and linear_bias, which it computes in its forward
+# pass for its backward (F.linear_cross_entropy drops them): they are computed here too,
+# with the same ops, where its compute_*_grad flags ask for them (empty (0, 0) or (0,)
+# tensors otherwise, as torch's op returns): with p = softmax(logits) and w_n the weight of
+# sample n's class (0 where ignored), d loss / d logits = w_n (p - onehot(target)), divided
+# by the sum of the w_n for the mean.
+def _chunked_logits_and_loss(x, linear_weight, target, linear_bias, weight, ignore_index,
+                             reduction):
+    logits = linear(x, linear_weight, linear_bias)
+    return logits, cross_entropy(logits, target, weight, ignore_index=int(ignore_index),
+                                 reduction=reduction)
+
+
+def _linear_cross_entropy_chunked(x, linear_weight, target, linear_bias, weight, reduction,
+                                  ignore_index, label_smoothing, batch_chunk_size, acc_policy,
+                                  acc_dtype, allow_retain_graph, compute_input_grad,
+                                  compute_linear_weight_grad, compute_linear_bias_grad):
+    if label_smoothing:
+        raise TransformUsageError(
+            "linear_cross_entropy chunked op: expected label_smoothing=0 (F.linear_cross_entropy "
+            f"takes the chunked path only then), got {label_smoothing}. Fix: call "
+            "F.linear_cross_entropy, which falls back to the unchunked computation.")
+    logits, loss = _chunked_logits_and_loss(x, linear_weight, target, linear_bias, weight,
+                                            ignore_index, reduction)
+    empty2 = torch.empty((0, 0), dtype=x.dtype, device=x.device)
+    grads = [empty2, empty2, torch.empty((0,), dtype=x.dtype, device=x.device)]
+    if compute_input_grad or compute_linear_weight_grad or compute_linear_bias_grad:
+        weights, safe = _target_weights(target, weight, int(ignore_index), x.dtype)
+        classes = shape_of(logits)[-1]
+        onehot = ops.eq(ops.unsqueeze(safe, -1), torch.arange(classes, device=x.device))
+        g = ops.mul(ops.sub(ops.softmax(logits, -1), ops.convert(onehot, x.dtype)),
+                    ops.unsqueeze(weights, -1))
+        if reduction == "mean":
+            g = ops.div(g, ops.sum(weights))
+        if compute_input_grad:
+            grads[0] = ops.matmul(g, linear_weight)
+        if compute_linear_weight_grad:
+            grads[1] = ops.matmul(ops.t(g), x)
+        if compute_linear_bias_grad:
+            grads[2] = ops.sum(g, 0)
+    return (loss, *grads)
+
+
+def _linear_cross_entropy_chunked_none(x, linear_weight, target, linear_bias, weight,
+                                       ignore_index, batch_chunk_size, acc_policy, acc_dtype):
+    return _chunked_logits_and_loss(x, linear_weight, target, linear_bias, weight,
+                                    ignore_index, "none")[1]
+
+
+def _register_chunked_ops():
+    """The doors of the two custom ops (defined when torch.nn.modules.linear_cross_entropy
+    is imported, which F.linear_cross_entropy does; absent from older torch)."""
+    try:
+        from torch.nn.modules import linear_cross_entropy  # noqa: F401
+        namespace = torch.ops.torch_nn
+        chunked = namespace._linear_cross_entropy_batch_chunked.default
+        chunked_none = namespace._linear_cross_entropy_batch_chunked_no_reduction.default
+    except (ImportError, AttributeError):
+        return
+    aten_api.register(chunked)(_linear_cross_entropy_chunked)
+    aten_api.register(chunked_none)(_linear_cross_entropy_chunked_none)
+
+
+_register_chunked_ops()

@@ -360,3 +360,74 @@ def test_embedding_bag_scale_grad_with_per_sample_weights_under_vmap():
         return (f(w, p) ** 2).sum()
     assert_same(mf.vmap(mf.grad(loss), in_dims=(None, 0))(w, psw),
                 tf.vmap(tf.grad(loss), in_dims=(None, 0))(w, psw))
+
+
+# --- linear_cross_entropy's chunked ops ------------------------------------------------------------
+def _chunked(reduction, ignore_index=None, with_weight=False):
+    options = F.LinearCrossEntropyOptions(batch_chunk_size=2) if hasattr(
+        F, "LinearCrossEntropyOptions") else None
+
+    def fn(x, w, b, target, class_weight, chunked=True):
+        kwargs = dict(linear_bias=b, reduction=reduction, ignore_index=ignore_index,
+                      weight=class_weight if with_weight else None)
+        if chunked:
+            kwargs["options"] = options
+        return F.linear_cross_entropy(x, w, target, **kwargs)
+    return fn
+
+
+def _chunked_inputs(g):
+    return (normal(g, 5, 3), normal(g, 4, 3), normal(g, 4),
+            torch.tensor([0, 3, 1, 3, 2]), torch.rand(4, generator=g, dtype=DTYPE) + 0.5)
+
+
+CHUNKED = [("mean", None, False), ("sum", 3, True), ("none", None, True), ("mean", 1, True)]
+
+
+@pytest.mark.skipif(not hasattr(F, "linear_cross_entropy"), reason="torch has none")
+@pytest.mark.parametrize("reduction, ignore_index, with_weight", CHUNKED)
+def test_linear_cross_entropy_chunked(reduction, ignore_index, with_weight):
+    """NOTE [linear_cross_entropy's chunked ops are cross_entropy of linear]: checked against
+    torch.func on the unchunked computation (torch.func's own jvp of the chunked op gives
+    zero tangents) and against central differences."""
+    from torch.nn.modules import linear_cross_entropy  # noqa: F401  (defines the ops)
+    fn = _chunked(reduction, ignore_index, with_weight)
+    args = _chunked_inputs(torch.Generator().manual_seed(0))
+    reference = lambda *a: fn(*a, chunked=False)  # noqa: E731
+    with mf.capture_fallbacks() as used:
+        assert_same(mf.jacrev(fn, argnums=(0, 1, 2))(*args),
+                    tf.jacrev(reference, argnums=(0, 1, 2))(*args))
+        tangents = tuple(torch.randn_like(a) for a in args[:3])
+        assert_same(mf.jvp(lambda *d: fn(*d, *args[3:]), args[:3], tangents),
+                    tf.jvp(lambda *d: reference(*d, *args[3:]), args[:3], tangents))
+        batch = tuple(torch.stack([a, a * 0.5, a * 2]) if a.is_floating_point() else
+                      torch.stack([a, a.flip(0), a]) for a in args)
+        assert_same(mf.vmap(fn)(*batch), tf.vmap(reference)(*batch))
+        assert_same(mf.vmap(fn, in_dims=(0, None, None, 0, None))(batch[0], *args[1:3],
+                                                                  batch[3], args[4]),
+                    tf.vmap(reference, in_dims=(0, None, None, 0, None))(
+                        batch[0], *args[1:3], batch[3], args[4]))
+    assert not used, dict(used)
+    scalar = lambda x: (fn(x, *args[1:]) * 1.5).sum()  # noqa: E731
+    x = args[0]
+    step = torch.zeros_like(x)
+    step[1, 2] = 1e-6
+    expected = (scalar(x + step) - scalar(x - step)) / 2e-6
+    torch.testing.assert_close(mf.grad(scalar)(x)[1, 2], expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(not hasattr(F, "linear_cross_entropy"), reason="torch has none")
+def test_linear_cross_entropy_chunked_op_returns_its_gradients():
+    """The mean/sum op also returns its precomputed gradients: the same as torch's kernel."""
+    from torch.nn.modules import linear_cross_entropy  # noqa: F401
+    op = torch.ops.torch_nn._linear_cross_entropy_batch_chunked.default
+    x, w, b, target, class_weight = _chunked_inputs(torch.Generator().manual_seed(1))
+
+    def call(x):
+        return op(x, w, target, b, class_weight, "mean", -100, 0.0, 2, "balanced", DTYPE, True,
+                  True, True, True)
+    xs = torch.stack([x, x * 0.5])
+    ours = mf.vmap(call)(xs)
+    theirs = [torch.stack(column) for column in zip(*(call(example) for example in xs))]
+    for a, b_ in zip(ours, theirs):
+        torch.testing.assert_close(a, b_, rtol=1e-6, atol=1e-8)
