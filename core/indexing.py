@@ -35,7 +35,8 @@ from . import primitives as P
 from .autograd import sum_to_size, vjp_rules, wants_cotangent
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim, to_front
 from .elementwise import logical_and
-from .errors import MissingRuleError, TransformUsageError, UnsupportedOperationError
+from .errors import (MissingRuleError, ShapeMismatchError, TransformUsageError,
+                     UnsupportedOperationError)
 from .forward import add_tangents, jvp_rules
 from .tensor import call_with_tensors, unwrap
 from .values import Value, bind, top_dispatcher
@@ -1202,7 +1203,57 @@ def _data_dependent(func, what):
     return op
 
 
-for _func, _what in ((aten.nonzero.default, "nonzero"), (aten.argwhere.default, "argwhere"),
+def _argwhere_of_examples(x):
+    """NOTE [argwhere under vmap: one shape or an error]
+    torch.func runs argwhere example by example and stacks the results: that works when every
+    example has as many nonzero elements, and raises torch.stack's error otherwise. Here one
+    call on the whole batch (the batch dim in front) gives every example's indices, sorted by
+    example first; when every example has the same count c they are (B, c, rank) (the column
+    of example numbers dropped), otherwise the same error. (nonzero itself torch.func refuses
+    outright: NOTE [Shapes that depend on the data].)"""
+    examples = _plain_of(x.payload).movedim(x.bdim, 0)
+    found = torch.argwhere(examples)
+    size = examples.shape[0]
+    counts = torch.bincount(found[:, 0], minlength=size)
+    if size and bool((counts != counts[0]).any()):
+        raise ShapeMismatchError(
+            f"{x.dispatcher.call}: argwhere finds {counts.tolist()} nonzero elements in the "
+            "examples, and vmap needs one shape for the whole batch (torch.func raises "
+            "'stack expects each tensor to be equal size'). Expected the same count in every "
+            "example. Fix: use torch.nonzero_static(x, size=...) for a fixed count, or move "
+            "argwhere outside of vmap.")
+    per_example = int(counts[0]) if size else 0
+    out = found[:, 1:].reshape(size, per_example, examples.dim() - 1)
+    return BatchedValue(x.dispatcher, out, 0)
+
+
+def _plain_of(value):
+    """The plain tensor under a value that no vmap batches (the payload chain of grad and jvp
+    levels holds it unchanged), or None."""
+    while isinstance(value, Value):
+        if isinstance(value, BatchedValue):
+            return None
+        value = value.payload
+    return value
+
+
+@torch_api.register(torch.argwhere, torch.Tensor.argwhere)
+@aten_api.register(aten.argwhere.default)
+def argwhere(x):
+    if isinstance(x, BatchedValue) and _plain_of(x.payload) is not None:
+        return _argwhere_of_examples(x)
+    if not isinstance(x, BatchedValue):  # a level that is not vmap's runs it one level down
+        top = top_dispatcher([x] if isinstance(x, Value) else [])
+        if top is not None:
+            return top.unknown_op(str(aten.argwhere.default),
+                                  lambda lowered, kw: call_with_tensors(torch.argwhere,
+                                                                        *lowered),
+                                  [x], {})
+        return torch.argwhere(x)
+    return _data_dependent(aten.argwhere.default, "argwhere")(x)
+
+
+for _func, _what in ((aten.nonzero.default, "nonzero"),
                      (aten._unique2.default, "unique"), (aten._unique.default, "unique"),
                      (aten.unique_dim.default, "unique(dim=...)"),
                      (aten.unique_consecutive.default, "unique_consecutive"),

@@ -54,9 +54,9 @@ from . import aten_api, elementwise, ops, torch_api
 from . import primitives as P
 from . import tensor as tensor_module
 from .autograd import vjp_rules
-from .batching import batching_rules, elementwise_batch, move_bdim, physical_dim
+from .batching import BatchedValue, batching_rules, elementwise_batch, move_bdim, physical_dim
 from .elementwise import _refuse_complex
-from .errors import TransformUsageError
+from .errors import ShapeMismatchError, TransformUsageError
 from .forward import jvp_rules, linear_jvp
 from .values import Value, bind
 
@@ -988,6 +988,35 @@ def _take(x, dim, index):
     return ops.gather(x, dim, index.to(x.device).reshape(view).expand(shape))
 
 
+def _repeats_of_examples(x, dim, repeats):
+    """NOTE [repeat_interleave with repeats batched by vmap]
+    torch.func runs repeat_interleave example by example and stacks the results, so it works
+    when every example repeats to the same length and raises torch.stack's error otherwise.
+    Here: repeats that are the same in every example are used as they are (one plain
+    tensor); repeats that differ but add up to the same length give each example its own
+    index of source positions (a searchsorted of the running totals, one call for the
+    batch), returned as a batched index for one gather; other repeats raise the same error."""
+    examples = repeats.payload.movedim(repeats.bdim, 0)
+    size = examples.shape[0]
+    flat = examples.reshape(size, -1)
+    if size == 0 or bool((flat == flat[0]).all()):
+        return examples[0] if size else examples.new_zeros(examples.shape[1:])
+    if flat.shape[1] == 1:
+        flat = flat.expand(size, ops.shape_of(x)[dim])
+    totals = flat.sum(1)
+    if bool((totals != totals[0]).any()):
+        raise ShapeMismatchError(
+            f"{repeats.dispatcher.call}: repeat_interleave with repeats batched by vmap gives "
+            f"outputs of lengths {totals.tolist()} along dim {dim}, and vmap needs one shape "
+            "for the whole batch (torch.func raises 'stack expects each tensor to be equal "
+            "size'). Expected repeats with the same sum in every example. Fix: pass "
+            "unbatched repeats, or pad the examples to one length.")
+    ends = flat.cumsum(1)
+    positions = torch.arange(int(totals[0]), device=flat.device).expand(size, -1)
+    index = torch.searchsorted(ends, positions.contiguous(), right=True)
+    return BatchedValue(repeats.dispatcher, index, 0)
+
+
 @torch_api.register(*torch_api.torch_functions("repeat_interleave"))
 @aten_api.register(aten.repeat_interleave.self_int, aten.repeat_interleave.self_Tensor)
 def repeat_interleave(x, repeats=None, dim=None, *, output_size=None):
@@ -997,6 +1026,14 @@ def repeat_interleave(x, repeats=None, dim=None, *, output_size=None):
     if dim is None:
         x, dim = ops.reshape(x, -1), 0
     dim = ops.normalize_dim(_int(dim), _rank(x), op="repeat_interleave")
+    if isinstance(repeats, BatchedValue) and isinstance(repeats.payload, torch.Tensor):
+        repeats = _repeats_of_examples(x, dim, repeats)
+        if isinstance(repeats, Value):  # one index per example: a batched gather
+            shape = list(ops.shape_of(x))
+            shape[dim] = ops.shape_of(repeats)[0]
+            view = [1] * len(shape)
+            view[dim] = -1
+            return ops.gather(x, dim, ops.expand(ops.reshape(repeats, *view), *shape))
     if _is_tensor(repeats):
         repeats = aten_api.concrete(repeats)
         if repeats.numel() != 1:

@@ -431,3 +431,44 @@ def test_linear_cross_entropy_chunked_op_returns_its_gradients():
     theirs = [torch.stack(column) for column in zip(*(call(example) for example in xs))]
     for a, b_ in zip(ours, theirs):
         torch.testing.assert_close(a, b_, rtol=1e-6, atol=1e-8)
+
+
+# --- shapes that depend on the data, where every example agrees ---------------------------------------
+def test_argwhere_under_vmap():
+    """NOTE [argwhere under vmap: one shape or an error]."""
+    x = torch.tensor([[1.0, 0, 2], [0, 0, 3]], dtype=DTYPE)
+    xs = torch.stack([x, x * 0.9, x * 0.8])
+    assert_same(mf.vmap(torch.argwhere)(xs), tf.vmap(torch.argwhere)(xs))
+    assert_same(mf.vmap(torch.argwhere, in_dims=1)(xs.movedim(0, 1)),
+                tf.vmap(torch.argwhere, in_dims=1)(xs.movedim(0, 1)))
+
+    def f(x):
+        return (x * torch.argwhere(x).sum()).sum()
+    # (torch.func's vmap of grad refuses argwhere; the grad is that of the other factor)
+    assert_same(mf.vmap(mf.grad(f))(xs), torch.full_like(xs, 5.0))
+    assert_same(mf.grad(lambda x: mf.vmap(f)(x).sum())(xs),
+                tf.grad(lambda x: tf.vmap(f)(x).sum())(xs))
+    with pytest.raises(TransformError, match="stack expects each tensor to be equal size"):
+        mf.vmap(torch.argwhere)(torch.stack([x, torch.ones_like(x)]))
+
+
+@pytest.mark.parametrize("repeats", [
+    torch.tensor([[1, 2, 0]] * 3), torch.tensor([[1, 2, 0], [0, 2, 1], [3, 0, 0]]),
+    torch.tensor([2, 2, 2]),
+])
+def test_repeat_interleave_with_batched_repeats(repeats):
+    """NOTE [repeat_interleave with repeats batched by vmap]."""
+    x = torch.randn(2, 3, dtype=DTYPE)
+    xs = torch.stack([x, x * 0.9, x * 0.8])
+
+    def f(x, r):
+        return x.repeat_interleave(r, dim=1)
+
+    def g(x, r):
+        return (f(x, r) ** 2).sum()
+    assert_same(mf.vmap(f)(xs, repeats), tf.vmap(f)(xs, repeats))
+    assert_same(mf.vmap(f, in_dims=(None, 0))(x, repeats),
+                tf.vmap(f, in_dims=(None, 0))(x, repeats))
+    assert_same(mf.vmap(mf.grad(g))(xs, repeats), tf.vmap(tf.grad(g))(xs, repeats))
+    with pytest.raises(TransformError, match="stack expects each tensor to be equal size"):
+        mf.vmap(f)(xs, torch.tensor([[1, 2, 0], [1, 2, 1], [0, 0, 0]]))
