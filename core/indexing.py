@@ -1733,3 +1733,46 @@ def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets
     axis = ops.normalize_dim(axis, _rank(data), op="_segment_reduce_backward")
     return bind(segment_reduce_backward_p, grad, output, data, segments, reduce=reduce, by=by,
                 axis=axis, initial=initial)
+
+
+# --- nonzero_static ------------------------------------------------------------------------------
+# NOTE [nonzero_static under vmap]
+# nonzero_static(x, size, fill_value) has a fixed shape (size, rank): the first ``size``
+# indices of nonzero elements, padded with fill_value. So it batches: the primitive takes a
+# number of leading batch dims, and for them runs argwhere once on all examples (indices
+# sorted by example), numbers each index within its example (its position minus where its
+# example starts) and writes the first ``size`` of each example into a (examples, size, rank)
+# tensor of fill_value. The indices are integers: no derivative.
+def _nonzero_static_impl(x, *, size, fill_value, batch_dims):
+    if batch_dims == 0:
+        return torch.nonzero_static(x, size=size, fill_value=fill_value)
+    lead, rank = tuple(x.shape[:batch_dims]), x.dim() - batch_dims
+    if x.device.type == "meta":
+        return torch.empty((*lead, size, rank), dtype=torch.int64, device="meta")
+    count = math.prod(lead)
+    found = torch.argwhere(x.reshape(count, *x.shape[batch_dims:]))
+    example = found[:, 0]
+    per_example = torch.bincount(example, minlength=count)
+    starts = per_example.cumsum(0) - per_example
+    position = torch.arange(found.shape[0], device=x.device) - starts[example]
+    kept = position < size
+    out = torch.full((count, size, rank), fill_value, dtype=torch.int64, device=x.device)
+    out[example[kept], position[kept]] = found[kept, 1:]
+    return out.reshape(*lead, size, rank)
+
+
+nonzero_static_p = P.primitive("nonzero_static", _nonzero_static_impl, differentiable=False)
+
+
+def nonzero_static_batch(values, bdims, *, size, fill_value, batch_dims):
+    (x,), (bdim,) = values, bdims
+    # every batch dim leads; this level's goes in front of the levels below
+    return bind(nonzero_static_p, move_bdim(x, bdim, 0), size=size, fill_value=fill_value,
+                batch_dims=batch_dims + 1), 0
+batching_rules[nonzero_static_p] = nonzero_static_batch
+
+
+@torch_api.register(torch.nonzero_static, torch.Tensor.nonzero_static)
+@aten_api.register(aten.nonzero_static.default)
+def nonzero_static(x, *, size, fill_value=-1):
+    return bind(nonzero_static_p, x, size=int(size), fill_value=int(fill_value), batch_dims=0)

@@ -1435,3 +1435,37 @@ def frexp(x):
 
 aten_api.register(aten.frexp.Tensor)(frexp)
 aten_api.register(prims.frexp.default)(lambda x: tuple(frexp(x)))
+
+
+# --- hash_tensor ----------------------------------------------------------------------------------
+# hash_tensor reduces the bits of the elements over ``dim`` (all dims by default) to one
+# uint64 per remaining position: a reduction with no derivative, so under vmap it is one call
+# with the batch dim in front and the dims shifted past it (an empty dim, all dims, becomes
+# every dim but the batch's; a 0-d example is hashed over a dim of length 1).
+hash_tensor_p = P.primitive(
+    "hash_tensor",
+    lambda x, *, dim, keepdim, mode: torch.hash_tensor(x, dim=list(dim), keepdim=keepdim,
+                                                       mode=mode),
+    differentiable=False)
+
+
+def hash_tensor_batch(values, bdims, *, dim, keepdim, mode):
+    (x,), (bdim,) = values, bdims
+    x = move_bdim(x, bdim, 0)
+    if not dim:  # a 0-d example: the hash of its one element, over a dim of length 1
+        return bind(hash_tensor_p, ops.unsqueeze(x, 1), dim=(1,), keepdim=False, mode=mode), 0
+    return bind(hash_tensor_p, x, dim=tuple(d + 1 for d in dim), keepdim=keepdim,
+                mode=mode), 0
+
+
+batching_rules[hash_tensor_p] = hash_tensor_batch
+
+
+@torch_api.register(*torch_api.torch_functions("hash_tensor"))
+@aten_api.register(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
+    rank = _rank(x)
+    if isinstance(dim, int):
+        dim = (dim,)
+    dims = tuple(range(rank)) if not dim else ops.normalize_dims(dim, rank, op="hash_tensor")
+    return bind(hash_tensor_p, x, dim=dims, keepdim=bool(keepdim), mode=int(mode))

@@ -472,3 +472,41 @@ def test_repeat_interleave_with_batched_repeats(repeats):
     assert_same(mf.vmap(mf.grad(g))(xs, repeats), tf.vmap(tf.grad(g))(xs, repeats))
     with pytest.raises(TransformError, match="stack expects each tensor to be equal size"):
         mf.vmap(f)(xs, torch.tensor([[1, 2, 0], [1, 2, 1], [0, 0, 0]]))
+
+
+@pytest.mark.parametrize("size, fill_value", [(0, -1), (2, -1), (5, 7), (12, -3)])
+def test_nonzero_static_under_vmap(size, fill_value):
+    """NOTE [nonzero_static under vmap]: examples with different counts, nested vmaps."""
+    g = torch.Generator().manual_seed(0)
+    xs = (torch.rand(3, 2, 2, 3, generator=g) > 0.5).to(DTYPE) * normal(g, 3, 2, 2, 3)
+
+    def f(x):
+        return torch.nonzero_static(x, size=size, fill_value=fill_value)
+    with mf.capture_fallbacks() as used:
+        assert_same(mf.vmap(f)(xs), tf.vmap(f)(xs))
+        assert_same(mf.vmap(f, in_dims=2)(xs), tf.vmap(f, in_dims=2)(xs))
+        assert_same(mf.vmap(mf.vmap(f))(xs), tf.vmap(tf.vmap(f))(xs))
+        assert_same(mf.vmap(mf.vmap(f), in_dims=1)(xs), tf.vmap(tf.vmap(f), in_dims=1)(xs))
+        assert_same(mf.vmap(f)(xs[:, 0, 0, 0]), tf.vmap(f)(xs[:, 0, 0, 0]))
+    assert not used, dict(used)
+    assert_same(mf.grad(lambda x: (x * f(x).sum()).sum())(xs[0]),
+                tf.grad(lambda x: (x * f(x).sum()).sum())(xs[0]))
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(dim=0), dict(dim=-1, keepdim=True),
+                                    dict(dim=(0, 2)), dict(mode=0)])
+def test_hash_tensor_under_vmap(kwargs):
+    g = torch.Generator().manual_seed(0)
+    xs = normal(g, 3, 2, 4, 2)
+
+    def f(x):
+        return torch.hash_tensor(x, **kwargs)
+    with mf.capture_fallbacks() as used:
+        assert_same(mf.vmap(f)(xs), tf.vmap(f)(xs))
+        assert_same(mf.vmap(f, in_dims=3)(xs), tf.vmap(f, in_dims=3)(xs))
+        if not isinstance(kwargs.get("dim"), tuple):
+            assert_same(mf.vmap(mf.vmap(f), in_dims=(1,))(xs),
+                        tf.vmap(tf.vmap(f), in_dims=(1,))(xs))
+    assert not used, dict(used)
+    if not kwargs.get("dim"):
+        assert_same(mf.vmap(f)(xs[:, 0, 0, 0]), tf.vmap(f)(xs[:, 0, 0, 0]))
