@@ -1469,3 +1469,63 @@ def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
         dim = (dim,)
     dims = tuple(range(rank)) if not dim else ops.normalize_dims(dim, rank, op="hash_tensor")
     return bind(hash_tensor_p, x, dim=dims, keepdim=bool(keepdim), mode=int(mode))
+
+
+# --- resize_ under vmap ----------------------------------------------------------------------------
+# NOTE [resize_ keeps the first elements]
+# x.resize_(size) (and x.resize_as_(other)) gives x a new shape over the same memory: with as
+# many elements or fewer, the first ones in x's order, which is a reshape of a prefix. With
+# more, the new elements are uninitialized memory, which no transform can reproduce: refused.
+# torch refuses to differentiate resize ("cannot resize variables that require grad" /
+# "that has a forward grad"), and so do the vjp and jvp rules here; under vmap each example
+# keeps its own first elements (the batch dims lead: one reshape for the batch).
+def _resize_impl(x, *, size, batch_dims):
+    lead = tuple(x.shape[:batch_dims])
+    return x.reshape(*lead, -1)[..., :math.prod(size)].reshape(*lead, *size).clone()
+
+
+resize_p = P.primitive("resize", _resize_impl)
+
+
+def _refuse_resize_derivative(mode):
+    from .errors import InPlaceError
+    raise InPlaceError(
+        f"x.resize_(size): torch refuses to resize a tensor that {mode} (torch.func raises "
+        f"'cannot resize variables that {mode}'). Expected a tensor that is not "
+        "differentiated. Fix: build the new tensor out of place (x.reshape(-1)[:n].reshape(size)), "
+        "or resize a detached copy.")
+
+
+def resize_vjp(x, **params):
+    _refuse_resize_derivative("require grad")
+
+
+def resize_jvp(primals, tangents, **params):
+    if tangents[0] is not None:
+        _refuse_resize_derivative("has a forward grad")
+    return bind(resize_p, *primals, **params), None
+
+
+vjp_rules[resize_p] = resize_vjp
+jvp_rules[resize_p] = resize_jvp
+
+
+def resize_batch(values, bdims, *, size, batch_dims):
+    (x,), (bdim,) = values, bdims
+    return bind(resize_p, move_bdim(x, bdim, 0), size=size, batch_dims=batch_dims + 1), 0
+
+
+batching_rules[resize_p] = resize_batch
+
+
+@aten_api.register(aten.resize.default)
+def resize(x, size, memory_format=None):
+    size = tuple(int(s) for s in size)
+    if math.prod(size) > math.prod(ops.shape_of(x)):
+        from .errors import UnsupportedOperationError
+        raise UnsupportedOperationError(
+            f"x.resize_({list(size)}): x has {math.prod(ops.shape_of(x))} elements and the new "
+            f"shape {math.prod(size)}: the new elements would be uninitialized memory, which a "
+            "transform cannot reproduce. Expected at most as many elements. Fix: allocate the "
+            "new tensor (torch.zeros) and copy the elements in.")
+    return bind(resize_p, x, size=size, batch_dims=0)

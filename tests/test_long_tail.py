@@ -510,3 +510,24 @@ def test_hash_tensor_under_vmap(kwargs):
     assert not used, dict(used)
     if not kwargs.get("dim"):
         assert_same(mf.vmap(f)(xs[:, 0, 0, 0]), tf.vmap(f)(xs[:, 0, 0, 0]))
+
+
+def test_resize_as_under_vmap():
+    """NOTE [resize_ keeps the first elements]: same-shape resizes run under vmap with one
+    reshape; derivatives are refused as torch refuses them; a resize to more elements (its
+    new elements uninitialized) is refused."""
+    a, b = torch.randn(3, 4, 3, dtype=DTYPE), torch.randn(3, 4, 3, dtype=DTYPE)
+
+    def f(a, b):
+        return a.clone().resize_as_(b) * 2
+    with mf.capture_fallbacks() as used:
+        assert_same(mf.vmap(f)(a, b), tf.vmap(f)(a, b))
+        assert_same(mf.vmap(f, in_dims=(1, None))(a, b[0, :3, :]),
+                    tf.vmap(f, in_dims=(1, None))(a, b[0, :3, :]))
+    assert not used, dict(used)
+    with pytest.raises(TransformError, match="cannot resize variables that require grad"):
+        mf.vjp(lambda a: a.resize_as_(b[0]), a[0])
+    with pytest.raises(TransformError, match="cannot resize variables that has a forward grad"):
+        mf.jvp(lambda a: a.clone().resize_(4, 3), (a[0],), (a[0],))
+    with pytest.raises(TransformError, match="uninitialized"):
+        mf.vmap(lambda a: a.clone().resize_(5, 5))(a)
