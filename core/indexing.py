@@ -36,7 +36,8 @@ from .autograd import sum_to_size, vjp_rules, wants_cotangent
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim, to_front
 from .elementwise import logical_and
 from .dispatch import complex_ready
-from .errors import TransformUsageError, UnsupportedOperationError
+from .errors import (MissingRuleError, ShapeMismatchError, TransformUsageError,
+                     UnsupportedOperationError)
 from .forward import add_tangents, jvp_rules
 from .tensor import call_with_tensors, unwrap
 from .values import Value, bind, top_dispatcher
@@ -1206,7 +1207,57 @@ def _data_dependent(func, what):
     return op
 
 
-for _func, _what in ((aten.nonzero.default, "nonzero"), (aten.argwhere.default, "argwhere"),
+def _argwhere_of_examples(x):
+    """NOTE [argwhere under vmap: one shape or an error]
+    torch.func runs argwhere example by example and stacks the results: that works when every
+    example has as many nonzero elements, and raises torch.stack's error otherwise. Here one
+    call on the whole batch (the batch dim in front) gives every example's indices, sorted by
+    example first; when every example has the same count c they are (B, c, rank) (the column
+    of example numbers dropped), otherwise the same error. (nonzero itself torch.func refuses
+    outright: NOTE [Shapes that depend on the data].)"""
+    examples = _plain_of(x.payload).movedim(x.bdim, 0)
+    found = torch.argwhere(examples)
+    size = examples.shape[0]
+    counts = torch.bincount(found[:, 0], minlength=size)
+    if size and bool((counts != counts[0]).any()):
+        raise ShapeMismatchError(
+            f"{x.dispatcher.call}: argwhere finds {counts.tolist()} nonzero elements in the "
+            "examples, and vmap needs one shape for the whole batch (torch.func raises "
+            "'stack expects each tensor to be equal size'). Expected the same count in every "
+            "example. Fix: use torch.nonzero_static(x, size=...) for a fixed count, or move "
+            "argwhere outside of vmap.")
+    per_example = int(counts[0]) if size else 0
+    out = found[:, 1:].reshape(size, per_example, examples.dim() - 1)
+    return BatchedValue(x.dispatcher, out, 0)
+
+
+def _plain_of(value):
+    """The plain tensor under a value that no vmap batches (the payload chain of grad and jvp
+    levels holds it unchanged), or None."""
+    while isinstance(value, Value):
+        if isinstance(value, BatchedValue):
+            return None
+        value = value.payload
+    return value
+
+
+@torch_api.register(torch.argwhere, torch.Tensor.argwhere)
+@aten_api.register(aten.argwhere.default)
+def argwhere(x):
+    if isinstance(x, BatchedValue) and _plain_of(x.payload) is not None:
+        return _argwhere_of_examples(x)
+    if not isinstance(x, BatchedValue):  # a level that is not vmap's runs it one level down
+        top = top_dispatcher([x] if isinstance(x, Value) else [])
+        if top is not None:
+            return top.unknown_op(str(aten.argwhere.default),
+                                  lambda lowered, kw: call_with_tensors(torch.argwhere,
+                                                                        *lowered),
+                                  [x], {})
+        return torch.argwhere(x)
+    return _data_dependent(aten.argwhere.default, "argwhere")(x)
+
+
+for _func, _what in ((aten.nonzero.default, "nonzero"),
                      (aten._unique2.default, "unique"), (aten._unique.default, "unique"),
                      (aten.unique_dim.default, "unique(dim=...)"),
                      (aten.unique_consecutive.default, "unique_consecutive"),
@@ -1233,10 +1284,66 @@ batching_rules[scale_grad_p] = _same_shape_batch(scale_grad_p)
 def _refuse_sparse(sparse, op):
     if sparse:
         raise UnsupportedOperationError(
-            f"{op}: sparse=True asks for a sparse gradient, which minifunctorch transforms do not "
-            "make (torch.func returns a sparse_coo tensor). Fix: pass sparse=False; the gradient "
-            "is then a dense tensor with the same values."
+            f"{op}: sparse=True asks for a sparse gradient, which minifunctorch transforms make "
+            "only at the end of a backward pass (vjp, grad), not for a cotangent that vmap or "
+            "another derivative still holds (torch.func fails there too). Fix: pass "
+            "sparse=False; the gradient is then a dense tensor with the same values."
         )
+
+
+# NOTE [embedding with sparse=True]
+# sparse=True changes only the gradient of the weight: torch's backward returns it as an
+# uncoalesced sparse_coo tensor, one row of the cotangent per index (the indices equal to
+# padding_idx dropped), where the dense backward adds them up. The lookup and its tangent are
+# the same (torch.func's jvp and vmap give dense results). So a sparse lookup is a primitive
+# with the dense lookup's value, jvp and batching (which binds the dense lookup: a batch is
+# never differentiated sparsely below), and a vjp that builds torch's sparse tensor from the
+# cotangent. It can do so only from a plain cotangent, the last step of a backward pass
+# (vjp, grad); a cotangent that a level still owns (vmap of grad, a second derivative) has no
+# sparse form here, and torch.func fails there too ("Could not run 'aten::view' with
+# arguments from the 'SparseCPU' backend"), so it is refused. torch refuses
+# scale_grad_by_freq with sparse gradients ("embedding_backward: scale_grad_by_freq not
+# supported with sparse gradients"), and so do we.
+embedding_sparse_p = P.primitive(
+    "embedding_sparse",
+    lambda weight, indices, *, padding_idx, scale_grad_by_freq: aten.embedding(
+        weight, indices, padding_idx, scale_grad_by_freq, True))
+
+
+def embedding_sparse_vjp(weight, indices, *, padding_idx, scale_grad_by_freq):
+    out = bind(embedding_sparse_p, weight, indices, padding_idx=padding_idx,
+               scale_grad_by_freq=scale_grad_by_freq)
+    rows, features = ops.shape_of(weight)
+
+    def backward(ct):
+        if scale_grad_by_freq:
+            raise UnsupportedOperationError(
+                "embedding(weight, indices, scale_grad_by_freq=True, sparse=True): "
+                "scale_grad_by_freq is not supported with sparse gradients (torch raises "
+                "the same: 'embedding_backward: scale_grad_by_freq not supported with sparse "
+                "gradients'). Fix: pass sparse=False, or scale_grad_by_freq=False.")
+        if isinstance(ct, Value) or isinstance(indices, Value):
+            _refuse_sparse(True, "embedding(weight, indices, sparse=True)")
+        index, values = indices.reshape(-1), ct.reshape(-1, features)
+        if padding_idx >= 0:
+            keep = index != padding_idx
+            index, values = index[keep], values[keep]
+        return torch.sparse_coo_tensor(index.reshape(1, -1), values, (rows, features),
+                                       is_coalesced=False), None
+    return out, backward
+vjp_rules[embedding_sparse_p] = embedding_sparse_vjp
+
+
+def embedding_sparse_jvp(primals, tangents, **params):
+    (weight, indices), (weight_dot, _) = primals, tangents
+    out = bind(embedding_sparse_p, weight, indices, **params)
+    return out, None if weight_dot is None else bind(index_p, weight_dot, indices, dims=(0,))
+jvp_rules[embedding_sparse_p] = embedding_sparse_jvp
+
+
+def embedding_sparse_batch(values, bdims, **params):
+    return batching_rules[index_p](values, bdims, dims=(0,))
+batching_rules[embedding_sparse_p] = embedding_sparse_batch
 
 
 @aten_api.register(aten.embedding.default)
@@ -1248,13 +1355,16 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     gradient is divided by how often the indices name it. ``scale_grad`` is the identity with
     that backward and an untouched tangent, so both derivatives match torch.func's."""
     op = "embedding(weight, indices)"
-    _refuse_sparse(sparse, op)
     if _rank(weight) != 2:
         raise TransformUsageError(f"{op}: weight must be 2-d, got shape {ops.shape_of(weight)}.")
     if indices.dtype.is_floating_point:
         raise TransformUsageError(f"{op}: indices must be integers, got {indices.dtype}.")
     rows = ops.shape_of(weight)[0]
     indices = _long(indices)
+    if sparse:
+        return bind(embedding_sparse_p, weight, indices,
+                    padding_idx=-1 if padding_idx is None else int(padding_idx),
+                    scale_grad_by_freq=bool(scale_grad_by_freq))
     if padding_idx is not None and padding_idx >= 0 or scale_grad_by_freq:
         scale = torch.ones((rows, 1), dtype=weight.dtype, device=weight.device)
         if padding_idx is not None and padding_idx >= 0:
@@ -1269,22 +1379,150 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return bind(index_p, weight, indices, dims=(0,))
 
 
+# NOTE [embedding with max_norm renormalizes the weight in place]
+# F.embedding(..., max_norm=m) first rescales, in place, every row of the weight that the
+# indices name and whose norm exceeds m (``torch.embedding_renorm_(weight.detach(), ...)``),
+# then looks the rows up. In torch the write goes through ``detach()``, an alias that
+# autograd does not track: the caller's weight holds the new numbers, and every derivative
+# is that of the lookup alone (gradients flow into the weight as if nothing had been
+# written; its tangent is unchanged). torch.func does just that, and so does
+# ``embedding_renorm_`` here, called by F.embedding's and F.embedding_bag's front doors, and
+# at the back door by torch's own code (``torch.embedding_renorm_(weight.detach(), ...)``,
+# whose detached weight has the weight's own storage as its plain tensor at the bottom:
+# detach is an alias all the way down). The kernel renormalizes the plain tensor at the
+# bottom of the weight in place and no value changes: each level keeps the weight's value,
+# name and tangent, and reads the new numbers, exactly as torch.func's wrappers do.
+# Under vmap the weight's plain tensor holds every example: its batch dims are moved in
+# front (a view), folded into the rows, and each example's indices offset to its own rows,
+# so one kernel call renormalizes every example (written back if folding needed a copy).
+# Indices batched where the weight is not would renormalize other rows of one weight for
+# each example: torch.func refuses that ("vmap: aten::embedding_renorm_(self, *extra_args)
+# is not possible"), and so do we. As in torch, a weight that some derivative has saved
+# (say w = x.exp(), whose vjp reads w) is overwritten too; torch's version counter then
+# raises at the backward pass, which this engine does not track.
+def _layout(value):
+    """(the plain tensor at the bottom of ``value``, where ``value``'s own dims are in it,
+    [(vmap level, where its batch dim is in it)])."""
+    dims = list(range(_rank(value)))
+    batch = []
+    while isinstance(value, Value):
+        if isinstance(value, BatchedValue):
+            b = value.bdim
+            dims = [d if d < b else d + 1 for d in dims]
+            batch = [(level, p if p < b else p + 1) for level, p in batch]
+            batch.append((value.dispatcher, b))
+        value = value.payload
+    return value, dims, batch
+
+
+@aten_api.register(aten.embedding_renorm_.default)
+def embedding_renorm_(weight, indices, max_norm, norm_type):
+    call = "F.embedding(input, weight, max_norm=...)"
+    if _rank(weight) != 2:
+        raise TransformUsageError(
+            f"{call}: weight must be 2-d, got shape {ops.shape_of(weight)}. Fix: pass the "
+            "(rows, features) embedding matrix.")
+    w_bottom, (rows_dim, features_dim), w_batch = _layout(weight)
+    i_bottom, _, i_batch = _layout(indices)
+    if w_bottom.device.type == "meta":
+        raise UnsupportedOperationError(
+            f"{call}: renormalizing the weight in place reads its values, which a traced "
+            "program does not have. Fix: call F.embedding without max_norm inside trace, or "
+            "renormalize outside it.")
+    w_levels = [level for level, _ in w_batch]
+    for level, _ in i_batch:
+        if level not in w_levels:
+            raise UnsupportedOperationError(
+                f"{level.call}: {call} with indices batched by vmap and a weight that is not: "
+                "each example would renormalize other rows of the one weight in place "
+                "(torch.func refuses it too: 'vmap: aten::embedding_renorm_(self, *extra_args) "
+                "is not possible'). Fix: batch the weight as well, or renormalize outside of "
+                "vmap.")
+    examples = w_bottom.permute(*(p for _, p in w_batch), rows_dim, features_dim)  # a view
+    batch_shape, (rows, features) = tuple(examples.shape[:-2]), tuple(examples.shape[-2:])
+    flat_indices = i_bottom.permute(*(p for _, p in i_batch),
+                                    *(d for d in range(i_bottom.dim())
+                                      if d not in {p for _, p in i_batch}))
+    # the indices of every example, (*batch_shape, n): each index batch dim goes where its
+    # level's dim is in the weight, the weight's other batch dims broadcast
+    per_example = flat_indices.reshape(*flat_indices.shape[:len(i_batch)], -1)
+    placed = [w_levels.index(level) for level, _ in i_batch]
+    shape = [1] * len(batch_shape) + [per_example.shape[-1]]
+    for axis, size in zip(placed, per_example.shape[:-1]):
+        shape[axis] = size
+    order = sorted(range(len(placed)), key=lambda k: placed[k])
+    per_example = per_example.permute(*order, len(placed)).reshape(shape)
+    per_example = per_example.expand(*batch_shape, per_example.shape[-1]).to(torch.int64)
+    count = math.prod(batch_shape)
+    offsets = torch.arange(count, device=w_bottom.device).mul_(rows).reshape(*batch_shape, 1)
+    folded = examples.reshape(count * rows, features)  # a view where the layout allows
+    with torch.no_grad():
+        torch.embedding_renorm_(folded, (per_example + offsets).reshape(-1), float(max_norm),
+                                float(norm_type))
+        if folded.data_ptr() != examples.data_ptr() or not folded._is_view():
+            examples.copy_(folded.reshape(examples.shape))
+    return weight
+
+
 @torch_api.register(F.embedding)
 def functional_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                          scale_grad_by_freq=False, sparse=False):
-    if max_norm is not None:
-        raise UnsupportedOperationError(
-            "F.embedding(..., max_norm=...): renormalizing the weight in place is not supported "
-            "inside minifunctorch transforms. Fix: renormalize the weight outside the transform, "
-            "or drop max_norm."
-        )
     if padding_idx is not None and padding_idx < 0:
         padding_idx += ops.shape_of(weight)[0]
+    if max_norm is not None:  # NOTE [embedding with max_norm renormalizes the weight in place]
+        embedding_renorm_(weight, input, max_norm, norm_type)
     return embedding(weight, input, -1 if padding_idx is None else padding_idx,
                      scale_grad_by_freq, sparse)
 
 
 torch_api.register(torch.embedding)(embedding)
+
+
+# NOTE [embedding_bag's scale_grad_by_freq, as torch's kernel computes it]
+# With scale_grad_by_freq, torch's CPU backward of embedding_bag (sum and mean) divides the
+# gradient of each row of the weight by a count, but not always by how often the indices name
+# that row: the k-th distinct row (in increasing order) is divided by the count of the row at
+# position k of the sorted indices (indices [2, 2, 4]: row 2 by 2, and row 4 by 2 as well).
+# This is what torch.func returns (its vjp runs that kernel), so it is the oracle here: the
+# scale is computed the same way, with ops (a count per row, the sorted indices, each
+# present row's rank among the distinct ones), and ``scale_derivatives`` multiplies the
+# weight's derivatives by it. torch has no forward-mode rule for embedding_bag; the jvp
+# here is the one consistent with that vjp (J @ t for the same J), as jacrev would give.
+# (F.embedding's own scale_grad_by_freq divides by each row's own count: see
+# NOTE [embedding's two derivatives].)
+scale_derivatives_p = P.primitive("scale_derivatives", lambda x, scale: x.view_as(x))
+
+
+def scale_derivatives_vjp(x, scale):
+    return bind(scale_derivatives_p, x, scale), lambda ct: (ops.mul(ct, scale), None)
+vjp_rules[scale_derivatives_p] = scale_derivatives_vjp
+
+
+def scale_derivatives_jvp(primals, tangents):
+    (x, scale), (x_dot, _) = primals, tangents
+    out = bind(scale_derivatives_p, x, scale)
+    return out, None if x_dot is None else ops.mul(x_dot, scale)
+jvp_rules[scale_derivatives_p] = scale_derivatives_jvp
+batching_rules[scale_derivatives_p] = _same_shape_batch(scale_derivatives_p)
+
+
+def _bag_frequency_scale(input, rows, weight):
+    """(rows, 1): the factor of each row's gradient (NOTE [embedding_bag's
+    scale_grad_by_freq, as torch's kernel computes it])."""
+    from . import structural
+    flat = ops.reshape(_long(input), -1)
+    if ops.shape_of(flat)[0] == 0:
+        return torch.ones((rows, 1), dtype=weight.dtype, device=weight.device)
+    counts = bind(P.scatter_add_p, ops.full_like(flat, 1.0, dtype=weight.dtype), flat, dim=0,
+                  shape=(rows,))
+    present = ops.gt(counts, 0)
+    rank = ops.sub(bind(structural.cumsum_p, ops.convert(present, torch.int64), dim=0), 1)
+    rank = ops.where(ops.lt(rank, 0), 0, rank)
+    ordered = structural.sort(flat).values
+    divisor = ops.gather(counts, 0, ops.gather(ordered, 0, rank))
+    divisor = ops.where(present, divisor, 1.0)
+    scale = ops.where(present, ops.div(ops.full_like(divisor, 1.0), divisor), 0.0)
+    return ops.unsqueeze(scale, 1)
 
 
 @torch_api.register(F.embedding_bag)
@@ -1301,14 +1539,16 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     first maximum); here exact ties between rows share it, which differs only when two
     different rows hold equal values."""
     op = "F.embedding_bag(input, weight, ...)"
-    _refuse_sparse(sparse, op)
-    if max_norm is not None or scale_grad_by_freq:
-        raise UnsupportedOperationError(
-            f"{op}: max_norm and scale_grad_by_freq are not supported inside minifunctorch "
-            "transforms. Fix: drop them, or compute the bags with F.embedding and a sum."
-        )
     if mode not in ("sum", "mean", "max"):
         raise TransformUsageError(f"{op}: expected mode 'sum', 'mean' or 'max', got {mode!r}.")
+    if mode == "max" and (sparse or scale_grad_by_freq):
+        raise TransformUsageError(
+            f"{op}: mode='max' takes neither sparse=True nor scale_grad_by_freq=True (torch "
+            "raises too: 'max mode does not support sparse weights', 'max mode does not "
+            "support scaling the gradient by the frequency'). Fix: use mode='sum' or 'mean', "
+            "or drop them.")
+    if max_norm is not None:  # NOTE [embedding with max_norm renormalizes the weight in place]
+        embedding_renorm_(weight, input, max_norm, norm_type)
     if per_sample_weights is not None and mode != "sum":
         raise TransformUsageError(f"{op}: per_sample_weights needs mode='sum', got {mode!r}.")
     if _rank(weight) != 2:
@@ -1339,7 +1579,14 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         if padding_idx < 0:
             padding_idx += rows
         bag_of = ops.where(ops.eq(input, padding_idx), bags, bag_of)  # the extra bag
-    picked = bind(index_p, weight, input, dims=(0,))
+    if scale_grad_by_freq:
+        weight = bind(scale_derivatives_p, weight, _bag_frequency_scale(input, rows, weight))
+    if sparse:  # NOTE [embedding with sparse=True]
+        picked = bind(embedding_sparse_p, weight, input,
+                      padding_idx=-1 if padding_idx is None else padding_idx,
+                      scale_grad_by_freq=bool(scale_grad_by_freq))
+    else:
+        picked = bind(index_p, weight, input, dims=(0,))
     if per_sample_weights is not None:
         picked = ops.mul(picked, ops.unsqueeze(ops.convert(per_sample_weights, weight.dtype), 1))
     zeros = torch.zeros((bags + 1, features), dtype=weight.dtype, device=weight.device)
@@ -1356,3 +1603,180 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
                           ones, bag_of, dims=(0,), accumulate=True)
             out = ops.div(out, ops.unsqueeze(ops.where(ops.eq(counts, 0), 1.0, counts), 1))
     return ops.getitem(out, (slice(0, bags, 1),))
+
+
+# --- segment_reduce ------------------------------------------------------------------------------
+# NOTE [segment_reduce: torch's kernel and its backward kernel]
+# ``segment_reduce(data, reduce, lengths= or offsets=, axis=, initial=)`` reduces consecutive
+# runs of ``data`` along ``axis`` (sum, mean, max, min, prod). torch.func differentiates it
+# with torch's backward kernel ``_segment_reduce_backward``, which handles what a formula of
+# ops would have to repeat (ties of max and min share the gradient, products with zeros,
+# ``initial``, empty segments), so both kernels are primitives and the vjp is bit-exact.
+# - The backward kernel is linear in the cotangent: element i of segment s gets
+#   ``grad[s] * w_i``, with w = the backward kernel on a cotangent of ones. So the Jacobian
+#   is J[s, i] = w_i for i in s, and the jvp (torch has none; torch.func's jvp refuses) is
+#   a segment sum of ``w * data_dot``; the transpose of the backward kernel in its cotangent
+#   is the same segment sum. torch has no derivative of the backward kernel with respect to
+#   the data (derivatives.yaml), so a second derivative with respect to the data is refused.
+# - vmap: the segments run along ``axis`` and the lengths (offsets) have the shape
+#   ``data.shape[:axis] + (segments,)``: with the batch dim in front of both (an unbatched
+#   one expanded) it is one more leading dim, and the kernel runs once with ``axis + 1``.
+def _segment_kwargs(segments, by, axis, initial):
+    return {by: segments, "axis": axis, "initial": initial}
+
+
+segment_reduce_p = P.primitive(
+    "segment_reduce",
+    lambda data, segments, *, reduce, by, axis, initial, unsafe: aten.segment_reduce(
+        data, reduce, unsafe=unsafe, **_segment_kwargs(segments, by, axis, initial)))
+segment_reduce_backward_p = P.primitive(
+    "segment_reduce_backward",
+    lambda grad, output, data, segments, *, reduce, by, axis, initial:
+    aten._segment_reduce_backward(grad, output, data, reduce,
+                                  **_segment_kwargs(segments, by, axis, initial)))
+
+
+def _refuse_segment_second_order(op):
+    raise MissingRuleError(
+        f"{op}: the derivative of segment_reduce's backward with respect to the data is not "
+        "implemented (torch has none either: torch.func raises 'derivative for "
+        "aten::_segment_reduce_backward is not implemented'). Expected a first derivative of "
+        "segment_reduce, got a second one. Fix: differentiate segment_reduce once.")
+
+
+def _segment_sum(values, segments, by, axis):
+    return bind(segment_reduce_p, values, segments, reduce="sum", by=by, axis=axis,
+                initial=None, unsafe=True)
+
+
+def _segment_weights(output, data, segments, reduce, by, axis, initial):
+    """w: each element's derivative of its segment's result (the backward kernel on ones)."""
+    return bind(segment_reduce_backward_p, ops.full_like(output, 1.0), output, data, segments,
+                reduce=reduce, by=by, axis=axis, initial=initial)
+
+
+def segment_reduce_vjp(data, segments, *, reduce, by, axis, initial, unsafe):
+    out = bind(segment_reduce_p, data, segments, reduce=reduce, by=by, axis=axis,
+               initial=initial, unsafe=unsafe)
+
+    def backward(ct):
+        return bind(segment_reduce_backward_p, ct, out, data, segments, reduce=reduce, by=by,
+                    axis=axis, initial=initial), None
+    return out, backward
+vjp_rules[segment_reduce_p] = segment_reduce_vjp
+
+
+def segment_reduce_jvp(primals, tangents, *, reduce, by, axis, initial, unsafe):
+    (data, segments), (data_dot, _) = primals, tangents
+    out = bind(segment_reduce_p, data, segments, reduce=reduce, by=by, axis=axis,
+               initial=initial, unsafe=unsafe)
+    if data_dot is None:
+        return out, None
+    weights = _segment_weights(out, data, segments, reduce, by, axis, initial)
+    return out, _segment_sum(ops.mul(weights, data_dot), segments, by, axis)
+jvp_rules[segment_reduce_p] = segment_reduce_jvp
+
+
+def segment_reduce_backward_vjp(grad, output, data, segments, *, reduce, by, axis, initial):
+    out = bind(segment_reduce_backward_p, grad, output, data, segments, reduce=reduce, by=by,
+               axis=axis, initial=initial)
+
+    def backward(ct):
+        if wants_cotangent(1, output) or wants_cotangent(2, data):
+            _refuse_segment_second_order("vjp of segment_reduce's backward")
+        ct_grad = None
+        if wants_cotangent(0, grad):
+            weights = _segment_weights(output, data, segments, reduce, by, axis, initial)
+            ct_grad = _segment_sum(ops.mul(weights, ct), segments, by, axis)
+        return ct_grad, None, None, None
+    return out, backward
+vjp_rules[segment_reduce_backward_p] = segment_reduce_backward_vjp
+
+
+def segment_reduce_backward_jvp(primals, tangents, **params):
+    (grad, *rest), (grad_dot, output_dot, data_dot, _) = primals, tangents
+    out = bind(segment_reduce_backward_p, grad, *rest, **params)
+    if output_dot is not None or data_dot is not None:
+        _refuse_segment_second_order("jvp of segment_reduce's backward")
+    if grad_dot is None:
+        return out, None
+    return out, bind(segment_reduce_backward_p, grad_dot, *rest, **params)
+jvp_rules[segment_reduce_backward_p] = segment_reduce_backward_jvp
+
+
+def _segment_batch(prim):
+    def rule(values, bdims, *, axis, **params):
+        fronted = to_front(values, bdims, expand_unbatched=True)
+        return bind(prim, *fronted, axis=axis + 1, **params), 0
+    return rule
+
+
+batching_rules[segment_reduce_p] = _segment_batch(segment_reduce_p)
+batching_rules[segment_reduce_backward_p] = _segment_batch(segment_reduce_backward_p)
+
+
+@aten_api.register(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
+                   unsafe=False, initial=None):
+    op = f"segment_reduce(data, {reduce!r}, ...)"
+    if indices is not None or (lengths is None) == (offsets is None):
+        raise TransformUsageError(
+            f"{op}: expected exactly one of lengths= and offsets=, got "
+            f"{'indices=' if indices is not None else 'both or neither'}. Fix: pass lengths= "
+            "or offsets= (torch does not implement indices= either).")
+    by, segments = ("lengths", lengths) if lengths is not None else ("offsets", offsets)
+    axis = ops.normalize_dim(axis, _rank(data), op=op)
+    return bind(segment_reduce_p, data, segments, reduce=reduce, by=by, axis=axis,
+                initial=initial, unsafe=bool(unsafe))
+
+
+@aten_api.register(aten._segment_reduce_backward.default)
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0,
+                            initial=None):
+    by, segments = ("lengths", lengths) if lengths is not None else ("offsets", offsets)
+    axis = ops.normalize_dim(axis, _rank(data), op="_segment_reduce_backward")
+    return bind(segment_reduce_backward_p, grad, output, data, segments, reduce=reduce, by=by,
+                axis=axis, initial=initial)
+
+
+# --- nonzero_static ------------------------------------------------------------------------------
+# NOTE [nonzero_static under vmap]
+# nonzero_static(x, size, fill_value) has a fixed shape (size, rank): the first ``size``
+# indices of nonzero elements, padded with fill_value. So it batches: the primitive takes a
+# number of leading batch dims, and for them runs argwhere once on all examples (indices
+# sorted by example), numbers each index within its example (its position minus where its
+# example starts) and writes the first ``size`` of each example into a (examples, size, rank)
+# tensor of fill_value. The indices are integers: no derivative.
+def _nonzero_static_impl(x, *, size, fill_value, batch_dims):
+    if batch_dims == 0:
+        return torch.nonzero_static(x, size=size, fill_value=fill_value)
+    lead, rank = tuple(x.shape[:batch_dims]), x.dim() - batch_dims
+    if x.device.type == "meta":
+        return torch.empty((*lead, size, rank), dtype=torch.int64, device="meta")
+    count = math.prod(lead)
+    found = torch.argwhere(x.reshape(count, *x.shape[batch_dims:]))
+    example = found[:, 0]
+    per_example = torch.bincount(example, minlength=count)
+    starts = per_example.cumsum(0) - per_example
+    position = torch.arange(found.shape[0], device=x.device) - starts[example]
+    kept = position < size
+    out = torch.full((count, size, rank), fill_value, dtype=torch.int64, device=x.device)
+    out[example[kept], position[kept]] = found[kept, 1:]
+    return out.reshape(*lead, size, rank)
+
+
+nonzero_static_p = P.primitive("nonzero_static", _nonzero_static_impl, differentiable=False)
+
+
+def nonzero_static_batch(values, bdims, *, size, fill_value, batch_dims):
+    (x,), (bdim,) = values, bdims
+    # every batch dim leads; this level's goes in front of the levels below
+    return bind(nonzero_static_p, move_bdim(x, bdim, 0), size=size, fill_value=fill_value,
+                batch_dims=batch_dims + 1), 0
+batching_rules[nonzero_static_p] = nonzero_static_batch
+
+
+@torch_api.register(torch.nonzero_static, torch.Tensor.nonzero_static)
+@aten_api.register(aten.nonzero_static.default)
+def nonzero_static(x, *, size, fill_value=-1):
+    return bind(nonzero_static_p, x, size=int(size), fill_value=int(fill_value), batch_dims=0)

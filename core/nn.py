@@ -9,8 +9,8 @@ bit-exact with torch.func:
 - avg_pool and adaptive_avg_pool, each with its backward kernel: two linear maps, each the
   other's transpose;
 - batch norm (training and eval), its statistics, and ``native_batch_norm_backward``;
-- max pooling (and adaptive max pooling): its kernel gives the values, and the indices it
-  computes in the same pass are a non-differentiable primitive through which every
+- max pooling (adaptive and fractional max pooling too): its kernel gives the values, and the
+  indices it computes in the same pass are a non-differentiable primitive through which every
   derivative goes (a gather of the tangent, a scatter-add of the cotangent).
 Everything else is written with ``ops`` at the front door, readable, and every transform
 handles it for free: constant padding (a primitive: its transpose is a crop) and the
@@ -25,7 +25,9 @@ Each op opens both doors: the torch functions users call (``F.conv2d``, ``F.max_
 (``aten.convolution``, ``aten.max_pool2d_with_indices``; back, aten_api.py). Left to others:
 embedding and embedding_bag (the indexing family), dropout in training mode (randomness);
 lp_pool, local_response_norm, instance_norm and most margin losses are torch composites of
-the ops here; ctc_loss, fractional_max_pool and rrelu are refused by the levels.
+the ops here; rrelu is refused by the levels. Fractional max pooling is max pooling's pair
+of primitives with the random samples as an argument, and ctc_loss wraps torch's kernel and
+its backward kernel (NOTE [CTC loss: torch's kernels as primitives]).
 """
 import functools
 import math
@@ -1119,6 +1121,390 @@ for _n in (2, 3):
         _max_pool_backward_door(_n))
 
 
+# --- pooling: fractional max pooling -------------------------------------------------------------
+# NOTE [Fractional max pooling: random windows given as a tensor]
+# fractional_max_pool{2,3}d picks pseudo-random window edges from ``random_samples``, an
+# (N, C, spatial) tensor of numbers in [0, 1) that F.fractional_max_pool draws with
+# torch.rand (under vmap, randomness.py decides what that draw is) and hands to the kernel.
+# So the kernel is a deterministic function of (input, samples), and it is max pooling
+# otherwise: as for max_pool (NOTE [Max pooling: the kernel's values, derivatives through
+# its indices]) the kernel's values are one primitive and its indices (flat positions
+# within each plane) a non-differentiable one sharing the same pass; the jvp gathers the
+# tangent at the indices and the vjp scatter-adds the cotangent there, which is what
+# derivatives.yaml's fractional_max_pool2d_backward computes. The samples are not
+# differentiable (they only choose windows). Batching folds the batch into N, for the input
+# and for the samples (an unbatched samples tensor is expanded along the batch: every example
+# uses the same windows, as each example's own call would).
+def _fractional_max_pool_kernel(x, samples, *, kernel_size, output_size):
+    pool = aten.fractional_max_pool2d if len(kernel_size) == 2 else aten.fractional_max_pool3d
+    return pool(x, kernel_size, output_size, samples)
+
+
+def _fractional_key(samples, params):
+    return (tuple(params.items()), tuple(samples.shape), samples.data_ptr(), samples._version)
+
+
+_fractional_kept = _KeptOutput()
+
+
+def _fractional_values_impl(x, samples, **params):
+    values, indices = _fractional_max_pool_kernel(x, samples, **params)
+    if samples.device.type != "meta":
+        _fractional_kept.keep(x, _fractional_key(samples, params), indices.contiguous())
+    return values.contiguous()
+
+
+def _fractional_indices_impl(x, samples, **params):
+    indices = None
+    if samples.device.type != "meta":
+        indices = _fractional_kept.take(x, _fractional_key(samples, params))
+    if indices is None:
+        indices = _fractional_max_pool_kernel(x, samples, **params)[1].contiguous()
+    return indices
+
+
+fractional_max_pool_p = P.primitive("fractional_max_pool", _fractional_values_impl)
+fractional_max_pool_indices_p = P.primitive("fractional_max_pool_indices",
+                                            _fractional_indices_impl, differentiable=False)
+
+
+def fractional_max_pool_vjp(x, samples, **params):
+    out = bind(fractional_max_pool_p, x, samples, **params)
+    indices = bind(fractional_max_pool_indices_p, x, samples, **params)  # the kept indices
+    x_shape = shape_of(x)
+    spatial = len(params["kernel_size"])
+    return out, lambda ct: (_scatter_spatial(ct, indices, x_shape, spatial), None)
+
+
+vjp_rules[fractional_max_pool_p] = fractional_max_pool_vjp
+
+
+def fractional_max_pool_jvp(primals, tangents, **params):
+    (x, samples), (x_dot, _) = primals, tangents
+    out = bind(fractional_max_pool_p, x, samples, **params)
+    if x_dot is None:
+        return out, None
+    indices = bind(fractional_max_pool_indices_p, x, samples, **params)
+    return out, _gather_spatial(x_dot, indices, len(params["kernel_size"]))
+
+
+jvp_rules[fractional_max_pool_p] = fractional_max_pool_jvp
+
+
+def _fractional_batch(prim):
+    def rule(values, bdims, **params):
+        (x, samples), (x_bdim, s_bdim) = values, bdims
+        size = batch_size(values, bdims)
+        keep = len(params["kernel_size"]) + 1
+        if x_bdim is None:
+            x = ops.expand(ops.unsqueeze(x, 0), size, *shape_of(x))
+        else:
+            x = _front(x, x_bdim)
+        if s_bdim is None:
+            samples = ops.expand(ops.unsqueeze(samples, 0), size, *shape_of(samples))
+        else:
+            samples = _front(samples, s_bdim)
+        lead = shape_of(x)[:len(shape_of(x)) - keep]
+        per_example = math.prod(lead[1:])  # the kernel reads one row of samples per plane
+        if shape_of(samples)[1] != per_example:
+            samples = ops.getitem(samples, (slice(None), slice(0, per_example)))
+        samples = ops.reshape(samples, -1, *shape_of(samples)[2:])
+        out = bind(prim, _fold_leading(x, keep), samples, **params)
+        return _unfold_leading(out, lead), 0
+    return rule
+
+
+batching_rules[fractional_max_pool_p] = _fractional_batch(fractional_max_pool_p)
+batching_rules[fractional_max_pool_indices_p] = _fractional_batch(fractional_max_pool_indices_p)
+
+
+def _fractional_door(spatial):
+    name = f"fractional_max_pool{spatial}d"
+
+    def fractional_max_pool(x, kernel_size, output_size, random_samples):
+        _check_pool_input(name, x, spatial)
+        params = dict(kernel_size=_ntuple(kernel_size, spatial, "kernel_size", name),
+                      output_size=_ntuple(output_size, spatial, "output_size", name))
+        return (bind(fractional_max_pool_p, x, random_samples, **params),
+                bind(fractional_max_pool_indices_p, x, random_samples, **params))
+
+    def backward(ct, x, kernel_size, output_size, indices):
+        return _scatter_spatial(ct, indices, shape_of(x), spatial)
+    return fractional_max_pool, backward
+
+
+for _n in (2, 3):
+    _forward, _backward = _fractional_door(_n)
+    aten_api.register(getattr(aten, f"fractional_max_pool{_n}d").default)(_forward)
+    aten_api.register(getattr(aten, f"fractional_max_pool{_n}d_backward").default)(_backward)
+
+
+# --- ctc_loss ------------------------------------------------------------------------------------
+# NOTE [CTC loss: torch's kernels as primitives]
+# The CTC loss is a dynamic program (the forward variables alpha over time and target
+# positions) that torch runs in one kernel, ``aten._ctc_loss``, returning the negative log
+# likelihood of each sequence and the table log_alpha; ``aten._ctc_loss_backward`` runs the
+# backward variables and turns both into the gradient with respect to log_probs. torch.func
+# runs exactly these two kernels, so they are primitives here, and the vjp is bit-exact
+# with torch.func's: the loss, and the backward kernel, which takes the table log_alpha that
+# the loss's kernel kept from the same pass (NOTE [Kernels with two outputs]; computed again
+# if it is gone). log_alpha's shape depends on the data (its last dim is twice the longest
+# target plus one), so it is no argument of a primitive that a derivative goes through:
+# ``ctc_loss_alpha``, a non-differentiable primitive, gives it only where the aten op's
+# second output is asked for (F.ctc_loss drops it), and has no shape rule on meta tensors;
+# under vmap its last dim is the longest target of the whole batch (-inf beyond each
+# example's own).
+# - vjp: the backward kernel on the cotangent. The targets and lengths are integers.
+# - jvp (torch has none: torch.func's jvp refuses): each loss depends only on its own
+#   sequence, and the backward kernel is linear in the cotangent, so the backward kernel on a
+#   cotangent of ones gives every loss's gradient at once, G (T, N, C); the tangent of loss n
+#   is sum over t, c of G[t, n, c] * log_probs_dot[t, n, c].
+# - the backward kernel is linear in its cotangent (that is its vjp and jvp in that
+#   argument: the same one-hot contraction); torch has no derivative of it with respect to
+#   log_probs (derivatives.yaml: not implemented), nor do we: a second derivative of the loss
+#   with respect to log_probs is refused, as torch.func refuses it.
+# - vmap: examples become sequences. log_probs (T, N, C), per-sequence tensors (N, ...): the
+#   batch dim is merged into N, one kernel call for the whole batch, and the result split
+#   again (an unbatched argument is expanded). 1-D targets (every sequence's targets
+#   concatenated) cannot simply be concatenated across examples (each example's targets
+#   start at its own offsets, and its lengths need not add up to the same total), so they are
+#   first laid out padded, one row per sequence (a gather at each sequence's offset): the
+#   kernels read the same labels either way.
+def _geometry(t):
+    return (tuple(t.shape), t.stride(), t.data_ptr(), t._version) if t.device.type != "meta" \
+        else None
+
+
+_ctc_kept = _KeptOutput()
+
+
+def _ctc_key(targets, input_lengths, target_lengths, params):
+    return (tuple(params.items()), _geometry(targets), _geometry(input_lengths),
+            _geometry(target_lengths))
+
+
+def _ctc_impl(log_probs, targets, input_lengths, target_lengths, *, blank, zero_infinity):
+    nll, log_alpha = aten._ctc_loss.Tensor(log_probs, targets, input_lengths, target_lengths,
+                                           blank, zero_infinity)
+    _ctc_kept.keep(log_probs, _ctc_key(targets, input_lengths, target_lengths,
+                                       dict(blank=blank, zero_infinity=zero_infinity)),
+                   log_alpha)
+    return nll
+
+
+def _ctc_impl_or_shape(log_probs, targets, input_lengths, target_lengths, *, blank,
+                       zero_infinity):
+    if log_probs.device.type == "meta":  # the shape rule: one loss per sequence
+        return log_probs.new_empty(log_probs.shape[1:2])
+    return _ctc_impl(log_probs, targets, input_lengths, target_lengths, blank=blank,
+                     zero_infinity=zero_infinity)
+
+
+def _ctc_alpha_impl(log_probs, targets, input_lengths, target_lengths, *, blank,
+                    zero_infinity):
+    log_alpha = None
+    if log_probs.device.type != "meta":
+        log_alpha = _ctc_kept.take(log_probs, _ctc_key(
+            targets, input_lengths, target_lengths,
+            dict(blank=blank, zero_infinity=zero_infinity)))
+    if log_alpha is None:  # (on meta tensors torch raises: the shape depends on the data)
+        log_alpha = aten._ctc_loss.Tensor(log_probs, targets, input_lengths, target_lengths,
+                                          blank, zero_infinity)[1]
+    return log_alpha
+
+
+def _ctc_backward_impl(grad, log_probs, targets, input_lengths, target_lengths, nll, *, blank,
+                       zero_infinity):
+    if log_probs.device.type == "meta":  # the shape rule
+        return torch.empty_like(log_probs)
+    log_alpha = _ctc_alpha_impl(log_probs, targets, input_lengths, target_lengths, blank=blank,
+                                zero_infinity=zero_infinity)
+    return aten._ctc_loss_backward.Tensor(grad, log_probs, targets, input_lengths,
+                                          target_lengths, nll, log_alpha, blank, zero_infinity)
+
+
+ctc_loss_p = P.primitive("ctc_loss", _ctc_impl_or_shape)
+ctc_loss_alpha_p = P.primitive("ctc_loss_alpha", _ctc_alpha_impl, differentiable=False)
+ctc_loss_backward_p = P.primitive("ctc_loss_backward", _ctc_backward_impl)
+
+
+def _refuse_ctc_second_order(op):
+    raise MissingRuleError(
+        f"{op}: the derivative of ctc_loss's backward with respect to log_probs is not "
+        "implemented (torch has none either: torch.func raises 'derivative for "
+        "aten::_ctc_loss_backward is not implemented'). Expected a first derivative of "
+        "ctc_loss, got a second one. Fix: differentiate ctc_loss once (grad, vjp, jvp, "
+        "jacrev or jacfwd), not twice.")
+
+
+def ctc_loss_vjp(log_probs, targets, input_lengths, target_lengths, **params):
+    nll = bind(ctc_loss_p, log_probs, targets, input_lengths, target_lengths, **params)
+
+    def backward(ct):
+        ct_log_probs = bind(ctc_loss_backward_p, ct, log_probs, targets, input_lengths,
+                            target_lengths, nll, **params)
+        return ct_log_probs, None, None, None
+    return nll, backward
+
+
+vjp_rules[ctc_loss_p] = ctc_loss_vjp
+
+
+def _ctc_unit_gradient(log_probs, targets, input_lengths, target_lengths, nll, params):
+    """Every loss's gradient with respect to its own sequence of log_probs: (T, N, C)."""
+    return bind(ctc_loss_backward_p, ops.full_like(nll, 1.0), log_probs, targets,
+                input_lengths, target_lengths, nll, **params)
+
+
+def ctc_loss_jvp(primals, tangents, **params):
+    (log_probs, targets, input_lengths, target_lengths), (lp_dot, *_) = primals, tangents
+    nll = bind(ctc_loss_p, log_probs, targets, input_lengths, target_lengths, **params)
+    if lp_dot is None:
+        return nll, None
+    unit = _ctc_unit_gradient(log_probs, targets, input_lengths, target_lengths, nll, params)
+    return nll, ops.sum(ops.mul(unit, lp_dot), (0, 2))
+
+
+jvp_rules[ctc_loss_p] = ctc_loss_jvp
+
+
+def ctc_loss_backward_vjp(grad, log_probs, targets, input_lengths, target_lengths, nll,
+                          **params):
+    rest = (log_probs, targets, input_lengths, target_lengths, nll)
+    out = bind(ctc_loss_backward_p, grad, *rest, **params)
+
+    def backward(ct):
+        if wants_cotangent(1, log_probs) or wants_cotangent(5, nll):
+            _refuse_ctc_second_order("vjp of ctc_loss's backward")
+        ct_grad = None
+        if wants_cotangent(0, grad):
+            unit = _ctc_unit_gradient(*rest, params)
+            ct_grad = ops.sum(ops.mul(ct, unit), (0, 2))
+        return (ct_grad,) + (None,) * 5
+    return out, backward
+
+
+vjp_rules[ctc_loss_backward_p] = ctc_loss_backward_vjp
+
+
+def ctc_loss_backward_jvp(primals, tangents, **params):
+    (grad, *rest), (grad_dot, lp_dot, _, _, _, nll_dot) = primals, tangents
+    out = bind(ctc_loss_backward_p, grad, *rest, **params)
+    if lp_dot is not None or nll_dot is not None:
+        _refuse_ctc_second_order("jvp of ctc_loss's backward")
+    if grad_dot is None:
+        return out, None
+    return out, bind(ctc_loss_backward_p, grad_dot, *rest, **params)
+
+
+jvp_rules[ctc_loss_backward_p] = ctc_loss_backward_jvp
+
+
+def _merge_batch(x, bdim, size, at):
+    """A per-sequence argument with the vmap batch merged into its sequence dim ``at``:
+    (..., B, N, ...) -> (..., B * N, ...) (an unbatched one is expanded first)."""
+    if bdim is None:
+        x = ops.unsqueeze(x, at)
+        shape = list(shape_of(x))
+        shape[at] = size
+        x = ops.expand(x, *shape)
+    else:
+        x = move_bdim(x, bdim, at)
+    shape = shape_of(x)
+    return ops.reshape(x, *shape[:at], shape[at] * shape[at + 1], *shape[at + 2:])
+
+
+def _padded_targets(targets, t_bdim, target_lengths, l_bdim, size):
+    """Concatenated targets (B, L), one row per example, laid out padded (B, N, L): row n
+    holds sequence n's labels from its offset on (NOTE [CTC loss: torch's kernels as
+    primitives])."""
+    targets = _merge_batch(targets, t_bdim, size, 0)  # (B * L,)
+    targets = ops.reshape(targets, size, -1)
+    lengths = ops.reshape(_merge_batch(target_lengths, l_bdim, size, 0), size, -1)
+    total, n = shape_of(targets)[1], shape_of(lengths)[1]
+    if total == 0:
+        return ops.reshape(ops.expand(ops.unsqueeze(targets, 1), size, n, 0), size * n, 0)
+    ends = bind(structural.cumsum_p, lengths, dim=1)
+    starts = ops.sub(ends, lengths)
+    positions = ops.add(ops.unsqueeze(starts, -1),
+                        torch.arange(total, device=targets.device, dtype=lengths.dtype))
+    positions = ops.where(ops.lt(positions, total), positions, total - 1)
+    rows = ops.gather(ops.expand(ops.unsqueeze(targets, 1), size, n, total), 2,
+                      ops.convert(positions, torch.int64))
+    return ops.reshape(rows, size * n, total)
+
+
+def _ctc_fold(values, bdims, size):
+    """The four arguments of the CTC kernels with the batch merged into N, and N."""
+    (log_probs, targets, input_lengths, target_lengths), (lp_b, t_b, il_b, tl_b) = values, bdims
+    n = shape_of(log_probs)[1 + (lp_b is not None and lp_b <= 1)]
+    if len(shape_of(targets)) - (t_b is not None) == 1:
+        targets = _padded_targets(targets, t_b, target_lengths, tl_b, size)
+    else:
+        targets = _merge_batch(targets, t_b, size, 0)
+    return (_merge_batch(log_probs, lp_b, size, 1), targets,
+            _merge_batch(input_lengths, il_b, size, 0),
+            _merge_batch(target_lengths, tl_b, size, 0)), n
+
+
+def _split_batch(x, at, size, n):
+    shape = shape_of(x)
+    return ops.reshape(x, *shape[:at], size, n, *shape[at + 1:])
+
+
+def ctc_loss_batch(values, bdims, **params):
+    size = batch_size(values, bdims)
+    args, n = _ctc_fold(values, bdims, size)
+    return _split_batch(bind(ctc_loss_p, *args, **params), 0, size, n), 0
+
+
+def ctc_loss_alpha_batch(values, bdims, **params):
+    size = batch_size(values, bdims)
+    args, n = _ctc_fold(values, bdims, size)
+    return _split_batch(bind(ctc_loss_alpha_p, *args, **params), 0, size, n), 0
+
+
+def ctc_loss_backward_batch(values, bdims, **params):
+    (grad, *four, nll), (g_b, *four_b, nll_b) = values, bdims
+    size = batch_size(values, bdims)
+    args, n = _ctc_fold(four, four_b, size)
+    out = bind(ctc_loss_backward_p, _merge_batch(grad, g_b, size, 0), *args,
+               _merge_batch(nll, nll_b, size, 0), **params)
+    return _split_batch(out, 1, size, n), 1
+
+
+batching_rules[ctc_loss_p] = ctc_loss_batch
+batching_rules[ctc_loss_alpha_p] = ctc_loss_alpha_batch
+batching_rules[ctc_loss_backward_p] = ctc_loss_backward_batch
+
+
+def _lengths(lengths, like):
+    """Sequence lengths as a 1-D int64 tensor (the int-list overloads pass Python lists)."""
+    if not _is_tensor(lengths):
+        return torch.tensor(list(lengths), dtype=torch.int64, device=like.device)
+    return ops.reshape(lengths, -1) if len(shape_of(lengths)) == 0 else lengths
+
+
+@aten_api.register(aten._ctc_loss.default, aten._ctc_loss.Tensor)
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    _refuse_complex("ctc_loss", log_probs)
+    input_lengths = _lengths(input_lengths, targets)
+    target_lengths = _lengths(target_lengths, targets)
+    params = dict(blank=int(blank), zero_infinity=bool(zero_infinity))
+    return (bind(ctc_loss_p, log_probs, targets, input_lengths, target_lengths, **params),
+            bind(ctc_loss_alpha_p, log_probs, targets, input_lengths, target_lengths, **params))
+
+
+@aten_api.register(aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor)
+def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, nll,
+                       log_alpha, blank, zero_infinity=False):
+    """(log_alpha is the kernel's own table for these arguments: the primitive reads it
+    from the kept output of the forward kernel, or computes it again.)"""
+    return bind(ctc_loss_backward_p, grad, log_probs, targets, _lengths(input_lengths, targets),
+                _lengths(target_lengths, targets), nll, blank=int(blank),
+                zero_infinity=bool(zero_infinity))
+
+
 def _max_unpool(op, spatial, x, indices, kernel_size, stride, padding, output_size):
     """The inverse of max pooling: zeros, with each value written at its index (a flat
     position within its (n, c) plane): a scatter, whose vjp is a gather (the indexing
@@ -1749,6 +2135,18 @@ def _examples(value, level, bottom=False):
 def _batch_norm(op, x, weight, bias, running_mean, running_var, training, momentum, eps):
     _refuse_complex(op, x, weight, bias)
     shape = shape_of(x)
+    if math.prod(shape) == 0:
+        # NOTE [Batch norm of an empty input]
+        # torch's batch_norm returns early for an input with no elements, of any rank (a 1-D
+        # (0,) one too): a copy of the input, times weight[0], plus bias[0], with no check
+        # of the statistics and no update of the running ones. The same ops here give the
+        # same (empty) values and the same (zero) derivatives.
+        out = ops.clone(x)
+        if weight is not None:
+            out = ops.mul(out, ops.getitem(weight, (0,)))
+        if bias is not None:
+            out = ops.add(out, ops.getitem(bias, (0,)))
+        return out
     if len(shape) < 2:
         raise TransformUsageError(
             f"{op}(input, ...): expected an input with at least 2 dims (N, C, ...), got shape "
@@ -2831,3 +3229,79 @@ def bilinear(x1, x2, weight, bias=None):
     if bias is not None:
         out = ops.add(out, bias)
     return ops.reshape(out, *lead, outputs)
+
+
+# --- linear_cross_entropy's chunked ops -----------------------------------------------------------
+# NOTE [linear_cross_entropy's chunked ops are cross_entropy of linear]
+# F.linear_cross_entropy(..., options=LinearCrossEntropyOptions(...)) calls one of two custom
+# ops of torch (``torch_nn::_linear_cross_entropy_batch_chunked`` for mean and sum,
+# ``..._no_reduction`` for none), which run the classifier in chunks of the batch to save
+# memory. Their value is cross_entropy(linear(input, linear_weight, linear_bias), target,
+# weight, ignore_index, reduction) (label smoothing is always 0 on that path), which is what
+# they are here: the chunking is a memory schedule, and every derivative then comes from
+# linear's and cross_entropy's rules (torch's own ops have an autograd formula only, no
+# forward rule and no batching rule but a loop). The mean/sum op also returns the gradients
+# with respect to input, linear_weight and linear_bias, which it computes in its forward
+# pass for its backward (F.linear_cross_entropy drops them): they are computed here too,
+# with the same ops, where its compute_*_grad flags ask for them (empty (0, 0) or (0,)
+# tensors otherwise, as torch's op returns): with p = softmax(logits) and w_n the weight of
+# sample n's class (0 where ignored), d loss / d logits = w_n (p - onehot(target)), divided
+# by the sum of the w_n for the mean.
+def _chunked_logits_and_loss(x, linear_weight, target, linear_bias, weight, ignore_index,
+                             reduction):
+    logits = linear(x, linear_weight, linear_bias)
+    return logits, cross_entropy(logits, target, weight, ignore_index=int(ignore_index),
+                                 reduction=reduction)
+
+
+def _linear_cross_entropy_chunked(x, linear_weight, target, linear_bias, weight, reduction,
+                                  ignore_index, label_smoothing, batch_chunk_size, acc_policy,
+                                  acc_dtype, allow_retain_graph, compute_input_grad,
+                                  compute_linear_weight_grad, compute_linear_bias_grad):
+    if label_smoothing:
+        raise TransformUsageError(
+            "linear_cross_entropy chunked op: expected label_smoothing=0 (F.linear_cross_entropy "
+            f"takes the chunked path only then), got {label_smoothing}. Fix: call "
+            "F.linear_cross_entropy, which falls back to the unchunked computation.")
+    logits, loss = _chunked_logits_and_loss(x, linear_weight, target, linear_bias, weight,
+                                            ignore_index, reduction)
+    empty2 = torch.empty((0, 0), dtype=x.dtype, device=x.device)
+    grads = [empty2, empty2, torch.empty((0,), dtype=x.dtype, device=x.device)]
+    if compute_input_grad or compute_linear_weight_grad or compute_linear_bias_grad:
+        weights, safe = _target_weights(target, weight, int(ignore_index), x.dtype)
+        classes = shape_of(logits)[-1]
+        onehot = ops.eq(ops.unsqueeze(safe, -1), torch.arange(classes, device=x.device))
+        g = ops.mul(ops.sub(ops.softmax(logits, -1), ops.convert(onehot, x.dtype)),
+                    ops.unsqueeze(weights, -1))
+        if reduction == "mean":
+            g = ops.div(g, ops.sum(weights))
+        if compute_input_grad:
+            grads[0] = ops.matmul(g, linear_weight)
+        if compute_linear_weight_grad:
+            grads[1] = ops.matmul(ops.t(g), x)
+        if compute_linear_bias_grad:
+            grads[2] = ops.sum(g, 0)
+    return (loss, *grads)
+
+
+def _linear_cross_entropy_chunked_none(x, linear_weight, target, linear_bias, weight,
+                                       ignore_index, batch_chunk_size, acc_policy, acc_dtype):
+    return _chunked_logits_and_loss(x, linear_weight, target, linear_bias, weight,
+                                    ignore_index, "none")[1]
+
+
+def _register_chunked_ops():
+    """The doors of the two custom ops (defined when torch.nn.modules.linear_cross_entropy
+    is imported, which F.linear_cross_entropy does; absent from older torch)."""
+    try:
+        from torch.nn.modules import linear_cross_entropy  # noqa: F401
+        namespace = torch.ops.torch_nn
+        chunked = namespace._linear_cross_entropy_batch_chunked.default
+        chunked_none = namespace._linear_cross_entropy_batch_chunked_no_reduction.default
+    except (ImportError, AttributeError):
+        return
+    aten_api.register(chunked)(_linear_cross_entropy_chunked)
+    aten_api.register(chunked_none)(_linear_cross_entropy_chunked_none)
+
+
+_register_chunked_ops()

@@ -54,10 +54,10 @@ from . import aten_api, elementwise, ops, torch_api
 from . import primitives as P
 from . import tensor as tensor_module
 from .autograd import vjp_rules
-from .batching import batching_rules, move_bdim, physical_dim
+from .batching import BatchedValue, batching_rules, elementwise_batch, move_bdim, physical_dim
 from .dispatch import complex_ready
 from .elementwise import _refuse_complex
-from .errors import TransformUsageError
+from .errors import ShapeMismatchError, TransformUsageError
 from .forward import jvp_rules, linear_jvp
 from .values import Value, bind
 
@@ -991,6 +991,35 @@ def _take(x, dim, index):
     return ops.gather(x, dim, index.to(x.device).reshape(view).expand(shape))
 
 
+def _repeats_of_examples(x, dim, repeats):
+    """NOTE [repeat_interleave with repeats batched by vmap]
+    torch.func runs repeat_interleave example by example and stacks the results, so it works
+    when every example repeats to the same length and raises torch.stack's error otherwise.
+    Here: repeats that are the same in every example are used as they are (one plain
+    tensor); repeats that differ but add up to the same length give each example its own
+    index of source positions (a searchsorted of the running totals, one call for the
+    batch), returned as a batched index for one gather; other repeats raise the same error."""
+    examples = repeats.payload.movedim(repeats.bdim, 0)
+    size = examples.shape[0]
+    flat = examples.reshape(size, -1)
+    if size == 0 or bool((flat == flat[0]).all()):
+        return examples[0] if size else examples.new_zeros(examples.shape[1:])
+    if flat.shape[1] == 1:
+        flat = flat.expand(size, ops.shape_of(x)[dim])
+    totals = flat.sum(1)
+    if bool((totals != totals[0]).any()):
+        raise ShapeMismatchError(
+            f"{repeats.dispatcher.call}: repeat_interleave with repeats batched by vmap gives "
+            f"outputs of lengths {totals.tolist()} along dim {dim}, and vmap needs one shape "
+            "for the whole batch (torch.func raises 'stack expects each tensor to be equal "
+            "size'). Expected repeats with the same sum in every example. Fix: pass "
+            "unbatched repeats, or pad the examples to one length.")
+    ends = flat.cumsum(1)
+    positions = torch.arange(int(totals[0]), device=flat.device).expand(size, -1)
+    index = torch.searchsorted(ends, positions.contiguous(), right=True)
+    return BatchedValue(repeats.dispatcher, index, 0)
+
+
 @torch_api.register(*torch_api.torch_functions("repeat_interleave"))
 @aten_api.register(aten.repeat_interleave.self_int, aten.repeat_interleave.self_Tensor)
 def repeat_interleave(x, repeats=None, dim=None, *, output_size=None):
@@ -1000,6 +1029,14 @@ def repeat_interleave(x, repeats=None, dim=None, *, output_size=None):
     if dim is None:
         x, dim = ops.reshape(x, -1), 0
     dim = ops.normalize_dim(_int(dim), _rank(x), op="repeat_interleave")
+    if isinstance(repeats, BatchedValue) and isinstance(repeats.payload, torch.Tensor):
+        repeats = _repeats_of_examples(x, dim, repeats)
+        if isinstance(repeats, Value):  # one index per example: a batched gather
+            shape = list(ops.shape_of(x))
+            shape[dim] = ops.shape_of(repeats)[0]
+            view = [1] * len(shape)
+            view[dim] = -1
+            return ops.gather(x, dim, ops.expand(ops.reshape(repeats, *view), *shape))
     if _is_tensor(repeats):
         repeats = aten_api.concrete(repeats)
         if repeats.numel() != 1:
@@ -1354,3 +1391,144 @@ for _op in (aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar,
             aten.linspace.Scalar_Tensor, aten.logspace.Tensor_Tensor,
             aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor):
     aten_api.register(_op)(_with_detached_ends(_op))
+
+
+# --- frexp ------------------------------------------------------------------------------------------
+# NOTE [frexp: the kernel's mantissa, a derivative through the exponent]
+# frexp(x) = (mantissa, exponent) with x = mantissa * 2**exponent. The exponent is an integer
+# and not differentiable; on each piece where it is constant the mantissa is x / 2**exponent,
+# so its derivative is 1 / 2**exponent (derivatives.yaml says the same: grad /
+# exponent.exp2()). Both outputs are torch's kernel (a non-differentiable primitive for the
+# exponent, a differentiable one for the mantissa), so the values are torch's bit for bit,
+# including the ends where x / 2**exponent would overflow. Both act element by element, so
+# their batching rules keep the batch dim where it is. (It lives here because the
+# elementwise family's one-output helpers do not fit an op with two outputs.)
+frexp_mantissa_p = P.primitive("frexp_mantissa", lambda x: torch.frexp(x).mantissa)
+frexp_exponent_p = P.primitive("frexp_exponent", lambda x: torch.frexp(x).exponent,
+                               differentiable=False)
+
+
+def _frexp_scale(x):
+    """1 / 2**exponent(x), in x's dtype: the derivative of the mantissa."""
+    exponent = ops.convert(bind(frexp_exponent_p, x), x.dtype)
+    return ops.pow(2.0, ops.neg(exponent))
+
+
+def frexp_mantissa_vjp(x):
+    out = bind(frexp_mantissa_p, x)
+    return out, lambda ct: (ops.mul(ct, _frexp_scale(x)),)
+
+
+def frexp_mantissa_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    return bind(frexp_mantissa_p, x), ops.mul(x_dot, _frexp_scale(x))
+
+
+vjp_rules[frexp_mantissa_p] = frexp_mantissa_vjp
+jvp_rules[frexp_mantissa_p] = frexp_mantissa_jvp
+batching_rules[frexp_mantissa_p] = elementwise_batch(frexp_mantissa_p)
+batching_rules[frexp_exponent_p] = elementwise_batch(frexp_exponent_p)
+
+
+@torch_api.register(torch.frexp, torch.Tensor.frexp)
+def frexp(x):
+    _refuse_complex(frexp_mantissa_p, x)
+    return torch.return_types.frexp((bind(frexp_mantissa_p, x), bind(frexp_exponent_p, x)))
+
+
+aten_api.register(aten.frexp.Tensor)(frexp)
+aten_api.register(prims.frexp.default)(lambda x: tuple(frexp(x)))
+
+
+# --- hash_tensor ----------------------------------------------------------------------------------
+# hash_tensor reduces the bits of the elements over ``dim`` (all dims by default) to one
+# uint64 per remaining position: a reduction with no derivative, so under vmap it is one call
+# with the batch dim in front and the dims shifted past it (an empty dim, all dims, becomes
+# every dim but the batch's; a 0-d example is hashed over a dim of length 1).
+hash_tensor_p = P.primitive(
+    "hash_tensor",
+    lambda x, *, dim, keepdim, mode: torch.hash_tensor(x, dim=list(dim), keepdim=keepdim,
+                                                       mode=mode),
+    differentiable=False)
+
+
+def hash_tensor_batch(values, bdims, *, dim, keepdim, mode):
+    (x,), (bdim,) = values, bdims
+    x = move_bdim(x, bdim, 0)
+    if not dim:  # a 0-d example: the hash of its one element, over a dim of length 1
+        return bind(hash_tensor_p, ops.unsqueeze(x, 1), dim=(1,), keepdim=False, mode=mode), 0
+    return bind(hash_tensor_p, x, dim=tuple(d + 1 for d in dim), keepdim=keepdim,
+                mode=mode), 0
+
+
+batching_rules[hash_tensor_p] = hash_tensor_batch
+
+
+@torch_api.register(*torch_api.torch_functions("hash_tensor"))
+@aten_api.register(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
+    rank = _rank(x)
+    if isinstance(dim, int):
+        dim = (dim,)
+    dims = tuple(range(rank)) if not dim else ops.normalize_dims(dim, rank, op="hash_tensor")
+    return bind(hash_tensor_p, x, dim=dims, keepdim=bool(keepdim), mode=int(mode))
+
+
+# --- resize_ under vmap ----------------------------------------------------------------------------
+# NOTE [resize_ keeps the first elements]
+# x.resize_(size) (and x.resize_as_(other)) gives x a new shape over the same memory: with as
+# many elements or fewer, the first ones in x's order, which is a reshape of a prefix. With
+# more, the new elements are uninitialized memory, which no transform can reproduce: refused.
+# torch refuses to differentiate resize ("cannot resize variables that require grad" /
+# "that has a forward grad"), and so do the vjp and jvp rules here; under vmap each example
+# keeps its own first elements (the batch dims lead: one reshape for the batch).
+def _resize_impl(x, *, size, batch_dims):
+    lead = tuple(x.shape[:batch_dims])
+    return x.reshape(*lead, -1)[..., :math.prod(size)].reshape(*lead, *size).clone()
+
+
+resize_p = P.primitive("resize", _resize_impl)
+
+
+def _refuse_resize_derivative(mode):
+    from .errors import InPlaceError
+    raise InPlaceError(
+        f"x.resize_(size): torch refuses to resize a tensor that {mode} (torch.func raises "
+        f"'cannot resize variables that {mode}'). Expected a tensor that is not "
+        "differentiated. Fix: build the new tensor out of place (x.reshape(-1)[:n].reshape(size)), "
+        "or resize a detached copy.")
+
+
+def resize_vjp(x, **params):
+    _refuse_resize_derivative("require grad")
+
+
+def resize_jvp(primals, tangents, **params):
+    if tangents[0] is not None:
+        _refuse_resize_derivative("has a forward grad")
+    return bind(resize_p, *primals, **params), None
+
+
+vjp_rules[resize_p] = resize_vjp
+jvp_rules[resize_p] = resize_jvp
+
+
+def resize_batch(values, bdims, *, size, batch_dims):
+    (x,), (bdim,) = values, bdims
+    return bind(resize_p, move_bdim(x, bdim, 0), size=size, batch_dims=batch_dims + 1), 0
+
+
+batching_rules[resize_p] = resize_batch
+
+
+@aten_api.register(aten.resize.default)
+def resize(x, size, memory_format=None):
+    size = tuple(int(s) for s in size)
+    if math.prod(size) > math.prod(ops.shape_of(x)):
+        from .errors import UnsupportedOperationError
+        raise UnsupportedOperationError(
+            f"x.resize_({list(size)}): x has {math.prod(ops.shape_of(x))} elements and the new "
+            f"shape {math.prod(size)}: the new elements would be uninitialized memory, which a "
+            "transform cannot reproduce. Expected at most as many elements. Fix: allocate the "
+            "new tensor (torch.zeros) and copy the elements in.")
+    return bind(resize_p, x, size=size, batch_dims=0)
