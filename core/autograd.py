@@ -30,6 +30,7 @@ import torch
 
 from . import ops, torch_api
 from . import primitives as P
+from . import tensor as tensor_module
 from .dispatch import (
     Dispatcher,
     complex_derivatives,
@@ -38,6 +39,7 @@ from .dispatch import (
     has_complex,
     name_of,
     nondifferentiable_outputs,
+    transform_levels,
 )
 from .errors import (
     NonScalarOutputError,
@@ -50,7 +52,7 @@ from .grad_mode import REVERSE, floors
 from .names import fresh_name
 from .printing import format_equation, type_string
 from .tensor import as_tensor, engine_code, unwrap
-from .values import Value, bind, top_dispatcher
+from .values import Value, bind, bottom_tensor, top_dispatcher
 
 vjp_rules: dict = {}
 _is_grad_enabled = torch.is_grad_enabled
@@ -399,6 +401,57 @@ class Autograd(Dispatcher):
     def unknown_op(self, name, run, values, kwargs):
         """An aten op without a rule: fine if its outputs cannot carry a derivative."""
         return nondifferentiable_outputs(self, name, run, values, kwargs)
+
+
+# --- writes into tensors that a tape may read --------------------------------------------------
+def refuse_write_to_recorded(target, call):
+    """NOTE [A tape has no version counter]
+    A backward closure keeps the tensors its rule needs (``exp``'s vjp reads its output,
+    ``x * w``'s reads ``w``), and reads them when the backward pass runs. An in-place write
+    into one of them in between would make the gradient use the new numbers. torch counts
+    the writes into each tensor (its version counter) and raises at the backward pass; the
+    tapes here count nothing, so a write that could reach a recorded op is refused up front:
+    the write of an in-place torch function into a plain tensor inside a transform (a tensor
+    the function closed over, ``w.add_(1)``; ``torch.embedding_renorm_`` under
+    ``F.embedding(..., max_norm=...)``), when the storage of ``target`` (a tensor, or an
+    engine value whose plain tensor is written) is that of an argument of an op some running
+    tape recorded, or ``target`` is the output of one. Never a silently wrong gradient."""
+    levels = [level for level in transform_levels() if isinstance(level, Autograd)
+              and level.tape.entries]
+    if not levels:
+        return
+    bottom = bottom_tensor(target)
+    if bottom.device.type == "meta":
+        return
+    storage = bottom.untyped_storage().data_ptr()
+    names = set()
+    value = target
+    while isinstance(value, Value):
+        names.add(value.name)
+        value = value.payload
+
+    def shares_storage(arg):
+        if isinstance(arg, (list, tuple)):
+            return any(shares_storage(item) for item in arg)
+        if not isinstance(arg, (Value, torch.Tensor)):
+            return False
+        arg = bottom_tensor(arg)
+        return arg.device.type != "meta" and arg.untyped_storage().data_ptr() == storage
+
+    for level in levels:
+        for entry in level.tape.entries:
+            if entry.output in names or any(shares_storage(a) for a in entry.args):
+                raise UnsupportedOperationError(
+                    f"{level.call}: {call} writes in place into a tensor that "
+                    f"{level.transform_name} recorded an op on ({entry.prim.name}), whose "
+                    "backward pass may read it: the gradient would use the new numbers (torch "
+                    "raises at the backward pass: 'one of the variables needed for gradient "
+                    "computation has been modified by an inplace operation'). Fix: write "
+                    "before the tensor's first use inside the transform, write into a copy "
+                    "(t = t.clone()), or do the write outside the transform.")
+
+
+tensor_module.plain_write_guard = refuse_write_to_recorded
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from . import aten_api, ops, torch_api
 from . import primitives as P
-from .autograd import sum_to_size, vjp_rules, wants_cotangent
+from .autograd import refuse_write_to_recorded, sum_to_size, vjp_rules, wants_cotangent
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim, to_front
 from .elementwise import logical_and
 from .dispatch import complex_ready
@@ -1397,9 +1397,12 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 # so one kernel call renormalizes every example (written back if folding needed a copy).
 # Indices batched where the weight is not would renormalize other rows of one weight for
 # each example: torch.func refuses that ("vmap: aten::embedding_renorm_(self, *extra_args)
-# is not possible"), and so do we. As in torch, a weight that some derivative has saved
-# (say w = x.exp(), whose vjp reads w) is overwritten too; torch's version counter then
-# raises at the backward pass, which this engine does not track.
+# is not possible"), and so do we. A weight that a recorded op may have saved for its
+# backward pass (w = x.exp(), whose vjp reads w; y = x * w, whose vjp for x reads w) would be
+# read with the new numbers: torch's version counter makes its backward pass raise
+# ("modified by an inplace operation"). This engine has no version counter, so it refuses
+# up front when any tape of the transforms running has the weight among the arguments or
+# outputs of an op it recorded (NOTE [A tape has no version counter], autograd.py).
 def _layout(value):
     """(the plain tensor at the bottom of ``value``, where ``value``'s own dims are in it,
     [(vmap level, where its batch dim is in it)])."""
@@ -1429,6 +1432,7 @@ def embedding_renorm_(weight, indices, max_norm, norm_type):
             f"{call}: renormalizing the weight in place reads its values, which a traced "
             "program does not have. Fix: call F.embedding without max_norm inside trace, or "
             "renormalize outside it.")
+    refuse_write_to_recorded(weight, call)  # NOTE [A tape has no version counter]
     w_levels = [level for level, _ in w_batch]
     for level, _ in i_batch:
         if level not in w_levels:

@@ -731,6 +731,19 @@ def _functionalize(func, args, kwargs):
 
 
 # --- the mode: tensors created while user code runs inside a transform ---------------------------
+# refuses an in-place write into a plain tensor that a tape may read (set by autograd.py, which
+# imports this module: NOTE [A tape has no version counter])
+plain_write_guard = None
+
+
+def _writes_in_place(func) -> bool:
+    """torch's naming: ``add_``, ``embedding_renorm_``, ``__setitem__``, ``__iadd__``."""
+    name = getattr(func, "__name__", "")
+    if name.endswith("__"):
+        return name == "__setitem__" or name.startswith("__i")
+    return name.endswith("_")
+
+
 class _TransformMode(TorchFunctionMode):
     """Active while a transform runs user code (NOTE [Tensors created inside a transform])."""
 
@@ -747,6 +760,13 @@ class _TransformMode(TorchFunctionMode):
             return _wrap_result(func(*args, **kwargs))
         if func in torch_api.REFUSED_IN_TRANSFORMS:  # even on plain tensors: Tensor.backward()
             raise _refusal(func, torch_api.REFUSED_IN_TRANSFORMS[func])
+        if plain_write_guard is not None:  # NOTE [A tape has no version counter]
+            if args and isinstance(args[0], torch.Tensor) and _writes_in_place(func):
+                plain_write_guard(args[0], f"{_qualified_name(func)}(...)")
+            written = torch_api.WRITES_AN_ARGUMENT.get(func)
+            target = written(*args, **kwargs) if written is not None else None
+            if isinstance(target, torch.Tensor):
+                plain_write_guard(target, f"{_qualified_name(func)}(...)")
         return func(*args, **kwargs)
 
 

@@ -184,6 +184,18 @@ REFUSED[torch.Tensor.retain_grad] = ("retain_grad on a value of a transform", _A
 REFUSED[torch.Tensor.requires_grad_] = ("requires_grad_ on a value of a transform",
                                         _AUTOGRAD_FIX)
 
+# Torch functions that write into one of their plain tensor arguments only inside their own
+# Python code (the transform mode does not see that inner call): the written argument, or
+# None. NOTE [A tape has no version counter] (autograd.py)
+def _max_norm_weight(input, weight, *args, max_norm=None, **kwargs):
+    # F.embedding(input, weight, padding_idx, max_norm, ...); F.embedding_bag(input, weight,
+    # offsets, max_norm, ...): max_norm is the fourth argument of both
+    max_norm = args[1] if len(args) > 1 else max_norm
+    return weight if max_norm is not None else None
+
+
+WRITES_AN_ARGUMENT = {F.embedding: _max_norm_weight, F.embedding_bag: _max_norm_weight}
+
 # --- factories ---------------------------------------------------------------------------------
 FACTORIES = {
     torch.zeros, torch.ones, torch.empty, torch.full, torch.tensor, torch.arange,

@@ -234,3 +234,48 @@ def test_write_through_an_expanded_view_is_refused():
         return y.sum()
     with pytest.raises(mf.TransformError, match=r"several elements share one place"):
         mf.grad(f)(x3)
+
+
+# --- NOTE [A tape has no version counter] ---------------------------------------------------------
+def _write_after_use(x, w):
+    y = (x * w).sum()  # mul's backward reads w
+    w.add_(1)
+    return y
+
+
+def _renorm_after_use(x, w):
+    y = (x * w).sum()
+    return y + torch.nn.functional.embedding(torch.tensor([0, 2]), w, max_norm=1.0).sum()
+
+
+def _renorm_of_an_output(x):
+    w = x.exp()  # exp's backward reads its output
+    return torch.nn.functional.embedding(torch.tensor([0, 2]), w, max_norm=1.0).sum()
+
+
+@pytest.mark.parametrize("f, args", [
+    (_write_after_use, (torch.randn(3), torch.randn(3))),
+    (_renorm_after_use, (torch.randn(4, 3), 3 * torch.randn(4, 3))),
+    (_renorm_of_an_output, (torch.randn(4, 3) + 2,)),
+], ids=["add_ after mul", "embedding max_norm after mul", "embedding max_norm of exp"])
+def test_a_write_into_a_tensor_a_tape_may_read_is_refused(f, args):
+    # torch.func raises at its backward pass (version counter); the gradient here would
+    # silently read the new numbers, so the write is refused
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        tf.grad(f)(*[a.clone() for a in args])
+    with pytest.raises(mf.UnsupportedOperationError,
+                       match=r"^grad\(.*?\)\(<inputs>\): .* writes in place into a tensor that "
+                             r"grad recorded an op on \((mul|exp)\).*Fix: "):
+        mf.grad(f)(*[a.clone() for a in args])
+    assert mf.grad(lambda x: (x * 2).sum())(torch.ones(2)).tolist() == [2.0, 2.0], \
+        "the next call works"
+
+
+def test_a_write_before_any_use_runs_as_in_torch_func():
+    def f(x, w):
+        w.add_(1)
+        return (x * w).sum()
+    ours_w, theirs_w = torch.zeros(3), torch.zeros(3)
+    torch.testing.assert_close(mf.grad(f)(torch.ones(3), ours_w),
+                               tf.grad(f)(torch.ones(3), theirs_w))
+    torch.testing.assert_close(ours_w, theirs_w)
