@@ -251,56 +251,68 @@ def reference_vjp_by_jacfwd(s, wrt):
     return {"outputs": out, "aux": aux, "grads": grads}
 
 
-class _ComplexOutput(Exception):
-    """A real function with a complex output: no finite-difference opinion here."""
-
-
 FD_EPS = 1e-6
 FD_MAX_ELEMENTS = 512
 
 
+def _like_run(shape, dtype, seed):
+    """The random cotangent or tangent that run_vjp / run_jvp drew for this seed (drawn in
+    float32 or complex64, as they are), in the widened ``dtype``."""
+    return _random(shape, torch.complex64 if dtype.is_complex else torch.float32, seed).to(dtype)
+
+
+def _real_inner(a, b):
+    """Re <a, b> = Re(sum(conj(a) * b)): the real inner product that makes a vjp the adjoint
+    of its jvp, for real and complex tensors alike."""
+    return (a.conj() * b).real.sum()
+
+
 def finite_differences(s, transform, wrt):
-    """Central differences in float64, in the format of run_jvp / run_vjp (tangents or
-    grads only): the last word when torch.func's two modes disagree with ours and with each
-    other (NOTE [A second oracle for one mode]). Real arguments only: None (no opinion) for
-    a complex one."""
-    if any(p.dtype.is_complex for p in s.fresh(wrt)):
-        return None
-    primals = [p.double() for p in s.fresh(wrt)]
+    """NOTE [Finite differences of complex functions]
+    Central differences in float64 (complex128), in the format of run_jvp / run_vjp
+    (tangents or grads only): the last word when torch.func's two modes disagree with ours
+    and with each other (NOTE [A second oracle for one mode]).
+    A complex number is two real ones, so (f(z + eps t) - f(z - eps t)) / 2 eps is the jvp
+    along a complex tangent t for any f, holomorphic or not. The vjp of a cotangent ct is
+    that jvp's adjoint under Re <a, b>: element e of the gradient is Re <ct, J 1_e> + i Re
+    <ct, J i_e> (the second term only for a complex argument), which is torch's convention
+    (conjugate Wirtinger) and, for real tensors, the usual sum of ct * J e."""
+    primals = [p.to(torch.complex128 if p.dtype.is_complex else torch.float64)
+               for p in s.fresh(wrt)]
     f = _differentiable_fn(s, wrt)
 
-    def floats_at(ps):
+    def outputs_at(ps):
         torch.manual_seed(seed_of(s.key, s.index, "call"))
         with torch.no_grad():
-            outputs = f(*[p.to(torch.float64) for p in ps])[0]
-        if any(o.dtype.is_complex for o in outputs):
-            raise _ComplexOutput()
-        return [o.double() for o in outputs]
+            out = f(*ps)[0]
+        return [o.to(torch.complex128 if o.dtype.is_complex else torch.float64) for o in out]
 
     def directional(direction):
-        plus = floats_at([p + FD_EPS * d for p, d in zip(primals, direction)])
-        minus = floats_at([p - FD_EPS * d for p, d in zip(primals, direction)])
+        plus = outputs_at([p + FD_EPS * d for p, d in zip(primals, direction)])
+        minus = outputs_at([p - FD_EPS * d for p, d in zip(primals, direction)])
         return [(a - b) / (2 * FD_EPS) for a, b in zip(plus, minus)]
 
-    try:
-        out = floats_at(primals)
-    except _ComplexOutput:
-        return None
     if transform == "jvp":
-        tangents = [_random(p.shape, torch.float32, seed_of(s.key, s.index, "tangent", k)).double()
+        tangents = [_like_run(p.shape, p.dtype, seed_of(s.key, s.index, "tangent", k))
                     for k, p in enumerate(primals)]
         return {"tangents": directional(tangents)}
     if sum(p.numel() for p in primals) > FD_MAX_ELEMENTS:
         return None
-    cts = [_random(o.shape, torch.float32, seed_of(s.key, s.index, "ct", k)).double()
-           for k, o in enumerate(out)]
+    cts = [_like_run(o.shape, o.dtype, seed_of(s.key, s.index, "ct", k))
+           for k, o in enumerate(outputs_at(primals))]
+
+    def pulled_back(i, e, unit_value):
+        unit = [torch.zeros_like(q) for q in primals]
+        unit[i].view(-1)[e] = unit_value
+        return sum(_real_inner(ct, d) for ct, d in zip(cts, directional(unit)))
+
     grads = []
     for i, p in enumerate(primals):
         g = torch.zeros_like(p).reshape(-1)
         for e in range(p.numel()):
-            unit = [torch.zeros_like(q) for q in primals]
-            unit[i].view(-1)[e] = 1.0
-            g[e] = sum((ct * d).sum() for ct, d in zip(cts, directional(unit)))
+            g[e] = pulled_back(i, e, 1.0)
+            if p.dtype.is_complex:
+                g[e] += 1j * pulled_back(i, e, 1j)
         grads.append(g.reshape(p.shape))
     return {"grads": grads}
 
@@ -310,7 +322,7 @@ def agrees_with_finite_differences(ours, reference):
     key = "tangents" if "tangents" in reference else "grads"
     try:
         for a, b in zip(ours[key], reference[key]):
-            torch.testing.assert_close(a.double(), b, rtol=1e-3, atol=1e-3, equal_nan=True)
+            torch.testing.assert_close(a.to(b.dtype), b, rtol=1e-3, atol=1e-3, equal_nan=True)
     except AssertionError:
         return False
     return True
