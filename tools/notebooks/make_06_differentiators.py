@@ -70,6 +70,9 @@ Three things to notice:
 - The rule is written with `ops.sin`, `ops.mul` and `ops.cos`, the engine's own operations.
   They dispatch on their arguments, so the same rule serves plain tensors, values under
   `vmap`, and values being traced into a program.
+- `conj` is the complex conjugate, and does nothing to a real tensor. It is there for complex
+  inputs: PyTorch's convention multiplies the cotangent by the *conjugate* of the derivative,
+  and with it the one rule is right for both kinds of numbers.
 - The backward returns a tuple with one entry per input, even when there is only one input.
 
 A rule is an ordinary Python function, so you can call it by hand, with no transform at all:
