@@ -99,6 +99,30 @@ UNARY = {
     "clone": (torch.clone, (3, 4)),
     "to complex128": (lambda z: z.to(torch.complex128) * 2, (3, 4)),
     "div": (lambda z: z / (z.exp() + 1), (3, 4)),
+    # reductions and scans (NOTE [Reductions and scans on complex numbers] in structural.py)
+    "prod": (lambda z: z.prod(1), (3, 4)), "prod all": (lambda z: z.prod(), (2, 3)),
+    "prod with a zero": (lambda z: (z * torch.tensor([1.0, 0.0, 1.0, 1.0])).prod(1), (3, 4)),
+    "prod keepdim": (lambda z: torch.prod(z, 0, keepdim=True), (3, 4)),
+    "cumprod": (lambda z: torch.cumprod(z, 1), (3, 4)),
+    "cumprod with a zero": (lambda z: torch.cumprod(z * torch.tensor([1.0, 0.0, 1.0, 1.0]), 1),
+                            (3, 4)),
+    "var": (lambda z: torch.var(z, 1), (3, 4)), "var all": (torch.var, (3, 4)),
+    "var correction 0": (lambda z: torch.var(z, 0, correction=0, keepdim=True), (3, 4)),
+    "std": (lambda z: torch.std(z, 1), (3, 4)), "std all": (torch.std, (3, 4)),
+    "var_mean": (lambda z: torch.var_mean(z, 1)[0] * torch.var_mean(z, 1)[1], (3, 4)),
+    "std_mean": (lambda z: torch.std_mean(z, 0)[0] + torch.std_mean(z, 0)[1], (3, 4)),
+    "vector_norm": (lambda z: torch.linalg.vector_norm(z, dim=1), (3, 4)),
+    "vector_norm 1": (lambda z: torch.linalg.vector_norm(z, 1, dim=1), (3, 4)),
+    "vector_norm inf": (lambda z: torch.linalg.vector_norm(z, float("inf"), dim=1), (3, 4)),
+    "vector_norm -inf": (lambda z: torch.linalg.vector_norm(z, -float("inf")), (3, 4)),
+    "vector_norm 3": (lambda z: torch.linalg.vector_norm(z, 3, dim=0), (3, 4)),
+    "vector_norm 1.5": (lambda z: torch.linalg.vector_norm(z, 1.5), (3, 4)),
+    "vector_norm 0.5": (lambda z: torch.linalg.vector_norm(z, 0.5, dim=1), (3, 4)),
+    "vector_norm 0": (lambda z: torch.linalg.vector_norm(z, 0, dim=1) * z.sum(1), (3, 4)),
+    "linalg.norm": (lambda z: torch.linalg.norm(z, dim=1), (3, 4)),
+    "norm": (lambda z: torch.norm(z), (3, 4)),
+    "logsumexp": (lambda z: torch.logsumexp(z, 1), (3, 4)),
+    "logsumexp keepdim": (lambda z: torch.logsumexp(z, (0, 1), keepdim=True), (3, 4)),
 }
 
 
@@ -221,11 +245,11 @@ def test_second_order_grad_of_a_real_loss():
 ], ids=["vjp", "jvp", "grad"])
 def test_a_primitive_not_marked_is_refused(transform):
     z = _complex((2, 3), 0, torch.complex64)
-    with pytest.raises(TransformError, match=r"(vjp|jvp|grad)\(<lambda>\)\(<inputs>\): prod "
+    with pytest.raises(TransformError, match=r"(vjp|jvp|grad)\(<lambda>\)\(<inputs>\): logcumsumexp "
                                              r"takes a complex input"):
-        transform(lambda a: torch.prod(a, 1), z)
-    with pytest.raises(TransformError, match="cumprod takes a complex input"):
-        transform(lambda a: torch.cumprod(a, 1), z)
+        transform(lambda a: torch.logcumsumexp(a, 1), z)
+    with pytest.raises(TransformError, match="linalg_lu_factor takes a complex input"):
+        transform(lambda a: torch.linalg.lu_factor(a[:, :2])[0], z)
 
 
 def test_vmap_still_takes_any_complex_op():
@@ -278,3 +302,12 @@ def test_svd_and_logdet_of_complex_matrices_under_vmap():
     torch.testing.assert_close(mf.vmap(torch.logdet)(A), tf.vmap(torch.logdet)(A),
                                equal_nan=True)
     torch.testing.assert_close(mf.vmap(torch.logdet)(A), torch.logdet(A), equal_nan=True)
+
+
+def test_logsumexp_jvp_of_large_imaginary_parts():
+    # exp(x - out) rounds the phase where |Im x| is large (out's imaginary part is wrapped):
+    # the jvp normalizes by the largest real part instead, as PyTorch's logsumexp_jvp
+    z = _complex((4, 5), 7, torch.complex64) * 1e6
+    t = _like(z, 8)
+    f = lambda a: torch.logsumexp(a, 1)  # noqa: E731
+    torch.testing.assert_close(mf.jvp(f, (z,), (t,)), tf.jvp(f, (z,), (t,)))
