@@ -11,9 +11,10 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   (``batch_matrices``): the batch dim goes to the front, the operands' batch dims are
   broadcast together, and one kernel call does the whole batch (functorch's linear-algebra
   batch rules do the same).
-- Real inputs only: the formulas are written for real matrices. Complex inputs are refused
-  by every derivative rule (complex autograd follows PyTorch's conjugate Wirtinger
-  convention, a later issue); vmap alone accepts them.
+- Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky and matrix_exp
+  have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
+  written for real matrices, and a derivative level refuses their primitives on complex
+  inputs (NOTE [Complex numbers] in dispatch.py); vmap accepts complex inputs everywhere.
 - Where a derivative does not exist (repeated eigenvalues or singular values, a singular
   matrix) the formulas divide by zero exactly where PyTorch's do, so the result has the
   same nan/inf, and the derivative of det at a singular matrix is the adjugate, as in torch.
@@ -49,6 +50,7 @@ from . import aten_api, ops, structural, torch_api
 from . import primitives as P
 from .autograd import sum_to_size, vjp_rules, wants_cotangent
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim
+from .dispatch import complex_ready
 from .elementwise import _refuse_complex
 from .errors import MissingRuleError, TransformUsageError, UnsupportedOperationError
 from .forward import add_tangents, broadcast_tangent, jvp_rules
@@ -77,6 +79,14 @@ def _mT(x):
 def _mH(x):
     """The conjugate transpose (``x.mH``); the transpose of a real matrix."""
     return _mT(ops.conj(x) if x.dtype.is_complex else x)
+
+
+def _conj(x):
+    return ops.conj(x) if x.dtype.is_complex else x
+
+
+def _re(x):
+    return ops.real(x) if x.dtype.is_complex else x
 
 
 def _mm(x, y):
@@ -336,19 +346,17 @@ inv_info_p = _output_of("linalg_inv_info", _inv_kernel, 1, (2,), differentiable=
 
 
 def inv_vjp(A):
-    _refuse(inv_p, A)
     out = bind(inv_p, A)
 
     def backward(ct):
-        out_T = _mT(out)
-        return (ops.neg(_mm(out_T, _mm(ct, out_T))),)
+        out_H = _mH(out)
+        return (ops.neg(_mm(out_H, _mm(ct, out_H))),)
     return out, backward
 vjp_rules[inv_p] = inv_vjp
 
 
 def inv_jvp(primals, tangents):
     (A,), (A_dot,) = primals, tangents
-    _refuse(inv_p, A)
     out = bind(inv_p, A)
     return out, ops.neg(_mm(_mm(out, A_dot), out))
 jvp_rules[inv_p] = inv_jvp
@@ -394,14 +402,13 @@ def _solve(A, B, left=True):
 def solve_vjp(A, B, *, left):
     """gB = A^{-T} gX (X A = B: gX A^{-T}), gA = -gB X^T (X^T gB): torch's formula for the
     double-backward case, which solves again with A^T (linalg_solve_backward)."""
-    _refuse(solve_p, A, B)
     X = bind(solve_p, A, B, left=left)
 
     def backward(ct):
-        gB = _solve(_mT(A), ct, left)
+        gB = _solve(_mH(A), ct, left)
         gA = None
         if wants_cotangent(0, A):
-            gA = ops.neg(_mm(gB, _mT(X)) if left else _mm(_mT(X), gB))
+            gA = ops.neg(_mm(gB, _mH(X)) if left else _mm(_mH(X), gB))
             gA = _sum_to(gA, A)
         return gA, (_sum_to(gB, B) if wants_cotangent(1, B) else None)
     return X, backward
@@ -411,7 +418,6 @@ vjp_rules[solve_p] = solve_vjp
 def solve_jvp(primals, tangents, *, left):
     """dX = A^{-1} (dB - dA X) (left), (dB - X dA) A^{-1} (right)."""
     (A, B), (A_dot, B_dot) = primals, tangents
-    _refuse(solve_p, A, B)
     X = bind(solve_p, A, B, left=left)
     rhs = B_dot
     if A_dot is not None:
@@ -476,14 +482,13 @@ def solve_triangular_vjp(A, B, *, upper, left, unitriangular):
     """gB = A^{-T} gX; gA = -gB X^T projected onto A's triangle (linalg_solve_triangular_
     backward: the triangular matrices are a vector space, so the gradient is the
     projection of the general solver's)."""
-    _refuse(solve_triangular_p, A, B)
     X = bind(solve_triangular_p, A, B, upper=upper, left=left, unitriangular=unitriangular)
 
     def backward(ct):
-        gB = _solve_triangular(_mT(A), ct, not upper, left, unitriangular)
+        gB = _solve_triangular(_mH(A), ct, not upper, left, unitriangular)
         gA = None
         if wants_cotangent(0, A):
-            gA = ops.neg(_mm(gB, _mT(X)) if left else _mm(_mT(X), gB))
+            gA = ops.neg(_mm(gB, _mH(X)) if left else _mm(_mH(X), gB))
             gA = _sum_to(_project_triangle(gA, upper, unitriangular), A)
         return gA, (_sum_to(gB, B) if wants_cotangent(1, B) else None)
     return X, backward
@@ -493,7 +498,6 @@ vjp_rules[solve_triangular_p] = solve_triangular_vjp
 def solve_triangular_jvp(primals, tangents, *, upper, left, unitriangular):
     """dX = A^{-1} (dB - proj(dA) X) (linalg_solve_triangular_forward_AD)."""
     (A, B), (A_dot, B_dot) = primals, tangents
-    _refuse(solve_triangular_p, A, B)
     X = bind(solve_triangular_p, A, B, upper=upper, left=left, unitriangular=unitriangular)
     rhs = B_dot
     if A_dot is not None:
@@ -527,14 +531,14 @@ def _triangular_solve(B, A, upper, transpose, unitriangular):
 def triangular_solve_vjp(B, A, *, upper, transpose, unitriangular):
     """triangular_solve_backward: gB = op(A)^{-T} gX, gA = -gB X^T (or -X gB^T when A is
     transposed), projected onto A's triangle."""
-    _refuse(triangular_solve_p, B, A)
     X = _triangular_solve(B, A, upper, transpose, unitriangular)
 
     def backward(ct):
-        gB = _triangular_solve(ct, A, upper, not transpose, unitriangular)
+        # op(A) = A^T, not A^H, when transposed: gB = op(A)^{-H} gX solves with conj(A)
+        gB = _triangular_solve(ct, _conj(A), upper, not transpose, unitriangular)
         gA = None
         if wants_cotangent(1, A):
-            gA = ops.neg(_mm(X, _mT(gB)) if transpose else _mm(gB, _mT(X)))
+            gA = ops.neg(_mm(_conj(X), _mT(gB)) if transpose else _mm(gB, _mH(X)))
             gA = _sum_to(_project_triangle(gA, upper, unitriangular), A)
         return (_sum_to(gB, B) if wants_cotangent(0, B) else None), gA
     return X, backward
@@ -545,7 +549,6 @@ def triangular_solve_jvp(primals, tangents, *, upper, transpose, unitriangular):
     """dX = op(A)^{-1} (dB - op(proj(dA)) X): the derivative of the function (NOTE
     [Factorizations as primitives]: torch 2.13's formula for dA is off)."""
     (B, A), (B_dot, A_dot) = primals, tangents
-    _refuse(triangular_solve_p, B, A)
     X = _triangular_solve(B, A, upper, transpose, unitriangular)
     rhs = B_dot
     if A_dot is not None:
@@ -833,12 +836,11 @@ def det_vjp(A):
     diag(prod_{j != i} S_j) Vh. So does this rule, so that gradients at singular matrices
     are torch's adjugate, and second derivatives (through the SVD) are torch.func's,
     including its nan where singular values repeat (the Hessian at an orthogonal matrix)."""
-    _refuse(det_p, A)
     out = _det(A)
 
     def backward(ct):
         U, S, Vh = _svd(A, full_matrices=True)
-        alpha = ops.mul(ops.mul(_det(U), _det(Vh)), ct)
+        alpha = ops.mul(_conj(ops.mul(_det(U), _det(Vh))), ct)
         D = ops.mul(ops.unsqueeze(alpha, -1), _products_of_the_others(S))
         return (_mm(ops.mul(U, ops.unsqueeze(D, -2)), Vh),)
     return out, backward
@@ -850,7 +852,6 @@ def det_jvp(primals, tangents):
     zero pivot replaced by eps (det is C^1, so this approximates the derivative at a
     singular matrix as torch does)."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(det_p, A)
     out = _det(A)
     LU, pivots = _lu_factor(A)
     zero_pivot = ops.convert(ops.eq(_diagonal(LU), 0.0), LU.dtype)
@@ -873,9 +874,9 @@ def _slogdet_kernel(A):
     return aten._linalg_slogdet(A)
 
 
-# the sign of a real determinant has derivative zero
-slogdet_sign_p = _output_of("linalg_slogdet_sign", _slogdet_kernel, 0, (2,),
-                            differentiable=False)
+# the sign of a real determinant has derivative zero; that of a complex one, det / |det|, has
+# one (slogdet_sign_vjp below)
+slogdet_sign_p = _output_of("linalg_slogdet_sign", _slogdet_kernel, 0, (2,))
 logabsdet_p = _output_of("linalg_logabsdet", _slogdet_kernel, 1, (2,))
 slogdet_lu_p = _output_of("linalg_slogdet_lu", _slogdet_kernel, 2, (2,), differentiable=False)
 slogdet_pivots_p = _output_of("linalg_slogdet_pivots", _slogdet_kernel, 3, (2,),
@@ -885,12 +886,11 @@ slogdet_pivots_p = _output_of("linalg_slogdet_pivots", _slogdet_kernel, 3, (2,),
 def logabsdet_vjp(A):
     """slogdet_backward (real case): g A^{-T}, solved from A^T (torch's double-backward
     branch), so that it is differentiable again."""
-    _refuse(logabsdet_p, A)
     out = bind(logabsdet_p, A)
 
     def backward(ct):
         n = _shape(A)[-1]
-        return (_solve(_mT(A), _scale(_eye(n, A), ct)),)
+        return (_solve(_mH(A), _scale(_eye(n, A), ct)),)
     return out, backward
 vjp_rules[logabsdet_p] = logabsdet_vjp
 
@@ -898,11 +898,40 @@ vjp_rules[logabsdet_p] = logabsdet_vjp
 def logabsdet_jvp(primals, tangents):
     """slogdet_jvp (real case): tr(A^{-1} dA), from the LU factors."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(logabsdet_p, A)
     out = bind(logabsdet_p, A)
     LU, pivots = _lu_factor(A)
-    return out, _trace(_lu_solve(LU, pivots, A_dot))
+    return out, _re(_trace(_lu_solve(LU, pivots, A_dot)))
 jvp_rules[logabsdet_p] = logabsdet_jvp
+
+
+def slogdet_sign_vjp(A):
+    """NOTE [slogdet of a complex matrix]
+    With t = tr(A^{-1} dA), d logabsdet = Re(t) and d sign = i Im(t) sign (sign = det / |det|
+    has modulus one). So the vjp of (g_sign, g_logabsdet) is g A^{-H} with
+    g = g_logabsdet - i Im(conj(g_sign) sign), torch's slogdet_backward: the sign's share is
+    this rule's, the logabsdet's logabsdet_vjp's. A real sign has derivative zero."""
+    out = bind(slogdet_sign_p, A)
+    if not A.dtype.is_complex:
+        return out, lambda ct: (None,)
+
+    def backward(ct):
+        g = ops.complex(ops.zeros_like(ops.real(out)),
+                        ops.neg(ops.imag(ops.mul(ops.conj(ct), out))))
+        n = _shape(A)[-1]
+        return (_solve(_mH(A), _scale(_eye(n, A), g)),)
+    return out, backward
+vjp_rules[slogdet_sign_p] = slogdet_sign_vjp
+
+
+def slogdet_sign_jvp(primals, tangents):
+    (A,), (A_dot,) = primals, tangents
+    out = bind(slogdet_sign_p, A)
+    if not A.dtype.is_complex:
+        return out, None
+    LU, pivots = _lu_factor(A)
+    t = _trace(_lu_solve(LU, pivots, A_dot))
+    return out, ops.mul(ops.complex(ops.zeros_like(ops.imag(t)), ops.imag(t)), out)
+jvp_rules[slogdet_sign_p] = slogdet_sign_jvp
 
 
 @aten_api.register(aten._linalg_slogdet.default)
@@ -945,24 +974,23 @@ cholesky_info_p = _output_of("linalg_cholesky_info", _cholesky_kernel, 1, (2,),
 def _cholesky_backward(ct, factor, upper):
     """cholesky_backward: with L the lower factor, gA = L^{-T} phi(tril(L^T gL)) L^{-1}, where
     phi(X) = (X + X^T - diag(X)) / 2 (a symmetric gradient)."""
-    L, gL = (_mT(factor), _mT(ct)) if upper else (factor, ct)
-    gA = _tril(_mm(_mT(L), gL))
-    gA = ops.mul(ops.add(gA, _mT(_tril(gA, -1))), 0.5)
-    gA = _solve_triangular(_mT(L), gA, upper=True, left=True)
+    L, gL = (_mH(factor), _mH(ct)) if upper else (factor, ct)
+    gA = _tril(_mm(_mH(L), gL))
+    gA = ops.mul(ops.add(gA, _mH(_tril(gA, -1))), 0.5)
+    gA = _solve_triangular(_mH(L), gA, upper=True, left=True)
     return _solve_triangular(L, gA, upper=False, left=False)
 
 
 def _cholesky_tangent(A_dot, factor, upper):
     """cholesky_jvp: dL = L pi(L^{-1} dA L^{-T}), pi(X) = tril(X) - diag(X) / 2."""
-    L = _mT(factor) if upper else factor
+    L = _mH(factor) if upper else factor
     dL = _solve_triangular(L, A_dot, upper=False, left=True)
-    dL = _solve_triangular(_mT(L), dL, upper=True, left=False)
+    dL = _solve_triangular(_mH(L), dL, upper=True, left=False)
     dL = _mm(L, ops.sub(_tril(dL), _diag_embed(ops.mul(_diagonal(dL), 0.5))))
-    return _mT(dL) if upper else dL
+    return _mH(dL) if upper else dL
 
 
 def cholesky_vjp(A, *, upper):
-    _refuse(cholesky_p, A)
     out = bind(cholesky_p, A, upper=upper)
     return out, lambda ct: (_cholesky_backward(ct, out, upper),)
 vjp_rules[cholesky_p] = cholesky_vjp
@@ -971,7 +999,6 @@ vjp_rules[cholesky_p] = cholesky_vjp
 def cholesky_jvp(primals, tangents, *, upper):
     """The tangent is used as given, as torch does (exact for a symmetric tangent)."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(cholesky_p, A)
     out = bind(cholesky_p, A, upper=upper)
     return out, _cholesky_tangent(A_dot, out, upper)
 jvp_rules[cholesky_p] = cholesky_jvp
@@ -1004,7 +1031,6 @@ cholesky_old_p = _single("cholesky", lambda A, *, upper: aten.cholesky(A, upper)
 
 
 def cholesky_old_vjp(A, *, upper):
-    _refuse(cholesky_old_p, A)
     out = bind(cholesky_old_p, A, upper=upper)
     return out, lambda ct: (_cholesky_backward(ct, out, upper),)
 vjp_rules[cholesky_old_p] = cholesky_old_vjp
@@ -1016,9 +1042,8 @@ def cholesky_old_jvp(primals, tangents, *, upper):
     symmetric tangents, so that Jacobian sees the symmetric part of a tangent. The jvp here
     takes that part first, and agrees with the vjp (and with torch.func's jacrev)."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(cholesky_old_p, A)
     out = bind(cholesky_old_p, A, upper=upper)
-    return out, _cholesky_tangent(ops.mul(_sym(A_dot), 0.5), out, upper)
+    return out, _cholesky_tangent(ops.mul(ops.add(A_dot, _mH(A_dot)), 0.5), out, upper)
 jvp_rules[cholesky_old_p] = cholesky_old_jvp
 
 
@@ -1681,14 +1706,13 @@ def _matrix_exp_differential(A, G, adjoint):
     in the direction G, and with A^T in place of A its adjoint (the vjp). This is torch's
     differential_analytic_matrix_function; it calls matrix_exp itself, so it is
     differentiable to any order."""
-    A = _mT(A) if adjoint else A
+    A = _mH(A) if adjoint else A
     n = _shape(A)[-1]
     block = ops.cat([ops.cat([A, G], -1), ops.cat([ops.zeros_like(A), A], -1)], -2)
     return _cols(_rows(_matrix_exp(block), 0, n), n, 2 * n)
 
 
 def matrix_exp_vjp(A):
-    _refuse(matrix_exp_p, A)
     out = _matrix_exp(A)
     return out, lambda ct: (_matrix_exp_differential(A, ct, adjoint=True),)
 vjp_rules[matrix_exp_p] = matrix_exp_vjp
@@ -1696,9 +1720,21 @@ vjp_rules[matrix_exp_p] = matrix_exp_vjp
 
 def matrix_exp_jvp(primals, tangents):
     (A,), (A_dot,) = primals, tangents
-    _refuse(matrix_exp_p, A)
     return _matrix_exp(A), _matrix_exp_differential(A, A_dot, adjoint=False)
 jvp_rules[matrix_exp_p] = matrix_exp_jvp
+
+
+# NOTE [Linear algebra on complex numbers]
+# The functions above are holomorphic (inv, solve, the triangular solves, det, cholesky,
+# matrix_exp) or real functions of complex matrices (logabsdet), and their formulas, as in
+# FunctionsManual.cpp, become the complex ones when every transpose of a backward is a
+# conjugate transpose (_mH, the transpose on real matrices): the jvps are unchanged, and a
+# real part is taken where the result is real (logabsdet). The old triangular_solve's
+# transposed op(A) is A^T, not A^H, so its backward solves with conj(A). slogdet's sign is
+# differentiable on complex matrices (NOTE [slogdet of a complex matrix]). Checked against
+# torch.func on complex64 and complex128 (tests/test_complex.py, LINALG).
+complex_ready(inv_p, solve_p, solve_triangular_p, triangular_solve_p, det_p, logabsdet_p,
+              slogdet_sign_p, cholesky_p, cholesky_old_p, matrix_exp_p)
 
 
 @torch_api.register(torch.linalg.matrix_exp, torch.matrix_exp, torch.Tensor.matrix_exp)
