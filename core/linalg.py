@@ -11,8 +11,8 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   (``batch_matrices``): the batch dim goes to the front, the operands' batch dims are
   broadcast together, and one kernel call does the whole batch (functorch's linear-algebra
   batch rules do the same).
-- Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky and matrix_exp
-  have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
+- Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky (and its
+  inverse and solve), eigh and matrix_exp have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
   written for real matrices, and a derivative level refuses their primitives on complex
   inputs (NOTE [Complex numbers] in dispatch.py); vmap accepts complex inputs everywhere.
 - Where a derivative does not exist (repeated eigenvalues or singular values, a singular
@@ -52,7 +52,8 @@ from .autograd import sum_to_size, vjp_rules, wants_cotangent
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim
 from .dispatch import complex_ready
 from .elementwise import _refuse_complex
-from .errors import MissingRuleError, TransformUsageError, UnsupportedOperationError
+from .errors import (FunctionOutputError, MissingRuleError, TransformUsageError,
+                     UnsupportedOperationError)
 from .forward import add_tangents, broadcast_tangent, jvp_rules
 from .values import Value, bind
 
@@ -160,6 +161,11 @@ def _skew(x):
 
 def _sym(x):
     return ops.add(x, _mT(x))
+
+
+def _herm(x):
+    """``x + x^H`` (``_sym`` on real matrices)."""
+    return ops.add(x, _mH(x))
 
 
 def _scale(x, factor):
@@ -1060,11 +1066,10 @@ cholesky_inverse_p = _single("cholesky_inverse",
 def cholesky_inverse_vjp(L, *, upper):
     """cholesky_inverse_backward: with X = (L L^T)^{-1}, gL = -X (g + g^T) X L (the upper
     factor: -U X (g + g^T) X)."""
-    _refuse(cholesky_inverse_p, L)
     X = bind(cholesky_inverse_p, L, upper=upper)
 
     def backward(ct):
-        common = _mm(X, _mm(_sym(ct), X))
+        common = _mm(X, _mm(_herm(ct), X))
         return (ops.neg(_mm(L, common) if upper else _mm(common, L)),)
     return X, backward
 vjp_rules[cholesky_inverse_p] = cholesky_inverse_vjp
@@ -1073,11 +1078,10 @@ vjp_rules[cholesky_inverse_p] = cholesky_inverse_vjp
 def cholesky_inverse_jvp(primals, tangents, *, upper):
     """cholesky_inverse_jvp: dX = K + K^T, K = -X dL X L^T (upper: -X dU^T X U)."""
     (L,), (L_dot,) = primals, tangents
-    _refuse(cholesky_inverse_p, L)
     X = bind(cholesky_inverse_p, L, upper=upper)
-    factor, factor_dot = (L, _mT(L_dot)) if upper else (_mT(L), L_dot)
+    factor, factor_dot = (L, _mH(L_dot)) if upper else (_mH(L), L_dot)
     partial = ops.neg(_mm(_mm(_mm(X, factor_dot), X), factor))
-    return X, _sym(partial)
+    return X, _herm(partial)
 jvp_rules[cholesky_inverse_p] = cholesky_inverse_jvp
 
 
@@ -1098,14 +1102,13 @@ def _cholesky_solve(B, L, upper):
 def cholesky_solve_vjp(B, L, *, upper):
     """cholesky_solve_backward: gB = cholesky_solve(g), gL = -(C + C^T) L with C = gB X^T
     (upper: -U (C + C^T))."""
-    _refuse(cholesky_solve_p, B, L)
     X = _cholesky_solve(B, L, upper)
 
     def backward(ct):
         gB = _cholesky_solve(ct, L, upper)
         gL = None
         if wants_cotangent(1, L):
-            common = _sym(_mm(gB, _mT(X)))
+            common = _herm(_mm(gB, _mH(X)))
             gL = _sum_to(ops.neg(_mm(L, common) if upper else _mm(common, L)), L)
         return (_sum_to(gB, B) if wants_cotangent(0, B) else None), gL
     return X, backward
@@ -1116,12 +1119,11 @@ def cholesky_solve_jvp(primals, tangents, *, upper):
     """cholesky_solve_jvp: dA = dK + dK^T with dK = dL L^T (upper: dU^T U), then
     dX = cholesky_solve(dB - dA X)."""
     (B, L), (B_dot, L_dot) = primals, tangents
-    _refuse(cholesky_solve_p, B, L)
     X = _cholesky_solve(B, L, upper)
     rhs = B_dot
     if L_dot is not None:
-        dK = _mm(_mT(L_dot), L) if upper else _mm(L_dot, _mT(L))
-        product = _mm(_sym(dK), X)
+        dK = _mm(_mH(L_dot), L) if upper else _mm(L_dot, _mH(L))
+        product = _mm(_herm(dK), X)
         rhs = ops.neg(product) if rhs is None else ops.sub(rhs, product)
     return X, broadcast_tangent(_cholesky_solve(rhs, L, upper), _shape(X))
 jvp_rules[cholesky_solve_p] = cholesky_solve_jvp
@@ -1150,13 +1152,28 @@ def _gaps(L):
     return eye, ops.where(eye, 1.0, ops.sub(ops.unsqueeze(L, -2), ops.unsqueeze(L, -1)))
 
 
+def _check_phase_invariance(VhgV, name):
+    """Complex eigenvectors are defined up to a phase e^{i phi} each: a loss that depends on
+    it has no gradient, and torch raises when diag(V^H gV) is not real (linalg_eig_backward).
+    Checked where the numbers are concrete (as torch, which skips the check for tensor
+    subclasses)."""
+    if not VhgV.dtype.is_complex or not isinstance(VhgV, torch.Tensor):
+        return
+    im = torch.imag(torch.diagonal(VhgV, 0, -2, -1))
+    if not torch.allclose(im, torch.zeros_like(im), rtol=1e-2, atol=1e-2):
+        raise FunctionOutputError(
+            f"{name}: The eigenvectors in the complex case are specified up to multiplication "
+            "by e^{i phi}. The specified loss function depends on this quantity, so it is "
+            "ill-defined. Fix: differentiate a function of the eigenvectors that does not "
+            "depend on their phases (|V|, V V^H, ...).")
+
+
 def eigvalsh_vjp(A, *, UPLO):
     """linalg_eig_backward (hermitian, eigenvalues only): gA = V diag(gL) V^T."""
-    _refuse(eigvalsh_p, A)
     L, V = _bind_all((eigvalsh_p, eigvecsh_p), A, UPLO=UPLO)
 
     def backward(ct):
-        return (_mm(ops.mul(V, ops.unsqueeze(ct, -2)), _mT(V)),)
+        return (_mm(ops.mul(V, ops.unsqueeze(ct, -2)), _mH(V)),)
     return L, backward
 vjp_rules[eigvalsh_p] = eigvalsh_vjp
 
@@ -1164,13 +1181,14 @@ vjp_rules[eigvalsh_p] = eigvalsh_vjp
 def eigvecsh_vjp(A, *, UPLO):
     """linalg_eig_backward (hermitian, eigenvectors): gA = V (skew(V^T gV) / 2 / E) V^T with
     E_ij = L_j - L_i (repeated eigenvalues divide by zero, as in torch)."""
-    _refuse(eigvecsh_p, A)
     L, V = _bind_all((eigvalsh_p, eigvecsh_p), A, UPLO=UPLO)
 
     def backward(ct):
-        VtgV = ops.mul(_skew(_mm(_mT(V), ct)), 0.5)
+        VhgV = _mm(_mH(V), ct)
+        _check_phase_invariance(VhgV, "linalg_eigh_backward")
+        VhgV = ops.mul(ops.sub(VhgV, _mH(VhgV)), 0.5)
         _, E = _gaps(L)
-        return (_mm(V, _mm(ops.div(VtgV, E), _mT(V))),)
+        return (_mm(V, _mm(ops.div(VhgV, E), _mH(V))),)
     return V, backward
 vjp_rules[eigvecsh_p] = eigvecsh_vjp
 
@@ -1178,18 +1196,16 @@ vjp_rules[eigvecsh_p] = eigvecsh_vjp
 def eigvalsh_jvp(primals, tangents, *, UPLO):
     """linalg_eig_jvp (hermitian): dL = diag(V^T dA V)."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(eigvalsh_p, A)
     L, V = _bind_all((eigvalsh_p, eigvecsh_p), A, UPLO=UPLO)
-    return L, _diagonal(_mm(_mm(_mT(V), A_dot), V))
+    return L, _re(_diagonal(_mm(_mm(_mH(V), A_dot), V)))
 jvp_rules[eigvalsh_p] = eigvalsh_jvp
 
 
 def eigvecsh_jvp(primals, tangents, *, UPLO):
     """linalg_eig_jvp (hermitian): dV = V ((V^T dA V) / E, zero diagonal)."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(eigvecsh_p, A)
     L, V = _bind_all((eigvalsh_p, eigvecsh_p), A, UPLO=UPLO)
-    dP = _mm(_mm(_mT(V), A_dot), V)
+    dP = _mm(_mm(_mH(V), A_dot), V)
     eye, E = _gaps(L)
     return V, _mm(V, ops.where(eye, 0.0, ops.div(dP, E)))
 jvp_rules[eigvecsh_p] = eigvecsh_jvp
@@ -1729,12 +1745,17 @@ jvp_rules[matrix_exp_p] = matrix_exp_jvp
 # matrix_exp) or real functions of complex matrices (logabsdet), and their formulas, as in
 # FunctionsManual.cpp, become the complex ones when every transpose of a backward is a
 # conjugate transpose (_mH, the transpose on real matrices): the jvps are unchanged, and a
-# real part is taken where the result is real (logabsdet). The old triangular_solve's
+# real part is taken where the result is real (logabsdet), and a symmetric part
+# x + x^T becomes a hermitian one x + x^H (cholesky_inverse, cholesky_solve). eigh's
+# eigenvalues are real (their jvp takes the real part of diag(V^H dA V)), and its eigenvectors'
+# backward projects V^H gV onto the skew-hermitian matrices; a loss that depends on their
+# phases is refused, as torch does (_check_phase_invariance). The old triangular_solve's
 # transposed op(A) is A^T, not A^H, so its backward solves with conj(A). slogdet's sign is
 # differentiable on complex matrices (NOTE [slogdet of a complex matrix]). Checked against
 # torch.func on complex64 and complex128 (tests/test_complex.py, LINALG).
 complex_ready(inv_p, solve_p, solve_triangular_p, triangular_solve_p, det_p, logabsdet_p,
-              slogdet_sign_p, cholesky_p, cholesky_old_p, matrix_exp_p)
+              slogdet_sign_p, cholesky_p, cholesky_old_p, cholesky_inverse_p, cholesky_solve_p,
+              eigvalsh_p, eigvecsh_p, matrix_exp_p)
 
 
 @torch_api.register(torch.linalg.matrix_exp, torch.matrix_exp, torch.Tensor.matrix_exp)

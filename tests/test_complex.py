@@ -144,6 +144,21 @@ UNARY = {
     "cholesky of a non-hermitian input": (
         lambda z: torch.linalg.cholesky(z.tril() @ z.tril().mH + torch.eye(3)), (3, 3)),
     "cholesky_ex": (lambda z: torch.linalg.cholesky_ex(z @ z.mH + torch.eye(3))[0], (3, 3)),
+    "cholesky_inverse": (lambda z: torch.cholesky_inverse(z.tril() + 3 * torch.eye(3)),
+                         (3, 3)),
+    "cholesky_inverse upper": (lambda z: torch.cholesky_inverse(z + 3 * torch.eye(3),
+                                                                upper=True), (2, 3, 3)),
+    "cholesky_solve": (lambda z: torch.cholesky_solve(z.sin(), z.tril() + 3 * torch.eye(3)),
+                       (3, 3)),
+    "cholesky_solve upper": (lambda z: torch.cholesky_solve(z.exp()[:, :2],
+                                                            z + 3 * torch.eye(3), upper=True),
+                             (3, 3)),
+    "eigvalsh": (torch.linalg.eigvalsh, (4, 4)),
+    "eigh |V|": (lambda z: torch.linalg.eigh(z).eigenvectors.abs(), (4, 4)),
+    "eigh V diag(L) V^H": (lambda z: (lambda L, V: V @ torch.diag_embed(L.to(V.dtype)) @ V.mH)(
+        *torch.linalg.eigh(z)), (2, 4, 4)),
+    "eigh both": (lambda z: (lambda L, V: L[:, None] * V.abs())(*torch.linalg.eigh(z)), (4, 4)),
+    "eigh upper |V|^2": (lambda z: torch.linalg.eigh(z, UPLO="U")[1].abs() ** 2, (4, 4)),
     "matrix_exp": (torch.linalg.matrix_exp, (3, 3)),
     "matrix_exp batched": (torch.matrix_exp, (2, 3, 3)),
 }
@@ -379,3 +394,13 @@ def test_old_cholesky(upper, dtype):
                                torch.vdot(z_bar.flatten(), t.flatten()).real, **_tol(dtype))
     torch.testing.assert_close(out_dot, mf.jvp(lambda z: torch.linalg.cholesky(
         z @ z.mH + torch.eye(3), upper=upper), (z,), (t,))[1], **_tol(dtype))
+
+
+def test_eigh_refuses_a_loss_that_depends_on_the_phases():
+    z = _complex((3, 3), 0, torch.complex128)
+    f = lambda a: torch.linalg.eigh(a).eigenvectors  # noqa: E731
+    ct = _like(f(z), 1)
+    with pytest.raises(RuntimeError, match=r"up to multiplication by e\^\{i phi\}"):
+        tf.vjp(f, z)[1](ct)
+    with pytest.raises(RuntimeError, match=r"up to multiplication by e\^\{i phi\}"):
+        mf.vjp(f, z)[1](ct)
