@@ -12,7 +12,7 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   broadcast together, and one kernel call does the whole batch (functorch's linear-algebra
   batch rules do the same).
 - Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky (and its
-  inverse and solve), eigh and matrix_exp have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
+  inverse and solve), eigh, svd and matrix_exp have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
   written for real matrices, and a derivative level refuses their primitives on complex
   inputs (NOTE [Complex numbers] in dispatch.py); vmap accepts complex inputs everywhere.
 - Where a derivative does not exist (repeated eigenvalues or singular values, a singular
@@ -1249,6 +1249,25 @@ def _reduced(U, S, Vh):
     return _cols(U, 0, k), _rows(Vh, 0, k)
 
 
+def _skewh(x):
+    """``x - x^H`` (``_skew`` on real matrices)."""
+    return ops.sub(x, _mH(x))
+
+
+def _imag_i(x):
+    """``i Im(x)``, a complex number."""
+    return ops.complex(ops.zeros_like(ops.imag(x)), ops.imag(x))
+
+
+# NOTE [The SVD of a complex matrix]
+# Each singular pair (u_i, v_i) is defined up to a common phase e^{i phi}. With
+# dP = U^H dA V, the jvp picks the gauge where V^H dV has a zero diagonal and U^H dU the
+# diagonal i Im(diag(dP)) / S (then dA = dU S V^H + U dS V^H + U S dV^H holds); the vjp is
+# its adjoint: off the diagonal the real formula with conjugate transposes, on it
+# i Im(diag(U^H gU)) / S from gU and nothing from gVh. A loss that does not depend on the
+# phases (torch refuses the others) has one gradient, and this is it; U and Vh are separate
+# primitives here, so torch's check of that invariance, which needs both cotangents, is not
+# made.
 def _svd_backward(gU, gS, gVh, U, S, Vh):
     """svd_backward (real case), U, Vh reduced; any of the gradients may be None. With
     E_jk = S_k^2 - S_j^2 (1 on the diagonal) and skew(X) = X - X^T:
@@ -1264,29 +1283,36 @@ def _svd_backward(gU, gS, gVh, U, S, Vh):
     eye = torch.eye(k, dtype=torch.bool, device=S.device)
     E = ops.where(eye, 1.0, ops.sub(ops.unsqueeze(S2, -2), ops.unsqueeze(S2, -1)))
     inner = None
+    complex_ = U.dtype.is_complex
     if gU is not None:
-        inner = ops.mul(ops.div(_skew(_mm(_mT(U), gU)), E), ops.unsqueeze(S, -2))
+        UhgU = _mm(_mH(U), gU)
+        term = ops.mul(ops.div(_skewh(UhgU), E), ops.unsqueeze(S, -2))
+        if complex_:  # NOTE [The SVD of a complex matrix]
+            phases = ops.div(_imag_i(_diagonal(UhgU)), S)
+            term = ops.add(ops.where(eye, 0.0, term), _diag_embed(phases))
+        inner = term
     if gVh is not None:
-        term = ops.mul(ops.unsqueeze(S, -1), ops.div(_skew(_mm(Vh, _mT(gVh))), E))
+        term = ops.mul(ops.unsqueeze(S, -1), ops.div(_skewh(_mm(Vh, _mH(gVh))), E))
+        if complex_:
+            term = ops.where(eye, 0.0, term)
         inner = add_tangents(inner, term)
     if gS is not None:
-        inner = ops.add(inner, _diag_embed(gS))
+        inner = ops.add(inner, _diag_embed(ops.convert(gS, U.dtype) if complex_ else gS))
     if m > n and gU is not None:
         gA = _mm(U, inner)
         gUSinv = ops.div(gU, ops.unsqueeze(S, -2))
-        gA = ops.sub(ops.add(gA, gUSinv), _mm(U, _mm(_mT(U), gUSinv)))
+        gA = ops.sub(ops.add(gA, gUSinv), _mm(U, _mm(_mH(U), gUSinv)))
         return _mm(gA, Vh)
     if m < n and gVh is not None:
         gA = _mm(inner, Vh)
         SinvgVh = ops.div(gVh, ops.unsqueeze(S, -1))
-        gA = ops.sub(ops.add(gA, SinvgVh), _mm(_mm(SinvgVh, _mT(Vh)), Vh))
+        gA = ops.sub(ops.add(gA, SinvgVh), _mm(_mm(SinvgVh, _mH(Vh)), Vh))
         return _mm(U, gA)
     return _mm(U, _mm(inner, Vh)) if m >= n else _mm(_mm(U, inner), Vh)
 
 
 def _svd_vjp(which):
     def vjp(A, *, full_matrices, driver):
-        _refuse(_SVD[which], A)
         U, S, Vh = _svd(A, full_matrices, driver)
         out = (U, S, Vh)[which]
 
@@ -1310,31 +1336,34 @@ def _svd_jvp(which):
     zero columns (rows) appended for the full matrices."""
     def jvp(primals, tangents, *, full_matrices, driver):
         (A,), (A_dot,) = primals, tangents
-        _refuse(_SVD[which], A)
         U_full, S, Vh_full = _svd(A, full_matrices, driver)
         U, Vh = _reduced(U_full, S, Vh_full) if full_matrices else (U_full, Vh_full)
         m, n = _shape(A)[-2:]
-        V = _mT(Vh)
-        dP = _mm(_mT(U), _mm(A_dot, V)) if m < n else _mm(_mm(_mT(U), A_dot), V)
-        dS = _diagonal(dP)
+        V = _mH(Vh)
+        dP = _mm(_mH(U), _mm(A_dot, V)) if m < n else _mm(_mm(_mH(U), A_dot), V)
+        dS = _re(_diagonal(dP))
         if which == 1:
             return S, dS
-        dX = ops.sub(dP, _diag_embed(dS))
+        complex_ = dP.dtype.is_complex
+        dX = ops.sub(dP, _diag_embed(ops.convert(dS, dP.dtype) if complex_ else dS))
         S2 = ops.mul(S, S)
         k = _shape(S)[-1]
         eye = torch.eye(k, dtype=torch.bool, device=S.device)
         E = ops.where(eye, 1.0, ops.sub(ops.unsqueeze(S2, -2), ops.unsqueeze(S2, -1)))
         if which == 0:
-            dU = _mm(U, ops.div(_sym(ops.mul(dX, ops.unsqueeze(S, -2))), E))
+            omega = ops.div(_herm(ops.mul(dX, ops.unsqueeze(S, -2))), E)
+            if complex_:  # NOTE [The SVD of a complex matrix]
+                omega = ops.add(omega, _diag_embed(ops.div(_imag_i(_diagonal(dP)), S)))
+            dU = _mm(U, omega)
             if m > n:
                 dAVSinv = _mm(A_dot, ops.div(V, ops.unsqueeze(S, -2)))
-                dU = ops.sub(ops.add(dU, dAVSinv), _mm(U, _mm(_mT(U), dAVSinv)))
+                dU = ops.sub(ops.add(dU, dAVSinv), _mm(U, _mm(_mH(U), dAVSinv)))
                 if full_matrices:
                     dU = _pad_cols(dU, m)
             return U_full, dU
-        dVh = _mm(ops.div(_sym(ops.mul(dX, ops.unsqueeze(ops.neg(S), -1))), E), Vh)
+        dVh = _mm(ops.div(_herm(ops.mul(dX, ops.unsqueeze(ops.neg(S), -1))), E), Vh)
         if m < n:
-            UtdASinv = _mm(ops.div(_mT(U), ops.unsqueeze(S, -1)), A_dot)
+            UtdASinv = _mm(ops.div(_mH(U), ops.unsqueeze(S, -1)), A_dot)
             dVh = ops.sub(ops.add(dVh, UtdASinv), _mm(_mm(UtdASinv, V), Vh))
             if full_matrices:
                 dVh = _pad_rows(dVh, n)
@@ -1345,6 +1374,7 @@ def _svd_jvp(which):
 for _which, _prim in enumerate(_SVD):
     vjp_rules[_prim] = _svd_vjp(_which)
     jvp_rules[_prim] = _svd_jvp(_which)
+complex_ready(*_SVD)  # NOTE [The SVD of a complex matrix]
 
 
 @aten_api.register(aten._linalg_svd.default)

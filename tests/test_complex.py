@@ -159,6 +159,19 @@ UNARY = {
         *torch.linalg.eigh(z)), (2, 4, 4)),
     "eigh both": (lambda z: (lambda L, V: L[:, None] * V.abs())(*torch.linalg.eigh(z)), (4, 4)),
     "eigh upper |V|^2": (lambda z: torch.linalg.eigh(z, UPLO="U")[1].abs() ** 2, (4, 4)),
+    "svdvals": (torch.linalg.svdvals, (4, 3)),
+    "svd |U| |Vh|": (lambda z: (lambda U, S, Vh: U.abs().sum(-1) * S + Vh.abs().sum(0))(
+        *torch.linalg.svd(z, full_matrices=False)), (4, 4)),
+    "svd U diag(S) Vh tall": (lambda z: (lambda U, S, Vh: U @ torch.diag_embed(S.to(U.dtype)) @ Vh)(
+        *torch.linalg.svd(z, full_matrices=False)), (5, 3)),
+    "svd U Vh wide": (lambda z: (lambda U, S, Vh: U @ Vh)(
+        *torch.linalg.svd(z, full_matrices=False)), (3, 5)),
+    "svd full |U|": (lambda z: torch.linalg.svd(z)[0][:, :3].abs(), (5, 3)),
+    "svd full |Vh|": (lambda z: torch.linalg.svd(z)[2][:3].abs(), (3, 5)),
+    "old svd U V^H": (lambda z: (lambda U, S, V: U @ V.mH)(*torch.svd(z)), (2, 4, 3)),
+    "nuclear norm": (lambda z: torch.linalg.matrix_norm(z, "nuc"), (4, 3)),
+    "matrix 2-norm": (lambda z: torch.linalg.matrix_norm(z, 2), (3, 4)),
+    "svdvals sum": (lambda z: torch.linalg.svdvals(z).sum(), (3, 3)),
     "matrix_exp": (torch.linalg.matrix_exp, (3, 3)),
     "matrix_exp batched": (torch.matrix_exp, (2, 3, 3)),
 }
