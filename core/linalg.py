@@ -12,7 +12,7 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   broadcast together, and one kernel call does the whole batch (functorch's linear-algebra
   batch rules do the same).
 - Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky (and its
-  inverse and solve), eigh, svd and matrix_exp have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
+  inverse and solve), eigh, svd, pinv and matrix_exp have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
   written for real matrices, and a derivative level refuses their primitives on complex
   inputs (NOTE [Complex numbers] in dispatch.py); vmap accepts complex inputs everywhere.
 - Where a derivative does not exist (repeated eigenvalues or singular values, a singular
@@ -1531,18 +1531,18 @@ def _pinv(A, atol=None, rtol=None, hermitian=False):
 
 
 def _pinv_backward(g, Ap, A):
-    """pinv_backward, products ordered for the smaller of m and n."""
+    """pinv_backward (conjugate transposes), products ordered for the smaller of m and n."""
     m, n = _shape(A)[-2:]
-    Ap_t, g_t = _mT(Ap), _mT(g)
+    Ap_t, g_t = _mH(Ap), _mH(g)
     if m <= n:
         K = _mm(g_t, Ap)
         KAp_t = _mm(K, Ap_t)
-        out = ops.add(ops.neg(_mT(_mm(Ap, K))), KAp_t)
+        out = ops.add(ops.neg(_mH(_mm(Ap, K))), KAp_t)
         out = ops.sub(out, _mm(_mm(A, Ap), KAp_t))
         return ops.add(out, _mm(_mm(Ap_t, Ap), ops.sub(g_t, _mm(K, A))))
     K = _mm(Ap, g_t)
     Ap_tK = _mm(Ap_t, K)
-    out = ops.add(ops.neg(_mT(_mm(K, Ap))), _mm(_mm(ops.sub(g_t, _mm(A, K)), Ap), Ap_t))
+    out = ops.add(ops.neg(_mH(_mm(K, Ap))), _mm(_mm(ops.sub(g_t, _mm(A, K)), Ap), Ap_t))
     return ops.sub(ops.add(out, Ap_tK), _mm(_mm(Ap_tK, Ap), A))
 
 
@@ -1550,19 +1550,18 @@ def _pinv_jvp(A, Ap, dA):
     """pinv_jvp (Golub and Pereyra): dAp = -Ap dA Ap + (I - Ap A) dA^T Ap^T Ap
     + Ap Ap^T dA^T (I - A Ap)."""
     m, n = _shape(A)[-2:]
-    dA_t, Ap_t = _mT(dA), _mT(Ap)
+    dA_t, Ap_t = _mH(dA), _mH(Ap)
     if m <= n:
         K = _mm(Ap_t, dA_t)
-        first = _mm(Ap, ops.sub(ops.sub(K, _mT(K)), _mm(K, _mm(A, Ap))))
+        first = _mm(Ap, ops.sub(ops.sub(K, _mH(K)), _mm(K, _mm(A, Ap))))
         return ops.add(first, _mm(ops.sub(dA_t, _mm(Ap, _mm(A, dA_t))), _mm(Ap_t, Ap)))
     K = _mm(Ap, dA)
-    K_t = _mT(K)
+    K_t = _mH(K)
     first = _mm(ops.sub(ops.sub(K_t, K), _mm(_mm(Ap, A), K_t)), Ap)
     return ops.add(first, _mm(_mm(Ap, Ap_t), ops.sub(dA_t, _mm(_mm(dA_t, A), Ap))))
 
 
 def pinv_vjp(A, atol, rtol, *, hermitian):
-    _refuse(pinv_p, A)
     Ap = _pinv(A, atol, rtol, hermitian)
 
     def backward(ct):
@@ -1573,12 +1572,12 @@ vjp_rules[pinv_p] = pinv_vjp
 
 def pinv_jvp(primals, tangents, *, hermitian):
     (A, atol, rtol), (A_dot, _, _) = primals, tangents
-    _refuse(pinv_p, A)
     Ap = _pinv(A, atol, rtol, hermitian)
     if A_dot is None:  # only a tolerance has a tangent: torch does not differentiate those
         return Ap, None
     return Ap, broadcast_tangent(_pinv_jvp(A, Ap, A_dot), _shape(Ap))
 jvp_rules[pinv_p] = pinv_jvp
+complex_ready(pinv_p)  # NOTE [Linear algebra on complex numbers]
 
 
 def _tolerance(value, A):

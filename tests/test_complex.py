@@ -172,6 +172,9 @@ UNARY = {
     "nuclear norm": (lambda z: torch.linalg.matrix_norm(z, "nuc"), (4, 3)),
     "matrix 2-norm": (lambda z: torch.linalg.matrix_norm(z, 2), (3, 4)),
     "svdvals sum": (lambda z: torch.linalg.svdvals(z).sum(), (3, 3)),
+    "pinv": (torch.linalg.pinv, (3, 3)), "pinv tall": (torch.linalg.pinv, (5, 3)),
+    "pinv wide batched": (torch.pinverse, (2, 3, 5)),
+    "pinv hermitian": (lambda z: torch.linalg.pinv(z @ z.mH, hermitian=True), (3, 3)),
     "matrix_exp": (torch.linalg.matrix_exp, (3, 3)),
     "matrix_exp batched": (torch.matrix_exp, (2, 3, 3)),
 }
