@@ -12,7 +12,7 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   broadcast together, and one kernel call does the whole batch (functorch's linear-algebra
   batch rules do the same).
 - Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky (and its
-  inverse and solve), eigh, svd, pinv and matrix_exp have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
+  inverse and solve), eigh, svd, qr, pinv and matrix_exp have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
   written for real matrices, and a derivative level refuses their primitives on complex
   inputs (NOTE [Complex numbers] in dispatch.py); vmap accepts complex inputs everywhere.
 - Where a derivative does not exist (repeated eigenvalues or singular values, a singular
@@ -1432,25 +1432,36 @@ def _qr_derivable(A, mode, what):
             "(torch refuses too). Fix: use mode='reduced'.")
 
 
+# NOTE [The QR of a complex matrix]
+# Q^H dQ is skew-hermitian, and dR R^{-1} upper triangular; on complex matrices their split of
+# the diagonal of X = Q^H dA R^{-1} is a convention, torch's: dR R^{-1} has a real diagonal,
+# so Q^H dQ takes i Im(diag(X)) (the jvp for m < n adds it; for m >= n the hermitian part
+# X + X^H already has a real diagonal). The vjps are the adjoints: the real part of the
+# diagonal for m >= n, and half the (imaginary) diagonal of tril(M^H - M) for m < n. Every
+# transpose is a conjugate transpose. Checked against torch.func on Q, R and both, square,
+# tall and wide, reduced and complete.
 def _qr_backward(gQ, gR, Q, R):
     """linalg_qr_backward. With M = gR R^T - Q^T gQ: for m >= n, gA = (gQ + Q copyltu(M))
     R^{-T}, copyltu(M) = triu(M) + triu(M, 1)^T; for m < n, gA = [Q tril(-M + M^T) R1^{-T},
     0] + Q gR (R1 the leading m x m block of R)."""
     m, n = _shape(Q)[-2], _shape(R)[-1]
     if gQ is None:
-        gA = _mm(gR, _mT(R))
+        gA = _mm(gR, _mH(R))
     elif gR is None:
-        gA = ops.neg(_mm(_mT(Q), gQ))
+        gA = ops.neg(_mm(_mH(Q), gQ))
     else:
-        gA = ops.sub(_mm(gR, _mT(R)), _mm(_mT(Q), gQ))
+        gA = ops.sub(_mm(gR, _mH(R)), _mm(_mH(Q), gQ))
     if m >= n:
         upper = _triu(gA)
-        gA = _mm(Q, ops.sub(_sym(upper), _diag_embed(_diagonal(upper))))
+        gA = _mm(Q, ops.sub(_herm(upper), _diag_embed(_re(_diagonal(upper)))))
         if gQ is not None:
             gA = ops.add(gA, gQ)
-        return _solve_triangular(_mT(R), gA, upper=False, left=False)
-    gA = _mm(Q, _tril(ops.neg(_skew(gA))))
-    gA = _solve_triangular(_mT(_cols(R, 0, m)), gA, upper=False, left=False)
+        return _solve_triangular(_mH(R), gA, upper=False, left=False)
+    lower = _tril(ops.neg(_skewh(gA)))
+    if lower.dtype.is_complex:  # NOTE [The QR of a complex matrix]
+        lower = ops.sub(lower, _diag_embed(ops.mul(_diagonal(lower), 0.5)))
+    gA = _mm(Q, lower)
+    gA = _solve_triangular(_mH(_cols(R, 0, m)), gA, upper=False, left=False)
     gA = _pad_cols(gA, n)
     if gR is not None:
         gA = ops.add(gA, _mm(Q, gR))
@@ -1459,7 +1470,6 @@ def _qr_backward(gQ, gR, Q, R):
 
 def _qr_vjp(which):
     def vjp(A, *, mode):
-        _refuse(qr_q_p, A)
         Q, R = _bind_all((qr_q_p, qr_r_p), A, mode=mode)
 
         def backward(ct):
@@ -1475,20 +1485,21 @@ def _qr_jvp(which):
     tril(Q^T dA1 R1^{-1}, -1), dR = Q^T dA - (Q^T dQ) R."""
     def jvp(primals, tangents, *, mode):
         (A,), (A_dot,) = primals, tangents
-        _refuse(qr_q_p, A)
         _qr_derivable(A, mode, "jvp")
         Q, R = _bind_all((qr_q_p, qr_r_p), A, mode=mode)
         m, n = _shape(A)[-2:]
         if m >= n:
             dARinv = _solve_triangular(R, A_dot, upper=True, left=False)
-            X = _sym(_mm(_mT(Q), dARinv))
+            X = _herm(_mm(_mH(Q), dARinv))
             dR = ops.sub(_triu(X), _diag_embed(ops.mul(_diagonal(X), 0.5)))
             if which == 0:
                 return Q, ops.sub(dARinv, _mm(Q, dR))
             return R, _mm(dR, R)
-        QtdA = _mm(_mT(Q), A_dot)
+        QtdA = _mm(_mH(Q), A_dot)
         X = _solve_triangular(_cols(R, 0, m), _cols(QtdA, 0, m), upper=True, left=False)
-        dQ = _skew(_tril(X, -1))
+        dQ = _skewh(_tril(X, -1))
+        if X.dtype.is_complex:  # NOTE [The QR of a complex matrix]
+            dQ = ops.add(dQ, _diag_embed(_imag_i(_diagonal(X))))
         if which == 0:
             return Q, _mm(Q, dQ)
         return R, ops.sub(QtdA, _mm(dQ, R))
@@ -1498,6 +1509,7 @@ def _qr_jvp(which):
 for _which, _prim in enumerate((qr_q_p, qr_r_p)):
     vjp_rules[_prim] = _qr_vjp(_which)
     jvp_rules[_prim] = _qr_jvp(_which)
+complex_ready(qr_q_p, qr_r_p)  # NOTE [The QR of a complex matrix]
 
 
 @aten_api.register(aten.linalg_qr.default)

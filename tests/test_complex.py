@@ -175,6 +175,13 @@ UNARY = {
     "pinv": (torch.linalg.pinv, (3, 3)), "pinv tall": (torch.linalg.pinv, (5, 3)),
     "pinv wide batched": (torch.pinverse, (2, 3, 5)),
     "pinv hermitian": (lambda z: torch.linalg.pinv(z @ z.mH, hermitian=True), (3, 3)),
+    "qr Q": (lambda z: torch.linalg.qr(z).Q, (4, 4)), "qr R": (lambda z: torch.linalg.qr(z).R,
+                                                               (4, 4)),
+    "qr tall": (lambda z: (lambda Q, R: Q.sum() * R)(*torch.linalg.qr(z)), (5, 3)),
+    "qr wide": (lambda z: (lambda Q, R: Q.sum() * R)(*torch.linalg.qr(z)), (2, 3, 5)),
+    "qr wide Q": (lambda z: torch.linalg.qr(z)[0], (3, 5)),
+    "qr complete": (lambda z: torch.linalg.qr(z, mode="complete")[0], (3, 5)),
+    "old qr": (lambda z: torch.qr(z)[1], (4, 3)),
     "matrix_exp": (torch.linalg.matrix_exp, (3, 3)),
     "matrix_exp batched": (torch.matrix_exp, (2, 3, 3)),
 }
