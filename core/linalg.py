@@ -12,7 +12,7 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   broadcast together, and one kernel call does the whole batch (functorch's linear-algebra
   batch rules do the same).
 - Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky (and its
-  inverse and solve), eigh, svd, qr, pinv and matrix_exp have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
+  inverse and solve), eigh, svd, qr, lu_factor, pinv and matrix_exp have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
   written for real matrices, and a derivative level refuses their primitives on complex
   inputs (NOTE [Complex numbers] in dispatch.py); vmap accepts complex inputs everywhere.
 - Where a derivative does not exist (repeated eigenvalues or singular values, a singular
@@ -620,27 +620,26 @@ def _lu_backward(L_grad, U_grad, P, L, U, pivot):
     m, n = _shape(L)[-2], _shape(U)[-1]
     k = min(m, n)
     if m == n:
-        gA = ops.add(_tril(_mm(_mT(L), L_grad), -1), _triu(_mm(U_grad, _mT(U))))
-        gA = _solve_triangular(_mT(U), gA, upper=False, left=False)
-        gA = _solve_triangular(_mT(L), gA, upper=True, left=True, unitriangular=True)
+        gA = ops.add(_tril(_mm(_mH(L), L_grad), -1), _triu(_mm(U_grad, _mH(U))))
+        gA = _solve_triangular(_mH(U), gA, upper=False, left=False)
+        gA = _solve_triangular(_mH(L), gA, upper=True, left=True, unitriangular=True)
     elif m < n:
-        gA = ops.sub(_mm(_mT(L), L_grad), _mm(_triu(U_grad), _mT(U)))
-        gA = _solve_triangular(_mT(_cols(U, 0, k)), _tril(gA, -1), upper=False, left=False)
+        gA = ops.sub(_mm(_mH(L), L_grad), _mm(_triu(U_grad), _mH(U)))
+        gA = _solve_triangular(_mH(_cols(U, 0, k)), _tril(gA, -1), upper=False, left=False)
         gA = ops.cat([ops.add(gA, _triu(_cols(U_grad, 0, k))), _cols(U_grad, k, n)], -1)
-        gA = _solve_triangular(_mT(L), gA, upper=True, left=True, unitriangular=True)
+        gA = _solve_triangular(_mH(L), gA, upper=True, left=True, unitriangular=True)
     else:
-        gA = ops.sub(_mm(U_grad, _mT(U)), _mm(_mT(L), _tril(L_grad, -1)))
-        gA = _solve_triangular(_mT(_rows(L, 0, k)), _triu(gA), upper=True, left=True,
+        gA = ops.sub(_mm(U_grad, _mH(U)), _mm(_mH(L), _tril(L_grad, -1)))
+        gA = _solve_triangular(_mH(_rows(L, 0, k)), _triu(gA), upper=True, left=True,
                                unitriangular=True)
         gA = ops.cat([ops.add(gA, _tril(_rows(L_grad, 0, k), -1)), _rows(L_grad, k, m)], -2)
-        gA = _solve_triangular(_mT(U), gA, upper=False, left=False)
+        gA = _solve_triangular(_mH(U), gA, upper=False, left=False)
     return _mm(P, gA) if pivot else gA
 
 
 def lu_vjp(A, *, pivot):
     """lu_factor_ex_backward: the gradient of the packed LU is split into its L part (the
     first k columns) and U part (the first k rows), then linalg_lu_backward."""
-    _refuse(lu_p, A)
     LU, pivots = _lu_factor(A, pivot)
 
     def backward(ct):
@@ -656,7 +655,6 @@ def lu_jvp(primals, tangents, *, pivot):
     """linalg_lu_jvp: dK = L1^{-1} P^T dA1 U1^{-1}, dL1 = L1 tril(dK, -1), dU1 = triu(dK) U1,
     plus the extra block of a wide or tall matrix; packed back as dL + dU."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(lu_p, A)
     LU, pivots = _lu_factor(A, pivot)
     P, L, U = _unpack(LU, pivots, unpack_pivots=pivot)
     m, n = _shape(LU)[-2:]
@@ -680,6 +678,7 @@ def lu_jvp(primals, tangents, *, pivot):
     out_dot = ops.add(dL, _pad_rows(dU, m)) if m >= n else ops.add(dU, _pad_cols(dL, n))
     return LU, out_dot
 jvp_rules[lu_p] = lu_jvp
+complex_ready(lu_p)  # linalg_lu_backward with conjugate transposes; the jvp is holomorphic
 
 
 @aten_api.register(aten.linalg_lu_factor_ex.default)

@@ -182,6 +182,10 @@ UNARY = {
     "qr wide Q": (lambda z: torch.linalg.qr(z)[0], (3, 5)),
     "qr complete": (lambda z: torch.linalg.qr(z, mode="complete")[0], (3, 5)),
     "old qr": (lambda z: torch.qr(z)[1], (4, 3)),
+    "lu_factor": (lambda z: torch.linalg.lu_factor(z).LU, (4, 4)),
+    "lu_factor tall": (lambda z: torch.linalg.lu_factor_ex(z).LU, (5, 3)),
+    "linalg.lu wide": (lambda z: (lambda P, L, U: L.sum() * U)(*torch.linalg.lu(z)), (3, 5)),
+    "old lu batched": (lambda z: torch.lu(z)[0], (2, 3, 3)),
     "matrix_exp": (torch.linalg.matrix_exp, (3, 3)),
     "matrix_exp batched": (torch.matrix_exp, (2, 3, 3)),
 }
@@ -310,8 +314,8 @@ def test_a_primitive_not_marked_is_refused(transform):
     with pytest.raises(TransformError, match=r"(vjp|jvp|grad)\(<lambda>\)\(<inputs>\): logcumsumexp "
                                              r"takes a complex input"):
         transform(lambda a: torch.logcumsumexp(a, 1), z)
-    with pytest.raises(TransformError, match="linalg_lu_factor takes a complex input"):
-        transform(lambda a: torch.linalg.lu_factor(a[:, :2])[0], z)
+    with pytest.raises(TransformError, match="linalg_lstsq_solution takes a complex input"):
+        transform(lambda a: torch.linalg.lstsq(a[:, :2], a).solution, z)
 
 
 def test_vmap_still_takes_any_complex_op():
