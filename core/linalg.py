@@ -12,7 +12,8 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   broadcast together, and one kernel call does the whole batch (functorch's linear-algebra
   batch rules do the same).
 - Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky (and its
-  inverse and solve), eigh, svd, qr, lu_factor, pinv and matrix_exp have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
+  inverse and solve), eigh, svd, qr, lu_factor, lu_solve, pinv and matrix_exp have complex
+  derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
   written for real matrices, and a derivative level refuses their primitives on complex
   inputs (NOTE [Complex numbers] in dispatch.py); vmap accepts complex inputs everywhere.
 - Where a derivative does not exist (repeated eigenvalues or singular values, a singular
@@ -750,20 +751,19 @@ def _lu_solve_LU(gX, LU, pivots, X, left, adjoint):
     (with X, gX transposed when not left)."""
     P, L, U = _unpack(LU, pivots, unpack_pivots=left == adjoint)
     if left != adjoint:
-        product = _mm(gX, _mT(X)) if left else _mm(_mT(gX), X)
-        gR = _solve_triangular(_mT(U), ops.neg(product), upper=False)
-        gL = _tril(_solve_triangular(_mT(L), _mm(gR, _mT(U)), upper=True, left=True,
+        product = _mm(gX, _mH(X)) if left else _mm(_mH(gX), X)
+        gR = _solve_triangular(_mH(U), ops.neg(product), upper=False)
+        gL = _tril(_solve_triangular(_mH(L), _mm(gR, _mH(U)), upper=True, left=True,
                                      unitriangular=True), -1)
         return ops.add(gL, _triu(gR))
-    product = _mm(X, _mT(gX)) if left else _mm(_mT(X), gX)
+    product = _mm(X, _mH(gX)) if left else _mm(_mH(X), gX)
     gR = ops.neg(_mm(_mm(_mT(P), product), P))
-    gR = _solve_triangular(_mT(L), gR, upper=True, left=False, unitriangular=True)
-    gU = _triu(_solve_triangular(_mT(U), _mm(_mT(L), gR), upper=False, left=False))
+    gR = _solve_triangular(_mH(L), gR, upper=True, left=False, unitriangular=True)
+    gU = _triu(_solve_triangular(_mH(U), _mm(_mH(L), gR), upper=False, left=False))
     return ops.add(_tril(gR, -1), gU)
 
 
 def lu_solve_vjp(LU, pivots, B, *, left, adjoint):
-    _refuse(lu_solve_p, LU, B)
     X = _lu_solve(LU, pivots, B, left, adjoint)
 
     def backward(ct):
@@ -780,7 +780,6 @@ vjp_rules[lu_solve_p] = lu_solve_vjp
 def lu_solve_jvp(primals, tangents, *, left, adjoint):
     """linalg_lu_solve_jvp: S = lu_solve(dB), plus the part of dLU, written with X."""
     (LU, pivots, B), (LU_dot, _, B_dot) = primals, tangents
-    _refuse(lu_solve_p, LU, B)
     X = _lu_solve(LU, pivots, B, left, adjoint)
     out_dot = None if B_dot is None else _lu_solve(LU, pivots, B_dot, left, adjoint)
     if LU_dot is not None:
@@ -789,18 +788,21 @@ def lu_solve_jvp(primals, tangents, *, left, adjoint):
                                   unitriangular=True)
             U = _triu(LU)
             R = ops.neg(_solve_triangular(U, ops.add(_triu(LU_dot), _mm(R, U)), upper=True))
-            dX = _mm(R, X) if left else _mm(X, _mT(R))
+            dX = _mm(R, X) if left else _mm(X, _mH(R))
         else:
             P, L, U = _unpack(LU, pivots)
-            V = _mT(X) if left else X
+            V = _mH(X) if left else X
             R = ops.add(_solve_triangular(U, _mm(L, _triu(LU_dot)), upper=True, left=False),
                         _tril(LU_dot, -1))
             R = _mm(_solve_triangular(L, ops.neg(_mm(_mm(V, P), R)), upper=False, left=False,
                                       unitriangular=True), _mT(P))
-            dX = _mT(R) if left else R
+            dX = _mH(R) if left else R
         out_dot = add_tangents(out_dot, dX)
     return X, broadcast_tangent(out_dot, _shape(X))
 jvp_rules[lu_solve_p] = lu_solve_jvp
+# linalg_lu_solve_LU and linalg_lu_solve_jvp with conjugate transposes (adjoint=True solves
+# with A^H, as torch's)
+complex_ready(lu_solve_p)
 
 
 @torch_api.register(torch.linalg.lu_solve)

@@ -186,6 +186,14 @@ UNARY = {
     "lu_factor tall": (lambda z: torch.linalg.lu_factor_ex(z).LU, (5, 3)),
     "linalg.lu wide": (lambda z: (lambda P, L, U: L.sum() * U)(*torch.linalg.lu(z)), (3, 5)),
     "old lu batched": (lambda z: torch.lu(z)[0], (2, 3, 3)),
+    "lu_solve": (lambda z: torch.linalg.lu_solve(*torch.linalg.lu_factor(z), z.sin()), (3, 3)),
+    "lu_solve adjoint": (lambda z: torch.linalg.lu_solve(*torch.linalg.lu_factor(z), z.exp(),
+                                                         adjoint=True), (3, 3)),
+    "lu_solve right": (lambda z: torch.linalg.lu_solve(*torch.linalg.lu_factor(z), z.cos(),
+                                                       left=False), (2, 3, 3)),
+    "lu_solve right adjoint": (lambda z: torch.linalg.lu_solve(
+        *torch.linalg.lu_factor(z), z[..., :2, :] * 2, left=False, adjoint=True), (3, 3)),
+    "old lu_solve": (lambda z: torch.lu_solve(z.sin(), *torch.linalg.lu_factor(z)), (3, 3)),
     "matrix_exp": (torch.linalg.matrix_exp, (3, 3)),
     "matrix_exp batched": (torch.matrix_exp, (2, 3, 3)),
 }
