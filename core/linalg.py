@@ -12,8 +12,8 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   broadcast together, and one kernel call does the whole batch (functorch's linear-algebra
   batch rules do the same).
 - Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky (and its
-  inverse and solve), eigh, svd, qr, lu_factor, lu_solve, pinv and matrix_exp have complex
-  derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
+  inverse and solve), eigh, svd, qr, lu_factor, lu_solve, pinv, lstsq and matrix_exp have
+  complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
   written for real matrices, and a derivative level refuses their primitives on complex
   inputs (NOTE [Complex numbers] in dispatch.py); vmap accepts complex inputs everywhere.
 - Where a derivative does not exist (repeated eigenvalues or singular values, a singular
@@ -1675,13 +1675,12 @@ for _prim in (lstsq_residuals_p, lstsq_rank_p, lstsq_values_p):
 def lstsq_solution_vjp(A, B, *, rcond, driver):
     """linalg_lstsq_backward, the solution's part: X = pinv(A) B, so gA = pinv_backward(gX B^T)
     and gB = pinv(A)^T gX."""
-    _refuse(lstsq_solution_p, A, B)
     X = bind(lstsq_solution_p, A, B, rcond=rcond, driver=driver)
 
     def backward(ct):
         Ap = _pinv(A)
-        gA = _pinv_backward(_mm(ct, _mT(B)), Ap, A) if wants_cotangent(0, A) else None
-        gB = _mm(_mT(Ap), ct) if wants_cotangent(1, B) else None
+        gA = _pinv_backward(_mm(ct, _mH(B)), Ap, A) if wants_cotangent(0, A) else None
+        gB = _mm(_mH(Ap), ct) if wants_cotangent(1, B) else None
         return gA, gB
     return X, backward
 vjp_rules[lstsq_solution_p] = lstsq_solution_vjp
@@ -1690,7 +1689,6 @@ vjp_rules[lstsq_solution_p] = lstsq_solution_vjp
 def lstsq_solution_jvp(primals, tangents, *, rcond, driver):
     """linalg_lstsq_solution_jvp: dX = dpinv(A) B + pinv(A) dB."""
     (A, B), (A_dot, B_dot) = primals, tangents
-    _refuse(lstsq_solution_p, A, B)
     X = bind(lstsq_solution_p, A, B, rcond=rcond, driver=driver)
     Ap = _pinv(A)
     out_dot = None if A_dot is None else _mm(_pinv_jvp(A, Ap, A_dot), B)
@@ -1702,7 +1700,6 @@ jvp_rules[lstsq_solution_p] = lstsq_solution_jvp
 def lstsq_residuals_vjp(A, B, *, rcond, driver):
     """The residuals' part: with r = A X - B, gA = 2 (gL r) X^T, gB = -2 gL r (Danskin's
     theorem: X is optimal, so its own change does not count). No residuals, no gradient."""
-    _refuse(lstsq_residuals_p, A, B)
     residuals, X = _bind_all((lstsq_residuals_p, lstsq_solution_p), A, B, rcond=rcond,
                              driver=driver)
 
@@ -1711,7 +1708,7 @@ def lstsq_residuals_vjp(A, B, *, rcond, driver):
             return None, None
         r = ops.sub(_mm(A, X), B)
         gLr = ops.mul(ops.unsqueeze(ct, -2), r)
-        gA = ops.mul(_mm(gLr, _mT(X)), 2.0) if wants_cotangent(0, A) else None
+        gA = ops.mul(_mm(gLr, _mH(X)), 2.0) if wants_cotangent(0, A) else None
         gB = ops.mul(gLr, -2.0) if wants_cotangent(1, B) else None
         return gA, gB
     return residuals, backward
@@ -1721,7 +1718,6 @@ vjp_rules[lstsq_residuals_p] = lstsq_residuals_vjp
 def lstsq_residuals_jvp(primals, tangents, *, rcond, driver):
     """linalg_lstsq_residuals_jvp: dL = 2 sum(r * dr, -2), dr = dA X - dB."""
     (A, B), (A_dot, B_dot) = primals, tangents
-    _refuse(lstsq_residuals_p, A, B)
     residuals, X = _bind_all((lstsq_residuals_p, lstsq_solution_p), A, B, rcond=rcond,
                              driver=driver)
     if 0 in _shape(residuals):
@@ -1730,8 +1726,12 @@ def lstsq_residuals_jvp(primals, tangents, *, rcond, driver):
     dr = None if A_dot is None else _mm(A_dot, X)
     if B_dot is not None:
         dr = ops.neg(B_dot) if dr is None else ops.sub(dr, B_dot)
-    return residuals, ops.mul(ops.sum(ops.mul(r, dr), -2), 2.0)
+    return residuals, ops.mul(_re(ops.sum(ops.mul(_conj(r), dr), -2)), 2.0)
 jvp_rules[lstsq_residuals_p] = lstsq_residuals_jvp
+# the solution is holomorphic in A and B (conjugate transposes in its backward), the residuals
+# |A X - B|^2 a real function (Re(conj(r) dr) in the jvp): NOTE [Linear algebra on complex
+# numbers]
+complex_ready(lstsq_solution_p, lstsq_residuals_p)
 
 
 @aten_api.register(aten.linalg_lstsq.default)
