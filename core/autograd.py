@@ -684,7 +684,8 @@ def logsumexp_vjp(x, *, dim, keepdim):
 
     def backward(ct):
         softmax = ops.exp(ops.sub(x, ops.reshape(out, *unreduced)))
-        return (ops.mul(ops.reshape(ct, *unreduced), softmax),)
+        # holomorphic: the conj of the derivative on complex numbers (logsumexp_backward)
+        return (ops.mul(ops.reshape(ct, *unreduced), conj(softmax)),)
     return out, backward
 vjp_rules[P.logsumexp_p] = logsumexp_vjp
 

@@ -228,6 +228,7 @@ complex_ready(
     # the course's rules (autograd.py, forward.py), with conj where the formula needs it
     P.neg_p, P.exp_p, P.log_p, P.sin_p, P.cos_p, P.tanh_p, P.sigmoid_p, P.sqrt_p, P.abs_p,
     P.add_p, P.sub_p, P.mul_p, P.div_p, P.pow_p, P.where_p, P.matmul_p,
+    P.logsumexp_p,
     # linear and structural: their adjoint needs no conj
     P.sum_p, P.mean_p, P.permute_p, P.reshape_p, P.unsqueeze_p, P.squeeze_p, P.expand_p,
     P.cat_p, P.getitem_p, P.scatter_index_p, P.diagonal_p, P.diagonal_scatter_p,

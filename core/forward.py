@@ -299,6 +299,14 @@ jvp_rules[P.amin_p] = _extremum_jvp(P.amin_p)
 def logsumexp_jvp(primals, tangents, *, dim, keepdim):
     (x,), (x_dot,) = primals, tangents
     out = bind(P.logsumexp_p, x, dim=dim, keepdim=keepdim)
+    if x.dtype.is_complex:
+        # as PyTorch's logsumexp_jvp: exp(x - m) / sum(exp(x - m)) with m the largest real
+        # part. exp(x - out) loses the phase where |Im x| is large (out's imaginary part is
+        # wrapped into (-pi, pi], and x - out rounds it)
+        m = ops.detach(ops.amax(ops.real(x), dim, keepdim=True))
+        weights = ops.exp(ops.sub(x, m))
+        return out, ops.div(ops.sum(ops.mul(x_dot, weights), dim, keepdim=keepdim),
+                            ops.sum(weights, dim, keepdim=keepdim))
     softmax = ops.exp(ops.sub(x, ops.reshape(out, *ops.keepdim_shape(ops.shape_of(x), dim))))
     return out, ops.sum(ops.mul(x_dot, softmax), dim, keepdim=keepdim)
 jvp_rules[P.logsumexp_p] = logsumexp_jvp

@@ -11,9 +11,11 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   (``batch_matrices``): the batch dim goes to the front, the operands' batch dims are
   broadcast together, and one kernel call does the whole batch (functorch's linear-algebra
   batch rules do the same).
-- Real inputs only: the formulas are written for real matrices. Complex inputs are refused
-  by every derivative rule (complex autograd follows PyTorch's conjugate Wirtinger
-  convention, a later issue); vmap alone accepts them.
+- Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky (and its
+  inverse and solve), eigh, svd, qr, lu_factor, lu_solve, pinv, lstsq and matrix_exp have
+  complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
+  written for real matrices, and a derivative level refuses their primitives on complex
+  inputs (NOTE [Complex numbers] in dispatch.py); vmap accepts complex inputs everywhere.
 - Where a derivative does not exist (repeated eigenvalues or singular values, a singular
   matrix) the formulas divide by zero exactly where PyTorch's do, so the result has the
   same nan/inf, and the derivative of det at a singular matrix is the adjugate, as in torch.
@@ -49,8 +51,10 @@ from . import aten_api, ops, structural, torch_api
 from . import primitives as P
 from .autograd import sum_to_size, vjp_rules, wants_cotangent
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim
+from .dispatch import complex_ready
 from .elementwise import _refuse_complex
-from .errors import MissingRuleError, TransformUsageError, UnsupportedOperationError
+from .errors import (FunctionOutputError, MissingRuleError, TransformUsageError,
+                     UnsupportedOperationError)
 from .forward import add_tangents, broadcast_tangent, jvp_rules
 from .values import Value, bind
 
@@ -77,6 +81,14 @@ def _mT(x):
 def _mH(x):
     """The conjugate transpose (``x.mH``); the transpose of a real matrix."""
     return _mT(ops.conj(x) if x.dtype.is_complex else x)
+
+
+def _conj(x):
+    return ops.conj(x) if x.dtype.is_complex else x
+
+
+def _re(x):
+    return ops.real(x) if x.dtype.is_complex else x
 
 
 def _mm(x, y):
@@ -150,6 +162,11 @@ def _skew(x):
 
 def _sym(x):
     return ops.add(x, _mT(x))
+
+
+def _herm(x):
+    """``x + x^H`` (``_sym`` on real matrices)."""
+    return ops.add(x, _mH(x))
 
 
 def _scale(x, factor):
@@ -336,19 +353,17 @@ inv_info_p = _output_of("linalg_inv_info", _inv_kernel, 1, (2,), differentiable=
 
 
 def inv_vjp(A):
-    _refuse(inv_p, A)
     out = bind(inv_p, A)
 
     def backward(ct):
-        out_T = _mT(out)
-        return (ops.neg(_mm(out_T, _mm(ct, out_T))),)
+        out_H = _mH(out)
+        return (ops.neg(_mm(out_H, _mm(ct, out_H))),)
     return out, backward
 vjp_rules[inv_p] = inv_vjp
 
 
 def inv_jvp(primals, tangents):
     (A,), (A_dot,) = primals, tangents
-    _refuse(inv_p, A)
     out = bind(inv_p, A)
     return out, ops.neg(_mm(_mm(out, A_dot), out))
 jvp_rules[inv_p] = inv_jvp
@@ -394,14 +409,13 @@ def _solve(A, B, left=True):
 def solve_vjp(A, B, *, left):
     """gB = A^{-T} gX (X A = B: gX A^{-T}), gA = -gB X^T (X^T gB): torch's formula for the
     double-backward case, which solves again with A^T (linalg_solve_backward)."""
-    _refuse(solve_p, A, B)
     X = bind(solve_p, A, B, left=left)
 
     def backward(ct):
-        gB = _solve(_mT(A), ct, left)
+        gB = _solve(_mH(A), ct, left)
         gA = None
         if wants_cotangent(0, A):
-            gA = ops.neg(_mm(gB, _mT(X)) if left else _mm(_mT(X), gB))
+            gA = ops.neg(_mm(gB, _mH(X)) if left else _mm(_mH(X), gB))
             gA = _sum_to(gA, A)
         return gA, (_sum_to(gB, B) if wants_cotangent(1, B) else None)
     return X, backward
@@ -411,7 +425,6 @@ vjp_rules[solve_p] = solve_vjp
 def solve_jvp(primals, tangents, *, left):
     """dX = A^{-1} (dB - dA X) (left), (dB - X dA) A^{-1} (right)."""
     (A, B), (A_dot, B_dot) = primals, tangents
-    _refuse(solve_p, A, B)
     X = bind(solve_p, A, B, left=left)
     rhs = B_dot
     if A_dot is not None:
@@ -476,14 +489,13 @@ def solve_triangular_vjp(A, B, *, upper, left, unitriangular):
     """gB = A^{-T} gX; gA = -gB X^T projected onto A's triangle (linalg_solve_triangular_
     backward: the triangular matrices are a vector space, so the gradient is the
     projection of the general solver's)."""
-    _refuse(solve_triangular_p, A, B)
     X = bind(solve_triangular_p, A, B, upper=upper, left=left, unitriangular=unitriangular)
 
     def backward(ct):
-        gB = _solve_triangular(_mT(A), ct, not upper, left, unitriangular)
+        gB = _solve_triangular(_mH(A), ct, not upper, left, unitriangular)
         gA = None
         if wants_cotangent(0, A):
-            gA = ops.neg(_mm(gB, _mT(X)) if left else _mm(_mT(X), gB))
+            gA = ops.neg(_mm(gB, _mH(X)) if left else _mm(_mH(X), gB))
             gA = _sum_to(_project_triangle(gA, upper, unitriangular), A)
         return gA, (_sum_to(gB, B) if wants_cotangent(1, B) else None)
     return X, backward
@@ -493,7 +505,6 @@ vjp_rules[solve_triangular_p] = solve_triangular_vjp
 def solve_triangular_jvp(primals, tangents, *, upper, left, unitriangular):
     """dX = A^{-1} (dB - proj(dA) X) (linalg_solve_triangular_forward_AD)."""
     (A, B), (A_dot, B_dot) = primals, tangents
-    _refuse(solve_triangular_p, A, B)
     X = bind(solve_triangular_p, A, B, upper=upper, left=left, unitriangular=unitriangular)
     rhs = B_dot
     if A_dot is not None:
@@ -527,14 +538,14 @@ def _triangular_solve(B, A, upper, transpose, unitriangular):
 def triangular_solve_vjp(B, A, *, upper, transpose, unitriangular):
     """triangular_solve_backward: gB = op(A)^{-T} gX, gA = -gB X^T (or -X gB^T when A is
     transposed), projected onto A's triangle."""
-    _refuse(triangular_solve_p, B, A)
     X = _triangular_solve(B, A, upper, transpose, unitriangular)
 
     def backward(ct):
-        gB = _triangular_solve(ct, A, upper, not transpose, unitriangular)
+        # op(A) = A^T, not A^H, when transposed: gB = op(A)^{-H} gX solves with conj(A)
+        gB = _triangular_solve(ct, _conj(A), upper, not transpose, unitriangular)
         gA = None
         if wants_cotangent(1, A):
-            gA = ops.neg(_mm(X, _mT(gB)) if transpose else _mm(gB, _mT(X)))
+            gA = ops.neg(_mm(_conj(X), _mT(gB)) if transpose else _mm(gB, _mH(X)))
             gA = _sum_to(_project_triangle(gA, upper, unitriangular), A)
         return (_sum_to(gB, B) if wants_cotangent(0, B) else None), gA
     return X, backward
@@ -545,7 +556,6 @@ def triangular_solve_jvp(primals, tangents, *, upper, transpose, unitriangular):
     """dX = op(A)^{-1} (dB - op(proj(dA)) X): the derivative of the function (NOTE
     [Factorizations as primitives]: torch 2.13's formula for dA is off)."""
     (B, A), (B_dot, A_dot) = primals, tangents
-    _refuse(triangular_solve_p, B, A)
     X = _triangular_solve(B, A, upper, transpose, unitriangular)
     rhs = B_dot
     if A_dot is not None:
@@ -611,27 +621,26 @@ def _lu_backward(L_grad, U_grad, P, L, U, pivot):
     m, n = _shape(L)[-2], _shape(U)[-1]
     k = min(m, n)
     if m == n:
-        gA = ops.add(_tril(_mm(_mT(L), L_grad), -1), _triu(_mm(U_grad, _mT(U))))
-        gA = _solve_triangular(_mT(U), gA, upper=False, left=False)
-        gA = _solve_triangular(_mT(L), gA, upper=True, left=True, unitriangular=True)
+        gA = ops.add(_tril(_mm(_mH(L), L_grad), -1), _triu(_mm(U_grad, _mH(U))))
+        gA = _solve_triangular(_mH(U), gA, upper=False, left=False)
+        gA = _solve_triangular(_mH(L), gA, upper=True, left=True, unitriangular=True)
     elif m < n:
-        gA = ops.sub(_mm(_mT(L), L_grad), _mm(_triu(U_grad), _mT(U)))
-        gA = _solve_triangular(_mT(_cols(U, 0, k)), _tril(gA, -1), upper=False, left=False)
+        gA = ops.sub(_mm(_mH(L), L_grad), _mm(_triu(U_grad), _mH(U)))
+        gA = _solve_triangular(_mH(_cols(U, 0, k)), _tril(gA, -1), upper=False, left=False)
         gA = ops.cat([ops.add(gA, _triu(_cols(U_grad, 0, k))), _cols(U_grad, k, n)], -1)
-        gA = _solve_triangular(_mT(L), gA, upper=True, left=True, unitriangular=True)
+        gA = _solve_triangular(_mH(L), gA, upper=True, left=True, unitriangular=True)
     else:
-        gA = ops.sub(_mm(U_grad, _mT(U)), _mm(_mT(L), _tril(L_grad, -1)))
-        gA = _solve_triangular(_mT(_rows(L, 0, k)), _triu(gA), upper=True, left=True,
+        gA = ops.sub(_mm(U_grad, _mH(U)), _mm(_mH(L), _tril(L_grad, -1)))
+        gA = _solve_triangular(_mH(_rows(L, 0, k)), _triu(gA), upper=True, left=True,
                                unitriangular=True)
         gA = ops.cat([ops.add(gA, _tril(_rows(L_grad, 0, k), -1)), _rows(L_grad, k, m)], -2)
-        gA = _solve_triangular(_mT(U), gA, upper=False, left=False)
+        gA = _solve_triangular(_mH(U), gA, upper=False, left=False)
     return _mm(P, gA) if pivot else gA
 
 
 def lu_vjp(A, *, pivot):
     """lu_factor_ex_backward: the gradient of the packed LU is split into its L part (the
     first k columns) and U part (the first k rows), then linalg_lu_backward."""
-    _refuse(lu_p, A)
     LU, pivots = _lu_factor(A, pivot)
 
     def backward(ct):
@@ -647,7 +656,6 @@ def lu_jvp(primals, tangents, *, pivot):
     """linalg_lu_jvp: dK = L1^{-1} P^T dA1 U1^{-1}, dL1 = L1 tril(dK, -1), dU1 = triu(dK) U1,
     plus the extra block of a wide or tall matrix; packed back as dL + dU."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(lu_p, A)
     LU, pivots = _lu_factor(A, pivot)
     P, L, U = _unpack(LU, pivots, unpack_pivots=pivot)
     m, n = _shape(LU)[-2:]
@@ -671,6 +679,7 @@ def lu_jvp(primals, tangents, *, pivot):
     out_dot = ops.add(dL, _pad_rows(dU, m)) if m >= n else ops.add(dU, _pad_cols(dL, n))
     return LU, out_dot
 jvp_rules[lu_p] = lu_jvp
+complex_ready(lu_p)  # linalg_lu_backward with conjugate transposes; the jvp is holomorphic
 
 
 @aten_api.register(aten.linalg_lu_factor_ex.default)
@@ -742,20 +751,19 @@ def _lu_solve_LU(gX, LU, pivots, X, left, adjoint):
     (with X, gX transposed when not left)."""
     P, L, U = _unpack(LU, pivots, unpack_pivots=left == adjoint)
     if left != adjoint:
-        product = _mm(gX, _mT(X)) if left else _mm(_mT(gX), X)
-        gR = _solve_triangular(_mT(U), ops.neg(product), upper=False)
-        gL = _tril(_solve_triangular(_mT(L), _mm(gR, _mT(U)), upper=True, left=True,
+        product = _mm(gX, _mH(X)) if left else _mm(_mH(gX), X)
+        gR = _solve_triangular(_mH(U), ops.neg(product), upper=False)
+        gL = _tril(_solve_triangular(_mH(L), _mm(gR, _mH(U)), upper=True, left=True,
                                      unitriangular=True), -1)
         return ops.add(gL, _triu(gR))
-    product = _mm(X, _mT(gX)) if left else _mm(_mT(X), gX)
+    product = _mm(X, _mH(gX)) if left else _mm(_mH(X), gX)
     gR = ops.neg(_mm(_mm(_mT(P), product), P))
-    gR = _solve_triangular(_mT(L), gR, upper=True, left=False, unitriangular=True)
-    gU = _triu(_solve_triangular(_mT(U), _mm(_mT(L), gR), upper=False, left=False))
+    gR = _solve_triangular(_mH(L), gR, upper=True, left=False, unitriangular=True)
+    gU = _triu(_solve_triangular(_mH(U), _mm(_mH(L), gR), upper=False, left=False))
     return ops.add(_tril(gR, -1), gU)
 
 
 def lu_solve_vjp(LU, pivots, B, *, left, adjoint):
-    _refuse(lu_solve_p, LU, B)
     X = _lu_solve(LU, pivots, B, left, adjoint)
 
     def backward(ct):
@@ -772,7 +780,6 @@ vjp_rules[lu_solve_p] = lu_solve_vjp
 def lu_solve_jvp(primals, tangents, *, left, adjoint):
     """linalg_lu_solve_jvp: S = lu_solve(dB), plus the part of dLU, written with X."""
     (LU, pivots, B), (LU_dot, _, B_dot) = primals, tangents
-    _refuse(lu_solve_p, LU, B)
     X = _lu_solve(LU, pivots, B, left, adjoint)
     out_dot = None if B_dot is None else _lu_solve(LU, pivots, B_dot, left, adjoint)
     if LU_dot is not None:
@@ -781,18 +788,21 @@ def lu_solve_jvp(primals, tangents, *, left, adjoint):
                                   unitriangular=True)
             U = _triu(LU)
             R = ops.neg(_solve_triangular(U, ops.add(_triu(LU_dot), _mm(R, U)), upper=True))
-            dX = _mm(R, X) if left else _mm(X, _mT(R))
+            dX = _mm(R, X) if left else _mm(X, _mH(R))
         else:
             P, L, U = _unpack(LU, pivots)
-            V = _mT(X) if left else X
+            V = _mH(X) if left else X
             R = ops.add(_solve_triangular(U, _mm(L, _triu(LU_dot)), upper=True, left=False),
                         _tril(LU_dot, -1))
             R = _mm(_solve_triangular(L, ops.neg(_mm(_mm(V, P), R)), upper=False, left=False,
                                       unitriangular=True), _mT(P))
-            dX = _mT(R) if left else R
+            dX = _mH(R) if left else R
         out_dot = add_tangents(out_dot, dX)
     return X, broadcast_tangent(out_dot, _shape(X))
 jvp_rules[lu_solve_p] = lu_solve_jvp
+# linalg_lu_solve_LU and linalg_lu_solve_jvp with conjugate transposes (adjoint=True solves
+# with A^H, as torch's)
+complex_ready(lu_solve_p)
 
 
 @torch_api.register(torch.linalg.lu_solve)
@@ -833,12 +843,11 @@ def det_vjp(A):
     diag(prod_{j != i} S_j) Vh. So does this rule, so that gradients at singular matrices
     are torch's adjugate, and second derivatives (through the SVD) are torch.func's,
     including its nan where singular values repeat (the Hessian at an orthogonal matrix)."""
-    _refuse(det_p, A)
     out = _det(A)
 
     def backward(ct):
         U, S, Vh = _svd(A, full_matrices=True)
-        alpha = ops.mul(ops.mul(_det(U), _det(Vh)), ct)
+        alpha = ops.mul(_conj(ops.mul(_det(U), _det(Vh))), ct)
         D = ops.mul(ops.unsqueeze(alpha, -1), _products_of_the_others(S))
         return (_mm(ops.mul(U, ops.unsqueeze(D, -2)), Vh),)
     return out, backward
@@ -850,7 +859,6 @@ def det_jvp(primals, tangents):
     zero pivot replaced by eps (det is C^1, so this approximates the derivative at a
     singular matrix as torch does)."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(det_p, A)
     out = _det(A)
     LU, pivots = _lu_factor(A)
     zero_pivot = ops.convert(ops.eq(_diagonal(LU), 0.0), LU.dtype)
@@ -873,9 +881,9 @@ def _slogdet_kernel(A):
     return aten._linalg_slogdet(A)
 
 
-# the sign of a real determinant has derivative zero
-slogdet_sign_p = _output_of("linalg_slogdet_sign", _slogdet_kernel, 0, (2,),
-                            differentiable=False)
+# the sign of a real determinant has derivative zero; that of a complex one, det / |det|, has
+# one (slogdet_sign_vjp below)
+slogdet_sign_p = _output_of("linalg_slogdet_sign", _slogdet_kernel, 0, (2,))
 logabsdet_p = _output_of("linalg_logabsdet", _slogdet_kernel, 1, (2,))
 slogdet_lu_p = _output_of("linalg_slogdet_lu", _slogdet_kernel, 2, (2,), differentiable=False)
 slogdet_pivots_p = _output_of("linalg_slogdet_pivots", _slogdet_kernel, 3, (2,),
@@ -885,12 +893,11 @@ slogdet_pivots_p = _output_of("linalg_slogdet_pivots", _slogdet_kernel, 3, (2,),
 def logabsdet_vjp(A):
     """slogdet_backward (real case): g A^{-T}, solved from A^T (torch's double-backward
     branch), so that it is differentiable again."""
-    _refuse(logabsdet_p, A)
     out = bind(logabsdet_p, A)
 
     def backward(ct):
         n = _shape(A)[-1]
-        return (_solve(_mT(A), _scale(_eye(n, A), ct)),)
+        return (_solve(_mH(A), _scale(_eye(n, A), ct)),)
     return out, backward
 vjp_rules[logabsdet_p] = logabsdet_vjp
 
@@ -898,11 +905,40 @@ vjp_rules[logabsdet_p] = logabsdet_vjp
 def logabsdet_jvp(primals, tangents):
     """slogdet_jvp (real case): tr(A^{-1} dA), from the LU factors."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(logabsdet_p, A)
     out = bind(logabsdet_p, A)
     LU, pivots = _lu_factor(A)
-    return out, _trace(_lu_solve(LU, pivots, A_dot))
+    return out, _re(_trace(_lu_solve(LU, pivots, A_dot)))
 jvp_rules[logabsdet_p] = logabsdet_jvp
+
+
+def slogdet_sign_vjp(A):
+    """NOTE [slogdet of a complex matrix]
+    With t = tr(A^{-1} dA), d logabsdet = Re(t) and d sign = i Im(t) sign (sign = det / |det|
+    has modulus one). So the vjp of (g_sign, g_logabsdet) is g A^{-H} with
+    g = g_logabsdet - i Im(conj(g_sign) sign), torch's slogdet_backward: the sign's share is
+    this rule's, the logabsdet's logabsdet_vjp's. A real sign has derivative zero."""
+    out = bind(slogdet_sign_p, A)
+    if not A.dtype.is_complex:
+        return out, lambda ct: (None,)
+
+    def backward(ct):
+        g = ops.complex(ops.zeros_like(ops.real(out)),
+                        ops.neg(ops.imag(ops.mul(ops.conj(ct), out))))
+        n = _shape(A)[-1]
+        return (_solve(_mH(A), _scale(_eye(n, A), g)),)
+    return out, backward
+vjp_rules[slogdet_sign_p] = slogdet_sign_vjp
+
+
+def slogdet_sign_jvp(primals, tangents):
+    (A,), (A_dot,) = primals, tangents
+    out = bind(slogdet_sign_p, A)
+    if not A.dtype.is_complex:
+        return out, None
+    LU, pivots = _lu_factor(A)
+    t = _trace(_lu_solve(LU, pivots, A_dot))
+    return out, ops.mul(ops.complex(ops.zeros_like(ops.imag(t)), ops.imag(t)), out)
+jvp_rules[slogdet_sign_p] = slogdet_sign_jvp
 
 
 @aten_api.register(aten._linalg_slogdet.default)
@@ -945,24 +981,23 @@ cholesky_info_p = _output_of("linalg_cholesky_info", _cholesky_kernel, 1, (2,),
 def _cholesky_backward(ct, factor, upper):
     """cholesky_backward: with L the lower factor, gA = L^{-T} phi(tril(L^T gL)) L^{-1}, where
     phi(X) = (X + X^T - diag(X)) / 2 (a symmetric gradient)."""
-    L, gL = (_mT(factor), _mT(ct)) if upper else (factor, ct)
-    gA = _tril(_mm(_mT(L), gL))
-    gA = ops.mul(ops.add(gA, _mT(_tril(gA, -1))), 0.5)
-    gA = _solve_triangular(_mT(L), gA, upper=True, left=True)
+    L, gL = (_mH(factor), _mH(ct)) if upper else (factor, ct)
+    gA = _tril(_mm(_mH(L), gL))
+    gA = ops.mul(ops.add(gA, _mH(_tril(gA, -1))), 0.5)
+    gA = _solve_triangular(_mH(L), gA, upper=True, left=True)
     return _solve_triangular(L, gA, upper=False, left=False)
 
 
 def _cholesky_tangent(A_dot, factor, upper):
     """cholesky_jvp: dL = L pi(L^{-1} dA L^{-T}), pi(X) = tril(X) - diag(X) / 2."""
-    L = _mT(factor) if upper else factor
+    L = _mH(factor) if upper else factor
     dL = _solve_triangular(L, A_dot, upper=False, left=True)
-    dL = _solve_triangular(_mT(L), dL, upper=True, left=False)
+    dL = _solve_triangular(_mH(L), dL, upper=True, left=False)
     dL = _mm(L, ops.sub(_tril(dL), _diag_embed(ops.mul(_diagonal(dL), 0.5))))
-    return _mT(dL) if upper else dL
+    return _mH(dL) if upper else dL
 
 
 def cholesky_vjp(A, *, upper):
-    _refuse(cholesky_p, A)
     out = bind(cholesky_p, A, upper=upper)
     return out, lambda ct: (_cholesky_backward(ct, out, upper),)
 vjp_rules[cholesky_p] = cholesky_vjp
@@ -971,7 +1006,6 @@ vjp_rules[cholesky_p] = cholesky_vjp
 def cholesky_jvp(primals, tangents, *, upper):
     """The tangent is used as given, as torch does (exact for a symmetric tangent)."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(cholesky_p, A)
     out = bind(cholesky_p, A, upper=upper)
     return out, _cholesky_tangent(A_dot, out, upper)
 jvp_rules[cholesky_p] = cholesky_jvp
@@ -1004,7 +1038,6 @@ cholesky_old_p = _single("cholesky", lambda A, *, upper: aten.cholesky(A, upper)
 
 
 def cholesky_old_vjp(A, *, upper):
-    _refuse(cholesky_old_p, A)
     out = bind(cholesky_old_p, A, upper=upper)
     return out, lambda ct: (_cholesky_backward(ct, out, upper),)
 vjp_rules[cholesky_old_p] = cholesky_old_vjp
@@ -1016,9 +1049,8 @@ def cholesky_old_jvp(primals, tangents, *, upper):
     symmetric tangents, so that Jacobian sees the symmetric part of a tangent. The jvp here
     takes that part first, and agrees with the vjp (and with torch.func's jacrev)."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(cholesky_old_p, A)
     out = bind(cholesky_old_p, A, upper=upper)
-    return out, _cholesky_tangent(ops.mul(_sym(A_dot), 0.5), out, upper)
+    return out, _cholesky_tangent(ops.mul(ops.add(A_dot, _mH(A_dot)), 0.5), out, upper)
 jvp_rules[cholesky_old_p] = cholesky_old_jvp
 
 
@@ -1035,11 +1067,10 @@ cholesky_inverse_p = _single("cholesky_inverse",
 def cholesky_inverse_vjp(L, *, upper):
     """cholesky_inverse_backward: with X = (L L^T)^{-1}, gL = -X (g + g^T) X L (the upper
     factor: -U X (g + g^T) X)."""
-    _refuse(cholesky_inverse_p, L)
     X = bind(cholesky_inverse_p, L, upper=upper)
 
     def backward(ct):
-        common = _mm(X, _mm(_sym(ct), X))
+        common = _mm(X, _mm(_herm(ct), X))
         return (ops.neg(_mm(L, common) if upper else _mm(common, L)),)
     return X, backward
 vjp_rules[cholesky_inverse_p] = cholesky_inverse_vjp
@@ -1048,11 +1079,10 @@ vjp_rules[cholesky_inverse_p] = cholesky_inverse_vjp
 def cholesky_inverse_jvp(primals, tangents, *, upper):
     """cholesky_inverse_jvp: dX = K + K^T, K = -X dL X L^T (upper: -X dU^T X U)."""
     (L,), (L_dot,) = primals, tangents
-    _refuse(cholesky_inverse_p, L)
     X = bind(cholesky_inverse_p, L, upper=upper)
-    factor, factor_dot = (L, _mT(L_dot)) if upper else (_mT(L), L_dot)
+    factor, factor_dot = (L, _mH(L_dot)) if upper else (_mH(L), L_dot)
     partial = ops.neg(_mm(_mm(_mm(X, factor_dot), X), factor))
-    return X, _sym(partial)
+    return X, _herm(partial)
 jvp_rules[cholesky_inverse_p] = cholesky_inverse_jvp
 
 
@@ -1073,14 +1103,13 @@ def _cholesky_solve(B, L, upper):
 def cholesky_solve_vjp(B, L, *, upper):
     """cholesky_solve_backward: gB = cholesky_solve(g), gL = -(C + C^T) L with C = gB X^T
     (upper: -U (C + C^T))."""
-    _refuse(cholesky_solve_p, B, L)
     X = _cholesky_solve(B, L, upper)
 
     def backward(ct):
         gB = _cholesky_solve(ct, L, upper)
         gL = None
         if wants_cotangent(1, L):
-            common = _sym(_mm(gB, _mT(X)))
+            common = _herm(_mm(gB, _mH(X)))
             gL = _sum_to(ops.neg(_mm(L, common) if upper else _mm(common, L)), L)
         return (_sum_to(gB, B) if wants_cotangent(0, B) else None), gL
     return X, backward
@@ -1091,12 +1120,11 @@ def cholesky_solve_jvp(primals, tangents, *, upper):
     """cholesky_solve_jvp: dA = dK + dK^T with dK = dL L^T (upper: dU^T U), then
     dX = cholesky_solve(dB - dA X)."""
     (B, L), (B_dot, L_dot) = primals, tangents
-    _refuse(cholesky_solve_p, B, L)
     X = _cholesky_solve(B, L, upper)
     rhs = B_dot
     if L_dot is not None:
-        dK = _mm(_mT(L_dot), L) if upper else _mm(L_dot, _mT(L))
-        product = _mm(_sym(dK), X)
+        dK = _mm(_mH(L_dot), L) if upper else _mm(L_dot, _mH(L))
+        product = _mm(_herm(dK), X)
         rhs = ops.neg(product) if rhs is None else ops.sub(rhs, product)
     return X, broadcast_tangent(_cholesky_solve(rhs, L, upper), _shape(X))
 jvp_rules[cholesky_solve_p] = cholesky_solve_jvp
@@ -1125,13 +1153,28 @@ def _gaps(L):
     return eye, ops.where(eye, 1.0, ops.sub(ops.unsqueeze(L, -2), ops.unsqueeze(L, -1)))
 
 
+def _check_phase_invariance(VhgV, name):
+    """Complex eigenvectors are defined up to a phase e^{i phi} each: a loss that depends on
+    it has no gradient, and torch raises when diag(V^H gV) is not real (linalg_eig_backward).
+    Checked where the numbers are concrete (as torch, which skips the check for tensor
+    subclasses)."""
+    if not VhgV.dtype.is_complex or not isinstance(VhgV, torch.Tensor):
+        return
+    im = torch.imag(torch.diagonal(VhgV, 0, -2, -1))
+    if not torch.allclose(im, torch.zeros_like(im), rtol=1e-2, atol=1e-2):
+        raise FunctionOutputError(
+            f"{name}: The eigenvectors in the complex case are specified up to multiplication "
+            "by e^{i phi}. The specified loss function depends on this quantity, so it is "
+            "ill-defined. Fix: differentiate a function of the eigenvectors that does not "
+            "depend on their phases (|V|, V V^H, ...).")
+
+
 def eigvalsh_vjp(A, *, UPLO):
     """linalg_eig_backward (hermitian, eigenvalues only): gA = V diag(gL) V^T."""
-    _refuse(eigvalsh_p, A)
     L, V = _bind_all((eigvalsh_p, eigvecsh_p), A, UPLO=UPLO)
 
     def backward(ct):
-        return (_mm(ops.mul(V, ops.unsqueeze(ct, -2)), _mT(V)),)
+        return (_mm(ops.mul(V, ops.unsqueeze(ct, -2)), _mH(V)),)
     return L, backward
 vjp_rules[eigvalsh_p] = eigvalsh_vjp
 
@@ -1139,13 +1182,14 @@ vjp_rules[eigvalsh_p] = eigvalsh_vjp
 def eigvecsh_vjp(A, *, UPLO):
     """linalg_eig_backward (hermitian, eigenvectors): gA = V (skew(V^T gV) / 2 / E) V^T with
     E_ij = L_j - L_i (repeated eigenvalues divide by zero, as in torch)."""
-    _refuse(eigvecsh_p, A)
     L, V = _bind_all((eigvalsh_p, eigvecsh_p), A, UPLO=UPLO)
 
     def backward(ct):
-        VtgV = ops.mul(_skew(_mm(_mT(V), ct)), 0.5)
+        VhgV = _mm(_mH(V), ct)
+        _check_phase_invariance(VhgV, "linalg_eigh_backward")
+        VhgV = ops.mul(ops.sub(VhgV, _mH(VhgV)), 0.5)
         _, E = _gaps(L)
-        return (_mm(V, _mm(ops.div(VtgV, E), _mT(V))),)
+        return (_mm(V, _mm(ops.div(VhgV, E), _mH(V))),)
     return V, backward
 vjp_rules[eigvecsh_p] = eigvecsh_vjp
 
@@ -1153,18 +1197,16 @@ vjp_rules[eigvecsh_p] = eigvecsh_vjp
 def eigvalsh_jvp(primals, tangents, *, UPLO):
     """linalg_eig_jvp (hermitian): dL = diag(V^T dA V)."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(eigvalsh_p, A)
     L, V = _bind_all((eigvalsh_p, eigvecsh_p), A, UPLO=UPLO)
-    return L, _diagonal(_mm(_mm(_mT(V), A_dot), V))
+    return L, _re(_diagonal(_mm(_mm(_mH(V), A_dot), V)))
 jvp_rules[eigvalsh_p] = eigvalsh_jvp
 
 
 def eigvecsh_jvp(primals, tangents, *, UPLO):
     """linalg_eig_jvp (hermitian): dV = V ((V^T dA V) / E, zero diagonal)."""
     (A,), (A_dot,) = primals, tangents
-    _refuse(eigvecsh_p, A)
     L, V = _bind_all((eigvalsh_p, eigvecsh_p), A, UPLO=UPLO)
-    dP = _mm(_mm(_mT(V), A_dot), V)
+    dP = _mm(_mm(_mH(V), A_dot), V)
     eye, E = _gaps(L)
     return V, _mm(V, ops.where(eye, 0.0, ops.div(dP, E)))
 jvp_rules[eigvecsh_p] = eigvecsh_jvp
@@ -1208,6 +1250,25 @@ def _reduced(U, S, Vh):
     return _cols(U, 0, k), _rows(Vh, 0, k)
 
 
+def _skewh(x):
+    """``x - x^H`` (``_skew`` on real matrices)."""
+    return ops.sub(x, _mH(x))
+
+
+def _imag_i(x):
+    """``i Im(x)``, a complex number."""
+    return ops.complex(ops.zeros_like(ops.imag(x)), ops.imag(x))
+
+
+# NOTE [The SVD of a complex matrix]
+# Each singular pair (u_i, v_i) is defined up to a common phase e^{i phi}. With
+# dP = U^H dA V, the jvp picks the gauge where V^H dV has a zero diagonal and U^H dU the
+# diagonal i Im(diag(dP)) / S (then dA = dU S V^H + U dS V^H + U S dV^H holds); the vjp is
+# its adjoint: off the diagonal the real formula with conjugate transposes, on it
+# i Im(diag(U^H gU)) / S from gU and nothing from gVh. A loss that does not depend on the
+# phases (torch refuses the others) has one gradient, and this is it; U and Vh are separate
+# primitives here, so torch's check of that invariance, which needs both cotangents, is not
+# made.
 def _svd_backward(gU, gS, gVh, U, S, Vh):
     """svd_backward (real case), U, Vh reduced; any of the gradients may be None. With
     E_jk = S_k^2 - S_j^2 (1 on the diagonal) and skew(X) = X - X^T:
@@ -1223,29 +1284,36 @@ def _svd_backward(gU, gS, gVh, U, S, Vh):
     eye = torch.eye(k, dtype=torch.bool, device=S.device)
     E = ops.where(eye, 1.0, ops.sub(ops.unsqueeze(S2, -2), ops.unsqueeze(S2, -1)))
     inner = None
+    complex_ = U.dtype.is_complex
     if gU is not None:
-        inner = ops.mul(ops.div(_skew(_mm(_mT(U), gU)), E), ops.unsqueeze(S, -2))
+        UhgU = _mm(_mH(U), gU)
+        term = ops.mul(ops.div(_skewh(UhgU), E), ops.unsqueeze(S, -2))
+        if complex_:  # NOTE [The SVD of a complex matrix]
+            phases = ops.div(_imag_i(_diagonal(UhgU)), S)
+            term = ops.add(ops.where(eye, 0.0, term), _diag_embed(phases))
+        inner = term
     if gVh is not None:
-        term = ops.mul(ops.unsqueeze(S, -1), ops.div(_skew(_mm(Vh, _mT(gVh))), E))
+        term = ops.mul(ops.unsqueeze(S, -1), ops.div(_skewh(_mm(Vh, _mH(gVh))), E))
+        if complex_:
+            term = ops.where(eye, 0.0, term)
         inner = add_tangents(inner, term)
     if gS is not None:
-        inner = ops.add(inner, _diag_embed(gS))
+        inner = ops.add(inner, _diag_embed(ops.convert(gS, U.dtype) if complex_ else gS))
     if m > n and gU is not None:
         gA = _mm(U, inner)
         gUSinv = ops.div(gU, ops.unsqueeze(S, -2))
-        gA = ops.sub(ops.add(gA, gUSinv), _mm(U, _mm(_mT(U), gUSinv)))
+        gA = ops.sub(ops.add(gA, gUSinv), _mm(U, _mm(_mH(U), gUSinv)))
         return _mm(gA, Vh)
     if m < n and gVh is not None:
         gA = _mm(inner, Vh)
         SinvgVh = ops.div(gVh, ops.unsqueeze(S, -1))
-        gA = ops.sub(ops.add(gA, SinvgVh), _mm(_mm(SinvgVh, _mT(Vh)), Vh))
+        gA = ops.sub(ops.add(gA, SinvgVh), _mm(_mm(SinvgVh, _mH(Vh)), Vh))
         return _mm(U, gA)
     return _mm(U, _mm(inner, Vh)) if m >= n else _mm(_mm(U, inner), Vh)
 
 
 def _svd_vjp(which):
     def vjp(A, *, full_matrices, driver):
-        _refuse(_SVD[which], A)
         U, S, Vh = _svd(A, full_matrices, driver)
         out = (U, S, Vh)[which]
 
@@ -1269,31 +1337,34 @@ def _svd_jvp(which):
     zero columns (rows) appended for the full matrices."""
     def jvp(primals, tangents, *, full_matrices, driver):
         (A,), (A_dot,) = primals, tangents
-        _refuse(_SVD[which], A)
         U_full, S, Vh_full = _svd(A, full_matrices, driver)
         U, Vh = _reduced(U_full, S, Vh_full) if full_matrices else (U_full, Vh_full)
         m, n = _shape(A)[-2:]
-        V = _mT(Vh)
-        dP = _mm(_mT(U), _mm(A_dot, V)) if m < n else _mm(_mm(_mT(U), A_dot), V)
-        dS = _diagonal(dP)
+        V = _mH(Vh)
+        dP = _mm(_mH(U), _mm(A_dot, V)) if m < n else _mm(_mm(_mH(U), A_dot), V)
+        dS = _re(_diagonal(dP))
         if which == 1:
             return S, dS
-        dX = ops.sub(dP, _diag_embed(dS))
+        complex_ = dP.dtype.is_complex
+        dX = ops.sub(dP, _diag_embed(ops.convert(dS, dP.dtype) if complex_ else dS))
         S2 = ops.mul(S, S)
         k = _shape(S)[-1]
         eye = torch.eye(k, dtype=torch.bool, device=S.device)
         E = ops.where(eye, 1.0, ops.sub(ops.unsqueeze(S2, -2), ops.unsqueeze(S2, -1)))
         if which == 0:
-            dU = _mm(U, ops.div(_sym(ops.mul(dX, ops.unsqueeze(S, -2))), E))
+            omega = ops.div(_herm(ops.mul(dX, ops.unsqueeze(S, -2))), E)
+            if complex_:  # NOTE [The SVD of a complex matrix]
+                omega = ops.add(omega, _diag_embed(ops.div(_imag_i(_diagonal(dP)), S)))
+            dU = _mm(U, omega)
             if m > n:
                 dAVSinv = _mm(A_dot, ops.div(V, ops.unsqueeze(S, -2)))
-                dU = ops.sub(ops.add(dU, dAVSinv), _mm(U, _mm(_mT(U), dAVSinv)))
+                dU = ops.sub(ops.add(dU, dAVSinv), _mm(U, _mm(_mH(U), dAVSinv)))
                 if full_matrices:
                     dU = _pad_cols(dU, m)
             return U_full, dU
-        dVh = _mm(ops.div(_sym(ops.mul(dX, ops.unsqueeze(ops.neg(S), -1))), E), Vh)
+        dVh = _mm(ops.div(_herm(ops.mul(dX, ops.unsqueeze(ops.neg(S), -1))), E), Vh)
         if m < n:
-            UtdASinv = _mm(ops.div(_mT(U), ops.unsqueeze(S, -1)), A_dot)
+            UtdASinv = _mm(ops.div(_mH(U), ops.unsqueeze(S, -1)), A_dot)
             dVh = ops.sub(ops.add(dVh, UtdASinv), _mm(_mm(UtdASinv, V), Vh))
             if full_matrices:
                 dVh = _pad_rows(dVh, n)
@@ -1304,6 +1375,7 @@ def _svd_jvp(which):
 for _which, _prim in enumerate(_SVD):
     vjp_rules[_prim] = _svd_vjp(_which)
     jvp_rules[_prim] = _svd_jvp(_which)
+complex_ready(*_SVD)  # NOTE [The SVD of a complex matrix]
 
 
 @aten_api.register(aten._linalg_svd.default)
@@ -1361,25 +1433,36 @@ def _qr_derivable(A, mode, what):
             "(torch refuses too). Fix: use mode='reduced'.")
 
 
+# NOTE [The QR of a complex matrix]
+# Q^H dQ is skew-hermitian, and dR R^{-1} upper triangular; on complex matrices their split of
+# the diagonal of X = Q^H dA R^{-1} is a convention, torch's: dR R^{-1} has a real diagonal,
+# so Q^H dQ takes i Im(diag(X)) (the jvp for m < n adds it; for m >= n the hermitian part
+# X + X^H already has a real diagonal). The vjps are the adjoints: the real part of the
+# diagonal for m >= n, and half the (imaginary) diagonal of tril(M^H - M) for m < n. Every
+# transpose is a conjugate transpose. Checked against torch.func on Q, R and both, square,
+# tall and wide, reduced and complete.
 def _qr_backward(gQ, gR, Q, R):
     """linalg_qr_backward. With M = gR R^T - Q^T gQ: for m >= n, gA = (gQ + Q copyltu(M))
     R^{-T}, copyltu(M) = triu(M) + triu(M, 1)^T; for m < n, gA = [Q tril(-M + M^T) R1^{-T},
     0] + Q gR (R1 the leading m x m block of R)."""
     m, n = _shape(Q)[-2], _shape(R)[-1]
     if gQ is None:
-        gA = _mm(gR, _mT(R))
+        gA = _mm(gR, _mH(R))
     elif gR is None:
-        gA = ops.neg(_mm(_mT(Q), gQ))
+        gA = ops.neg(_mm(_mH(Q), gQ))
     else:
-        gA = ops.sub(_mm(gR, _mT(R)), _mm(_mT(Q), gQ))
+        gA = ops.sub(_mm(gR, _mH(R)), _mm(_mH(Q), gQ))
     if m >= n:
         upper = _triu(gA)
-        gA = _mm(Q, ops.sub(_sym(upper), _diag_embed(_diagonal(upper))))
+        gA = _mm(Q, ops.sub(_herm(upper), _diag_embed(_re(_diagonal(upper)))))
         if gQ is not None:
             gA = ops.add(gA, gQ)
-        return _solve_triangular(_mT(R), gA, upper=False, left=False)
-    gA = _mm(Q, _tril(ops.neg(_skew(gA))))
-    gA = _solve_triangular(_mT(_cols(R, 0, m)), gA, upper=False, left=False)
+        return _solve_triangular(_mH(R), gA, upper=False, left=False)
+    lower = _tril(ops.neg(_skewh(gA)))
+    if lower.dtype.is_complex:  # NOTE [The QR of a complex matrix]
+        lower = ops.sub(lower, _diag_embed(ops.mul(_diagonal(lower), 0.5)))
+    gA = _mm(Q, lower)
+    gA = _solve_triangular(_mH(_cols(R, 0, m)), gA, upper=False, left=False)
     gA = _pad_cols(gA, n)
     if gR is not None:
         gA = ops.add(gA, _mm(Q, gR))
@@ -1388,7 +1471,6 @@ def _qr_backward(gQ, gR, Q, R):
 
 def _qr_vjp(which):
     def vjp(A, *, mode):
-        _refuse(qr_q_p, A)
         Q, R = _bind_all((qr_q_p, qr_r_p), A, mode=mode)
 
         def backward(ct):
@@ -1404,20 +1486,21 @@ def _qr_jvp(which):
     tril(Q^T dA1 R1^{-1}, -1), dR = Q^T dA - (Q^T dQ) R."""
     def jvp(primals, tangents, *, mode):
         (A,), (A_dot,) = primals, tangents
-        _refuse(qr_q_p, A)
         _qr_derivable(A, mode, "jvp")
         Q, R = _bind_all((qr_q_p, qr_r_p), A, mode=mode)
         m, n = _shape(A)[-2:]
         if m >= n:
             dARinv = _solve_triangular(R, A_dot, upper=True, left=False)
-            X = _sym(_mm(_mT(Q), dARinv))
+            X = _herm(_mm(_mH(Q), dARinv))
             dR = ops.sub(_triu(X), _diag_embed(ops.mul(_diagonal(X), 0.5)))
             if which == 0:
                 return Q, ops.sub(dARinv, _mm(Q, dR))
             return R, _mm(dR, R)
-        QtdA = _mm(_mT(Q), A_dot)
+        QtdA = _mm(_mH(Q), A_dot)
         X = _solve_triangular(_cols(R, 0, m), _cols(QtdA, 0, m), upper=True, left=False)
-        dQ = _skew(_tril(X, -1))
+        dQ = _skewh(_tril(X, -1))
+        if X.dtype.is_complex:  # NOTE [The QR of a complex matrix]
+            dQ = ops.add(dQ, _diag_embed(_imag_i(_diagonal(X))))
         if which == 0:
             return Q, _mm(Q, dQ)
         return R, ops.sub(QtdA, _mm(dQ, R))
@@ -1427,6 +1510,7 @@ def _qr_jvp(which):
 for _which, _prim in enumerate((qr_q_p, qr_r_p)):
     vjp_rules[_prim] = _qr_vjp(_which)
     jvp_rules[_prim] = _qr_jvp(_which)
+complex_ready(qr_q_p, qr_r_p)  # NOTE [The QR of a complex matrix]
 
 
 @aten_api.register(aten.linalg_qr.default)
@@ -1460,18 +1544,18 @@ def _pinv(A, atol=None, rtol=None, hermitian=False):
 
 
 def _pinv_backward(g, Ap, A):
-    """pinv_backward, products ordered for the smaller of m and n."""
+    """pinv_backward (conjugate transposes), products ordered for the smaller of m and n."""
     m, n = _shape(A)[-2:]
-    Ap_t, g_t = _mT(Ap), _mT(g)
+    Ap_t, g_t = _mH(Ap), _mH(g)
     if m <= n:
         K = _mm(g_t, Ap)
         KAp_t = _mm(K, Ap_t)
-        out = ops.add(ops.neg(_mT(_mm(Ap, K))), KAp_t)
+        out = ops.add(ops.neg(_mH(_mm(Ap, K))), KAp_t)
         out = ops.sub(out, _mm(_mm(A, Ap), KAp_t))
         return ops.add(out, _mm(_mm(Ap_t, Ap), ops.sub(g_t, _mm(K, A))))
     K = _mm(Ap, g_t)
     Ap_tK = _mm(Ap_t, K)
-    out = ops.add(ops.neg(_mT(_mm(K, Ap))), _mm(_mm(ops.sub(g_t, _mm(A, K)), Ap), Ap_t))
+    out = ops.add(ops.neg(_mH(_mm(K, Ap))), _mm(_mm(ops.sub(g_t, _mm(A, K)), Ap), Ap_t))
     return ops.sub(ops.add(out, Ap_tK), _mm(_mm(Ap_tK, Ap), A))
 
 
@@ -1479,19 +1563,18 @@ def _pinv_jvp(A, Ap, dA):
     """pinv_jvp (Golub and Pereyra): dAp = -Ap dA Ap + (I - Ap A) dA^T Ap^T Ap
     + Ap Ap^T dA^T (I - A Ap)."""
     m, n = _shape(A)[-2:]
-    dA_t, Ap_t = _mT(dA), _mT(Ap)
+    dA_t, Ap_t = _mH(dA), _mH(Ap)
     if m <= n:
         K = _mm(Ap_t, dA_t)
-        first = _mm(Ap, ops.sub(ops.sub(K, _mT(K)), _mm(K, _mm(A, Ap))))
+        first = _mm(Ap, ops.sub(ops.sub(K, _mH(K)), _mm(K, _mm(A, Ap))))
         return ops.add(first, _mm(ops.sub(dA_t, _mm(Ap, _mm(A, dA_t))), _mm(Ap_t, Ap)))
     K = _mm(Ap, dA)
-    K_t = _mT(K)
+    K_t = _mH(K)
     first = _mm(ops.sub(ops.sub(K_t, K), _mm(_mm(Ap, A), K_t)), Ap)
     return ops.add(first, _mm(_mm(Ap, Ap_t), ops.sub(dA_t, _mm(_mm(dA_t, A), Ap))))
 
 
 def pinv_vjp(A, atol, rtol, *, hermitian):
-    _refuse(pinv_p, A)
     Ap = _pinv(A, atol, rtol, hermitian)
 
     def backward(ct):
@@ -1502,12 +1585,12 @@ vjp_rules[pinv_p] = pinv_vjp
 
 def pinv_jvp(primals, tangents, *, hermitian):
     (A, atol, rtol), (A_dot, _, _) = primals, tangents
-    _refuse(pinv_p, A)
     Ap = _pinv(A, atol, rtol, hermitian)
     if A_dot is None:  # only a tolerance has a tangent: torch does not differentiate those
         return Ap, None
     return Ap, broadcast_tangent(_pinv_jvp(A, Ap, A_dot), _shape(Ap))
 jvp_rules[pinv_p] = pinv_jvp
+complex_ready(pinv_p)  # NOTE [Linear algebra on complex numbers]
 
 
 def _tolerance(value, A):
@@ -1592,13 +1675,12 @@ for _prim in (lstsq_residuals_p, lstsq_rank_p, lstsq_values_p):
 def lstsq_solution_vjp(A, B, *, rcond, driver):
     """linalg_lstsq_backward, the solution's part: X = pinv(A) B, so gA = pinv_backward(gX B^T)
     and gB = pinv(A)^T gX."""
-    _refuse(lstsq_solution_p, A, B)
     X = bind(lstsq_solution_p, A, B, rcond=rcond, driver=driver)
 
     def backward(ct):
         Ap = _pinv(A)
-        gA = _pinv_backward(_mm(ct, _mT(B)), Ap, A) if wants_cotangent(0, A) else None
-        gB = _mm(_mT(Ap), ct) if wants_cotangent(1, B) else None
+        gA = _pinv_backward(_mm(ct, _mH(B)), Ap, A) if wants_cotangent(0, A) else None
+        gB = _mm(_mH(Ap), ct) if wants_cotangent(1, B) else None
         return gA, gB
     return X, backward
 vjp_rules[lstsq_solution_p] = lstsq_solution_vjp
@@ -1607,7 +1689,6 @@ vjp_rules[lstsq_solution_p] = lstsq_solution_vjp
 def lstsq_solution_jvp(primals, tangents, *, rcond, driver):
     """linalg_lstsq_solution_jvp: dX = dpinv(A) B + pinv(A) dB."""
     (A, B), (A_dot, B_dot) = primals, tangents
-    _refuse(lstsq_solution_p, A, B)
     X = bind(lstsq_solution_p, A, B, rcond=rcond, driver=driver)
     Ap = _pinv(A)
     out_dot = None if A_dot is None else _mm(_pinv_jvp(A, Ap, A_dot), B)
@@ -1619,7 +1700,6 @@ jvp_rules[lstsq_solution_p] = lstsq_solution_jvp
 def lstsq_residuals_vjp(A, B, *, rcond, driver):
     """The residuals' part: with r = A X - B, gA = 2 (gL r) X^T, gB = -2 gL r (Danskin's
     theorem: X is optimal, so its own change does not count). No residuals, no gradient."""
-    _refuse(lstsq_residuals_p, A, B)
     residuals, X = _bind_all((lstsq_residuals_p, lstsq_solution_p), A, B, rcond=rcond,
                              driver=driver)
 
@@ -1628,7 +1708,7 @@ def lstsq_residuals_vjp(A, B, *, rcond, driver):
             return None, None
         r = ops.sub(_mm(A, X), B)
         gLr = ops.mul(ops.unsqueeze(ct, -2), r)
-        gA = ops.mul(_mm(gLr, _mT(X)), 2.0) if wants_cotangent(0, A) else None
+        gA = ops.mul(_mm(gLr, _mH(X)), 2.0) if wants_cotangent(0, A) else None
         gB = ops.mul(gLr, -2.0) if wants_cotangent(1, B) else None
         return gA, gB
     return residuals, backward
@@ -1638,7 +1718,6 @@ vjp_rules[lstsq_residuals_p] = lstsq_residuals_vjp
 def lstsq_residuals_jvp(primals, tangents, *, rcond, driver):
     """linalg_lstsq_residuals_jvp: dL = 2 sum(r * dr, -2), dr = dA X - dB."""
     (A, B), (A_dot, B_dot) = primals, tangents
-    _refuse(lstsq_residuals_p, A, B)
     residuals, X = _bind_all((lstsq_residuals_p, lstsq_solution_p), A, B, rcond=rcond,
                              driver=driver)
     if 0 in _shape(residuals):
@@ -1647,8 +1726,12 @@ def lstsq_residuals_jvp(primals, tangents, *, rcond, driver):
     dr = None if A_dot is None else _mm(A_dot, X)
     if B_dot is not None:
         dr = ops.neg(B_dot) if dr is None else ops.sub(dr, B_dot)
-    return residuals, ops.mul(ops.sum(ops.mul(r, dr), -2), 2.0)
+    return residuals, ops.mul(_re(ops.sum(ops.mul(_conj(r), dr), -2)), 2.0)
 jvp_rules[lstsq_residuals_p] = lstsq_residuals_jvp
+# the solution is holomorphic in A and B (conjugate transposes in its backward), the residuals
+# |A X - B|^2 a real function (Re(conj(r) dr) in the jvp): NOTE [Linear algebra on complex
+# numbers]
+complex_ready(lstsq_solution_p, lstsq_residuals_p)
 
 
 @aten_api.register(aten.linalg_lstsq.default)
@@ -1681,14 +1764,13 @@ def _matrix_exp_differential(A, G, adjoint):
     in the direction G, and with A^T in place of A its adjoint (the vjp). This is torch's
     differential_analytic_matrix_function; it calls matrix_exp itself, so it is
     differentiable to any order."""
-    A = _mT(A) if adjoint else A
+    A = _mH(A) if adjoint else A
     n = _shape(A)[-1]
     block = ops.cat([ops.cat([A, G], -1), ops.cat([ops.zeros_like(A), A], -1)], -2)
     return _cols(_rows(_matrix_exp(block), 0, n), n, 2 * n)
 
 
 def matrix_exp_vjp(A):
-    _refuse(matrix_exp_p, A)
     out = _matrix_exp(A)
     return out, lambda ct: (_matrix_exp_differential(A, ct, adjoint=True),)
 vjp_rules[matrix_exp_p] = matrix_exp_vjp
@@ -1696,9 +1778,26 @@ vjp_rules[matrix_exp_p] = matrix_exp_vjp
 
 def matrix_exp_jvp(primals, tangents):
     (A,), (A_dot,) = primals, tangents
-    _refuse(matrix_exp_p, A)
     return _matrix_exp(A), _matrix_exp_differential(A, A_dot, adjoint=False)
 jvp_rules[matrix_exp_p] = matrix_exp_jvp
+
+
+# NOTE [Linear algebra on complex numbers]
+# The functions above are holomorphic (inv, solve, the triangular solves, det, cholesky,
+# matrix_exp) or real functions of complex matrices (logabsdet), and their formulas, as in
+# FunctionsManual.cpp, become the complex ones when every transpose of a backward is a
+# conjugate transpose (_mH, the transpose on real matrices): the jvps are unchanged, and a
+# real part is taken where the result is real (logabsdet), and a symmetric part
+# x + x^T becomes a hermitian one x + x^H (cholesky_inverse, cholesky_solve). eigh's
+# eigenvalues are real (their jvp takes the real part of diag(V^H dA V)), and its eigenvectors'
+# backward projects V^H gV onto the skew-hermitian matrices; a loss that depends on their
+# phases is refused, as torch does (_check_phase_invariance). The old triangular_solve's
+# transposed op(A) is A^T, not A^H, so its backward solves with conj(A). slogdet's sign is
+# differentiable on complex matrices (NOTE [slogdet of a complex matrix]). Checked against
+# torch.func on complex64 and complex128 (tests/test_complex.py, LINALG).
+complex_ready(inv_p, solve_p, solve_triangular_p, triangular_solve_p, det_p, logabsdet_p,
+              slogdet_sign_p, cholesky_p, cholesky_old_p, cholesky_inverse_p, cholesky_solve_p,
+              eigvalsh_p, eigvecsh_p, matrix_exp_p)
 
 
 @torch_api.register(torch.linalg.matrix_exp, torch.matrix_exp, torch.Tensor.matrix_exp)

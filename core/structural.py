@@ -70,6 +70,24 @@ def _is_tensor(x):
     return isinstance(x, (torch.Tensor, Value))
 
 
+# NOTE [Reductions and scans on complex numbers]
+# prod and cumprod are holomorphic: the vjp multiplies by the conj of the derivative, the jvp
+# by the derivative (NOTE [Complex numbers] in dispatch.py). var, std and vector_norm are real
+# functions of complex numbers: their jvps take ``Re(conj(d) x_dot)`` where the real formula
+# had ``d * x_dot`` and their vjps keep ``ct * d``, with sgn for sign (PyTorch's var_backward,
+# std_backward, norm_backward and norm_jvp). On real tensors these helpers are the identity.
+def _conj(x):
+    return ops.conj(x) if x.dtype.is_complex else x
+
+
+def _re(x):
+    return ops.real(x) if x.dtype.is_complex else x
+
+
+def _sgn(x):
+    return ops.sgn(x) if x.dtype.is_complex else ops.sign(x)
+
+
 def _rank(x):
     return len(ops.shape_of(x))
 
@@ -207,23 +225,23 @@ def _products_of_the_others(x, dim):
 
 
 def prod_vjp(x, *, dim, keepdim):
-    _refuse_complex(prod_p, x)
     x_shape = ops.shape_of(x)
     out = bind(prod_p, x, dim=dim, keepdim=keepdim)
 
     def backward(ct):
-        return (ops.mul(_keepdim(ct, x_shape, dim, keepdim), _products_of_the_others(x, dim)),)
+        return (ops.mul(_keepdim(ct, x_shape, dim, keepdim),
+                        _conj(_products_of_the_others(x, dim))),)
     return out, backward
 vjp_rules[prod_p] = prod_vjp
 
 
 def prod_jvp(primals, tangents, *, dim, keepdim):
     (x,), (x_dot,) = primals, tangents
-    _refuse_complex(prod_p, x)
     out = bind(prod_p, x, dim=dim, keepdim=keepdim)
     return out, ops.sum(ops.mul(x_dot, _products_of_the_others(x, dim)), dim, keepdim)
 jvp_rules[prod_p] = prod_jvp
 batching_rules[prod_p] = _reduction_batch(prod_p)
+complex_ready(prod_p)  # NOTE [Reductions and scans on complex numbers]
 
 
 @torch_api.register(*torch_api.torch_functions("prod"))
@@ -272,7 +290,6 @@ def _masked_quotient(value, denominator, mask):
 
 
 def var_vjp(x, *, dim, correction, keepdim):
-    _refuse_complex(var_p, x)
     x_shape = ops.shape_of(x)
     out = bind(var_p, x, dim=dim, correction=correction, keepdim=keepdim)
     scale = 2 * _reciprocal(_degrees_of_freedom(x, dim, correction))
@@ -285,19 +302,17 @@ vjp_rules[var_p] = var_vjp
 
 def _var_tangent(x, x_dot, dim, correction, keepdim):
     scale = 2 * _reciprocal(_degrees_of_freedom(x, dim, correction))
-    return ops.mul(ops.sum(ops.mul(_centered(x, dim), x_dot), dim, keepdim), scale)
+    return ops.mul(_re(ops.sum(ops.mul(_conj(_centered(x, dim)), x_dot), dim, keepdim)), scale)
 
 
 def var_jvp(primals, tangents, *, dim, correction, keepdim):
     (x,), (x_dot,) = primals, tangents
-    _refuse_complex(var_p, x)
     out = bind(var_p, x, dim=dim, correction=correction, keepdim=keepdim)
     return out, _var_tangent(x, x_dot, dim, correction, keepdim)
 jvp_rules[var_p] = var_jvp
 
 
 def std_vjp(x, *, dim, correction, keepdim):
-    _refuse_complex(std_p, x)
     x_shape = ops.shape_of(x)
     out = bind(std_p, x, dim=dim, correction=correction, keepdim=keepdim)
     scale = 2 * _reciprocal(_degrees_of_freedom(x, dim, correction))
@@ -313,13 +328,13 @@ vjp_rules[std_p] = std_vjp
 
 def std_jvp(primals, tangents, *, dim, correction, keepdim):
     (x,), (x_dot,) = primals, tangents
-    _refuse_complex(std_p, x)
     out = bind(std_p, x, dim=dim, correction=correction, keepdim=keepdim)
     var_dot = _var_tangent(x, x_dot, dim, correction, keepdim)
     return out, _masked_quotient(var_dot, ops.mul(out, 2), ops.eq(out, 0))
 jvp_rules[std_p] = std_jvp
 batching_rules[var_p] = _reduction_batch(var_p)
 batching_rules[std_p] = _reduction_batch(std_p)
+complex_ready(var_p, std_p)  # NOTE [Reductions and scans on complex numbers]
 
 
 def _var_arguments(dim, unbiased, correction):
@@ -391,7 +406,6 @@ def _powered_abs(x, exponent, ord):
 
 
 def vector_norm_vjp(x, *, ord, dim, keepdim):
-    _refuse_complex(vector_norm_p, x)
     x_shape = ops.shape_of(x)
     out = bind(vector_norm_p, x, ord=ord, dim=dim, keepdim=keepdim)
 
@@ -401,14 +415,14 @@ def vector_norm_vjp(x, *, ord, dim, keepdim):
         ct = _keepdim(ct, x_shape, dim, keepdim)
         norm = _keepdim(out, x_shape, dim, keepdim)
         if ord == 1:
-            return (ops.mul(ops.sign(x), ct),)
+            return (ops.mul(_sgn(x), ct),)
         if ord == 2:
             return (ops.mul(ct, _masked_quotient(x, norm, ops.eq(norm, 0))),)
         if math.isinf(ord):
             ties, count = _norm_ties(x, norm, dim)
-            return (ops.mul(ops.sign(x), ops.mul(ops.div(ct, count), ties)),)
+            return (ops.mul(_sgn(x), ops.mul(ops.div(ct, count), ties)),)
         if ord < 2:
-            scaled = ops.mul(ops.sign(x), _powered_abs(x, ord - 1, ord))
+            scaled = ops.mul(_sgn(x), _powered_abs(x, ord - 1, ord))
         else:
             scaled = ops.mul(x, ops.power(ops.abs(x), ord - 2))
         if ord < 1:
@@ -421,29 +435,29 @@ vjp_rules[vector_norm_p] = vector_norm_vjp
 
 def vector_norm_jvp(primals, tangents, *, ord, dim, keepdim):
     (x,), (x_dot,) = primals, tangents
-    _refuse_complex(vector_norm_p, x)
     out = bind(vector_norm_p, x, ord=ord, dim=dim, keepdim=keepdim)
     if ord == 0:
         return out, None
     if ord == 1:
-        return out, ops.sum(ops.mul(ops.sign(x), x_dot), dim, keepdim)
+        return out, _re(ops.sum(ops.mul(_conj(_sgn(x)), x_dot), dim, keepdim))
     if ord == 2:
-        return out, _masked_quotient(ops.sum(ops.mul(x, x_dot), dim, keepdim), out,
+        return out, _masked_quotient(_re(ops.sum(ops.mul(_conj(x), x_dot), dim, keepdim)), out,
                                      ops.eq(out, 0))
     if math.isinf(ord):
         ties, count = _norm_ties(x, _keepdim(out, ops.shape_of(x), dim, keepdim), dim)
-        shared = ops.div(ops.mul(ops.mul(ops.sign(x), x_dot), ties), count)
+        shared = ops.div(ops.mul(_re(ops.mul(_conj(_sgn(x)), x_dot)), ties), count)
         return out, ops.sum(shared, dim, keepdim)
     if ord < 2:
-        scaled = ops.mul(_powered_abs(x, ord - 1, ord), ops.mul(ops.sign(x), x_dot))
+        scaled = ops.mul(_powered_abs(x, ord - 1, ord), _re(ops.mul(_conj(_sgn(x)), x_dot)))
     else:
-        scaled = ops.mul(ops.power(ops.abs(x), ord - 2), ops.mul(x, x_dot))
+        scaled = ops.mul(ops.power(ops.abs(x), ord - 2), _re(ops.mul(_conj(x), x_dot)))
     total = ops.sum(scaled, dim, keepdim)
     if ord < 1:
         return out, ops.mul(total, ops.pow(out, 1 - ord))
     return out, _masked_quotient(total, ops.power(out, ord - 1), ops.eq(out, 0))
 jvp_rules[vector_norm_p] = vector_norm_jvp
 batching_rules[vector_norm_p] = _reduction_batch(vector_norm_p)
+complex_ready(vector_norm_p)  # NOTE [Reductions and scans on complex numbers]
 
 
 def _ord(ord):
@@ -786,21 +800,20 @@ def _linear_recurrence(a, b, dim, *, reverse=False):
 
 
 def cumprod_vjp(x, *, dim):
-    _refuse_complex(cumprod_p, x)
     out = bind(cumprod_p, x, dim=dim)
 
     def backward(ct):
         # x_bar_k = (prod_{i<k} x_i) r_k with r_k = ct_k + x_{k+1} r_{k+1}
         # (NOTE [Products with zeros])
-        r = _linear_recurrence(_shift(x, dim, -1, 0), ct, dim, reverse=True)
-        return (ops.mul(r, _shift(out, dim, 1, 1)),)
+        # (conj of both factors on complex numbers: cumprod is holomorphic)
+        r = _linear_recurrence(_conj(_shift(x, dim, -1, 0)), ct, dim, reverse=True)
+        return (ops.mul(r, _conj(_shift(out, dim, 1, 1))),)
     return out, backward
 vjp_rules[cumprod_p] = cumprod_vjp
 
 
 def cumprod_jvp(primals, tangents, *, dim):
     (x,), (x_dot,) = primals, tangents
-    _refuse_complex(cumprod_p, x)
     out = bind(cumprod_p, x, dim=dim)
     # out_dot_k = x_k out_dot_{k-1} + x_dot_k out_{k-1}
     return out, _linear_recurrence(x, ops.mul(x_dot, _shift(out, dim, 1, 1)), dim)
@@ -842,6 +855,7 @@ jvp_rules[logcumsumexp_p] = logcumsumexp_jvp
 
 for _prim in (cumsum_p, cumprod_p, logcumsumexp_p):
     batching_rules[_prim] = _along_dim_batch(_prim)
+complex_ready(cumprod_p)  # NOTE [Reductions and scans on complex numbers]
 
 
 @torch_api.register(*torch_api.torch_functions("cumsum"))
