@@ -135,11 +135,15 @@ for _prim in P.PRIMITIVES.values():
         jvp_rules[_prim] = nondifferentiable_jvp(_prim)
 
 
-def linear_jvp(prim):
-    """For ops that are linear in their first argument: the tangent goes through the same op."""
+def linear_jvp(prim, *, refuse_others=None):
+    """For ops that are linear in their first argument: the tangent goes through the same op.
+    ``refuse_others``: called (to raise) when another argument carries a tangent, for an op
+    whose derivative in the others is not implemented (a torch backward kernel)."""
     def jvp(primals, tangents, **params):
         x_dot = tangents[0]
         out = bind(prim, *primals, **params)
+        if refuse_others is not None and any(t is not None for t in tangents[1:]):
+            refuse_others()
         return out, None if x_dot is None else bind(prim, x_dot, *primals[1:], **params)
     return jvp
 

@@ -38,7 +38,7 @@ from .elementwise import logical_and
 from .dispatch import complex_ready
 from .errors import (MissingRuleError, ShapeMismatchError, TransformUsageError,
                      UnsupportedOperationError)
-from .forward import add_tangents, jvp_rules
+from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import call_with_tensors, unwrap
 from .values import Value, bind, top_dispatcher
 
@@ -1697,15 +1697,10 @@ def segment_reduce_backward_vjp(grad, output, data, segments, *, reduce, by, axi
 vjp_rules[segment_reduce_backward_p] = segment_reduce_backward_vjp
 
 
-def segment_reduce_backward_jvp(primals, tangents, **params):
-    (grad, *rest), (grad_dot, output_dot, data_dot, _) = primals, tangents
-    out = bind(segment_reduce_backward_p, grad, *rest, **params)
-    if output_dot is not None or data_dot is not None:
-        _refuse_segment_second_order("jvp of segment_reduce's backward")
-    if grad_dot is None:
-        return out, None
-    return out, bind(segment_reduce_backward_p, grad_dot, *rest, **params)
-jvp_rules[segment_reduce_backward_p] = segment_reduce_backward_jvp
+# linear in the output's cotangent; torch has no derivative in the output or the data
+jvp_rules[segment_reduce_backward_p] = linear_jvp(
+    segment_reduce_backward_p,
+    refuse_others=lambda: _refuse_segment_second_order("jvp of segment_reduce's backward"))
 
 
 def _segment_batch(prim):

@@ -1387,17 +1387,11 @@ def ctc_loss_backward_vjp(grad, log_probs, targets, input_lengths, target_length
 vjp_rules[ctc_loss_backward_p] = ctc_loss_backward_vjp
 
 
-def ctc_loss_backward_jvp(primals, tangents, **params):
-    (grad, *rest), (grad_dot, lp_dot, _, _, _, nll_dot) = primals, tangents
-    out = bind(ctc_loss_backward_p, grad, *rest, **params)
-    if lp_dot is not None or nll_dot is not None:
-        _refuse_ctc_second_order("jvp of ctc_loss's backward")
-    if grad_dot is None:
-        return out, None
-    return out, bind(ctc_loss_backward_p, grad_dot, *rest, **params)
-
-
-jvp_rules[ctc_loss_backward_p] = ctc_loss_backward_jvp
+# the backward kernel is linear in the output's cotangent (its only non-integer argument
+# besides log_probs and the loss, whose derivatives torch does not have)
+jvp_rules[ctc_loss_backward_p] = linear_jvp(
+    ctc_loss_backward_p,
+    refuse_others=lambda: _refuse_ctc_second_order("jvp of ctc_loss's backward"))
 
 
 def _merge_batch(x, bdim, size, at):
