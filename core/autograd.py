@@ -52,7 +52,7 @@ from .grad_mode import REVERSE, floors
 from .names import fresh_name
 from .printing import format_equation, type_string
 from .tensor import as_tensor, engine_code, unwrap
-from .values import Value, bind, bottom_tensor, top_dispatcher
+from .values import NUMBERS, Value, bind, bottom_tensor, top_dispatcher
 
 vjp_rules: dict = {}
 _is_grad_enabled = torch.is_grad_enabled
@@ -147,7 +147,7 @@ class Tape:
         """How the tape names an argument that is not one of its own values: a number as a
         literal, a labelled tensor or a value of another level by its name, any other tensor
         as c0, c1, ... in the order the tape first saw it (the tensor itself is not touched)."""
-        if isinstance(value, (int, float, bool, complex)):
+        if isinstance(value, NUMBERS):
             return repr(value)
         if isinstance(value, Value):
             return value.name
@@ -254,7 +254,7 @@ def needs_input_grad(position: int) -> bool:
 
 def wants_cotangent(position: int, value) -> bool:
     """A tensor argument that the current backward pass wants a cotangent for."""
-    return not isinstance(value, (int, float, bool, complex)) and needs_input_grad(position)
+    return not isinstance(value, NUMBERS) and needs_input_grad(position)
 
 
 @contextlib.contextmanager

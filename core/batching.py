@@ -19,7 +19,7 @@ from .errors import (
     UnsupportedOperationError,
     missing_rule_error,
 )
-from .values import Value, bind, map_tensors
+from .values import NUMBERS, Value, bind, map_tensors
 
 batching_rules: dict = {}
 # the rule of random aten ops on batched values, registered by randomness.py
@@ -76,7 +76,7 @@ class Batched(Dispatcher):
         # the batch dim where it is: that is what elementwise_batch and broadcasting_batch
         # would compute, without the lists and the call of a rule (this is the hot path).
         n = len(args)
-        if n == 1 or (n == 2 and type(args[1]) in _NUMBERS):
+        if n == 1 or (n == 2 and type(args[1]) in NUMBERS):
             x = args[0]
             if type(x) is not BatchedValue or x.dispatcher is not self:
                 return bind(prim, *args, **params)
@@ -248,7 +248,7 @@ def to_front(values, bdims, *, expand_unbatched=False):
     for value, bdim in zip(values, bdims):
         if bdim is not None:
             moved.append(move_bdim(value, bdim, 0))
-        elif expand_unbatched and not isinstance(value, (int, float, bool, complex)):
+        elif expand_unbatched and not isinstance(value, NUMBERS):
             moved.append(ops.expand(ops.unsqueeze(value, 0), size, *ops.shape_of(value)))
         else:
             moved.append(value)
@@ -260,7 +260,6 @@ def physical_dim(dim, bdim):
     return dim if dim < bdim else dim + 1
 
 
-_NUMBERS = (int, float, bool, complex)
 # primitives whose rule keeps a lone batched operand's batch dim in place (with at most a
 # number beside it): Batched.apply applies them directly (NOTE [The two commonest cases])
 _KEEPS_BDIM: set = set()
@@ -298,7 +297,7 @@ def broadcasting_batch(prim):
         shared_bdim, shared_rank, aligned, unbatched_ranks = None, None, True, []
         for value, bdim in zip(values, bdims):
             if bdim is None:
-                if not isinstance(value, (int, float, bool, complex)):
+                if not isinstance(value, NUMBERS):
                     unbatched_ranks.append(value.dim())
             elif shared_bdim is None:
                 shared_bdim, shared_rank = bdim, value.dim()
@@ -318,7 +317,7 @@ def broadcasting_batch(prim):
             for value, b, rank in zip(values, bdims, ranks):
                 if b is not None:
                     aligned = aligned and rank == out_rank
-                elif not isinstance(value, (int, float, bool, complex)):
+                elif not isinstance(value, NUMBERS):
                     aligned = aligned and bdim < out_rank + 1 - rank
             if aligned:
                 return bind(prim, *values, **params), bdim

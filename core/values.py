@@ -24,6 +24,10 @@ import torch
 from .names import fresh_name
 
 
+# The Python numbers an op may take beside its tensors: constants to every level.
+NUMBERS = (int, float, bool, complex)
+
+
 class Value:
     """A value of one dispatcher level; its payload lives one level down.
 
