@@ -1,5 +1,5 @@
 """Linear algebra: inverse, determinants, solves, factorizations (LU, Cholesky, QR, LDL),
-decompositions (eigh, svd), pseudo-inverse, least squares and the matrix exponential.
+decompositions (eigh, eig, svd), pseudo-inverse, least squares and the matrix exponential.
 
 NOTE [Factorizations as primitives]
 torch's linear-algebra kernels (LAPACK underneath) are exact and batched: each accepts any
@@ -12,7 +12,7 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   broadcast together, and one kernel call does the whole batch (functorch's linear-algebra
   batch rules do the same).
 - Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky (and its
-  inverse and solve), eigh, svd, qr, lu_factor, lu_solve, pinv, lstsq and matrix_exp have
+  inverse and solve), eigh, eig, svd, qr, lu_factor, lu_solve, pinv, lstsq and matrix_exp have
   complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
   written for real matrices, and a derivative level refuses their primitives on complex
   inputs (NOTE [Complex numbers] in dispatch.py); vmap accepts complex inputs everywhere.
@@ -1227,6 +1227,94 @@ def eigh(A, UPLO="L", *, out=None):
 @torch_api.register(torch.linalg.eigvalsh)
 def eigvalsh(A, UPLO="L", *, out=None):
     return bind(eigvalsh_p, A, UPLO=UPLO)
+
+
+# --- general eigendecomposition -------------------------------------------------------------------
+# NOTE [The derivative of eig]
+# A = V diag(L) V^{-1} with complex L and V, the columns of V of norm 1 (as LAPACK returns them).
+# The formulas are the ones PyTorch states in FunctionsManual.cpp (linalg_eig_backward and
+# linalg_eig_jvp), from the derivation of an eigendecomposition as a function on matrices whose
+# eigenvectors are fixed up to a phase and normalized:
+#   jvp:  dP = V^{-1} dA V,  dL = diag(dP),  dV = V (dP / E, zero diagonal) - V Re(diag(V^H dV))
+#   vjp:  gA = V^{-H} (diag(gL) + (V^H gV - V^H V Re(diag(V^H gV))) / conj(E)) V^H
+# with E_ij = L_j - L_i. Only a loss that does not depend on the eigenvectors' phases has a
+# gradient (the check shared with eigh). The two outputs are two primitives of one kernel call
+# (NOTE [One kernel call, several primitives]), so the vjp above is the sum of the gL part and
+# the gV part; where torch gets both at once it replaces the diagonal of the gV part by gL,
+# which differs from the sum only by i Im(diag(V^H gV)): zero for a loss with a gradient.
+def _eig_kernel(A):
+    return aten.linalg_eig(A)
+
+
+eigvals_p = _output_of("linalg_eigvals", _eig_kernel, 0, (2,))
+eigvecs_p = _output_of("linalg_eig_vectors", _eig_kernel, 1, (2,))
+
+
+def eigvals_vjp(A):
+    """gA = V^{-H} diag(gL) V^H, as one solve with V^H."""
+    L, V = _bind_all((eigvals_p, eigvecs_p), A)
+
+    def backward(ct):
+        Vh = _mH(V)
+        return (_solve(Vh, ops.mul(ops.unsqueeze(ct, -1), Vh)),)
+    return L, backward
+vjp_rules[eigvals_p] = eigvals_vjp
+
+
+def eigvecs_vjp(A):
+    """gA = V^{-H} ((V^H gV - V^H V Re(diag(V^H gV))) / conj(E)) V^H."""
+    L, V = _bind_all((eigvals_p, eigvecs_p), A)
+
+    def backward(ct):
+        Vh = _mH(V)
+        VhgV = _mm(Vh, ct)
+        _check_phase_invariance(VhgV, "linalg_eig_backward")
+        # project onto the tangent space of matrices whose columns have norm 1
+        VhgV = ops.sub(VhgV, _mm(Vh, ops.mul(V, ops.unsqueeze(_re(_diagonal(VhgV)), -2))))
+        _, E = _gaps(_conj(L))
+        return (_solve(Vh, _mm(ops.div(VhgV, E), Vh)),)
+    return V, backward
+vjp_rules[eigvecs_p] = eigvecs_vjp
+
+
+def _eig_dP(A_dot, V):
+    """V^{-1} dA V (a real tangent of a real matrix made complex, as V is)."""
+    return _solve(V, _mm(ops.convert(A_dot, V.dtype), V))
+
+
+def eigvals_jvp(primals, tangents):
+    """dL = diag(V^{-1} dA V)."""
+    (A,), (A_dot,) = primals, tangents
+    L, V = _bind_all((eigvals_p, eigvecs_p), A)
+    return L, _diagonal(_eig_dP(A_dot, V))
+jvp_rules[eigvals_p] = eigvals_jvp
+
+
+def eigvecs_jvp(primals, tangents):
+    """dV = V (dP / E, zero diagonal), then normalized: dV - V Re(diag(V^H dV))."""
+    (A,), (A_dot,) = primals, tangents
+    L, V = _bind_all((eigvals_p, eigvecs_p), A)
+    eye, E = _gaps(L)
+    V_dot = _mm(V, ops.where(eye, 0.0, ops.div(_eig_dP(A_dot, V), E)))
+    norm_dot = _re(_diagonal(_mm(_mH(V), V_dot)))
+    return V, ops.sub(V_dot, ops.mul(V, ops.unsqueeze(norm_dot, -2)))
+jvp_rules[eigvecs_p] = eigvecs_jvp
+complex_ready(eigvals_p, eigvecs_p)
+
+
+@aten_api.register(aten.linalg_eig.default)
+def linalg_eig_full(A):
+    return tuple(_bind_all((eigvals_p, eigvecs_p), A))
+
+
+@torch_api.register(torch.linalg.eig)
+def eig(A, *, out=None):
+    return torch.return_types.linalg_eig(linalg_eig_full(A))
+
+
+@torch_api.register(torch.linalg.eigvals)
+def eigvals(A, *, out=None):
+    return bind(eigvals_p, A)
 
 
 # --- singular value decomposition ----------------------------------------------------------------

@@ -159,6 +159,11 @@ UNARY = {
         *torch.linalg.eigh(z)), (2, 4, 4)),
     "eigh both": (lambda z: (lambda L, V: L[:, None] * V.abs())(*torch.linalg.eigh(z)), (4, 4)),
     "eigh upper |V|^2": (lambda z: torch.linalg.eigh(z, UPLO="U")[1].abs() ** 2, (4, 4)),
+    "eigvals": (torch.linalg.eigvals, (4, 4)),
+    "eig |V|": (lambda z: torch.linalg.eig(z).eigenvectors.abs(), (4, 4)),
+    "eig V diag(L) V^-1": (lambda z: (lambda L, V: V @ torch.diag_embed(L) @ torch.linalg.inv(V))(
+        *torch.linalg.eig(z)), (2, 4, 4)),
+    "eig both": (lambda z: (lambda L, V: L[:, None] * V.abs())(*torch.linalg.eig(z)), (4, 4)),
     "svdvals": (torch.linalg.svdvals, (4, 3)),
     "svd |U| |Vh|": (lambda z: (lambda U, S, Vh: U.abs().sum(-1) * S + Vh.abs().sum(0))(
         *torch.linalg.svd(z, full_matrices=False)), (4, 4)),
@@ -436,9 +441,10 @@ def test_old_cholesky(upper, dtype):
         z @ z.mH + torch.eye(3), upper=upper), (z,), (t,))[1], **_tol(dtype))
 
 
-def test_eigh_refuses_a_loss_that_depends_on_the_phases():
+@pytest.mark.parametrize("eig", [torch.linalg.eigh, torch.linalg.eig], ids=["eigh", "eig"])
+def test_eig_refuses_a_loss_that_depends_on_the_phases(eig):
     z = _complex((3, 3), 0, torch.complex128)
-    f = lambda a: torch.linalg.eigh(a).eigenvectors  # noqa: E731
+    f = lambda a: eig(a).eigenvectors  # noqa: E731
     ct = _like(f(z), 1)
     with pytest.raises(RuntimeError, match=r"up to multiplication by e\^\{i phi\}"):
         tf.vjp(f, z)[1](ct)

@@ -134,13 +134,18 @@ CASES = [
          lambda g: (normal(g, 3, 2), triangular(g, 3, 3, upper=False)), diff=(0, 1)),
     case("cholesky_solve_upper", lambda b, l: torch.cholesky_solve(b, l, upper=True),
          lambda g: (normal(g, 2, 3, 2), triangular(g, 3, 3)), diff=(0, 1)),
-    # --- eigh, svd, qr ------------------------------------------------------------------------
+    # --- eigh, eig, svd, qr ---------------------------------------------------------------------
     case("eigvalsh", lambda x: torch.linalg.eigvalsh(spd(x)), X3, hessian=True),
     case("eigh_values", lambda x: torch.linalg.eigh(spd(x)).eigenvalues, X3),
     case("eigh_vectors", lambda x: torch.linalg.eigh(spd(x)).eigenvectors, X3, hessian=True),
     case("eigh_upper", lambda x: torch.linalg.eigh(spd(x), UPLO="U")[1],
          lambda g: (normal(g, 2, 3, 3),)),
     case("eigh_direct", lambda a: torch.linalg.eigh(a)[1], lambda g: (spd(normal(g, 3, 3)),)),
+    # eig of a real matrix is complex: these cases look at real functions of it
+    case("eigvals", lambda a: torch.view_as_real(torch.linalg.eigvals(a)), A3, hessian=True),
+    case("eig_vectors", lambda a: torch.linalg.eig(a).eigenvectors.abs(), A3, hessian=True),
+    case("eig_both", lambda a: (lambda L, V: L.real[..., None] * V.abs())(*torch.linalg.eig(a)),
+         lambda g: (well(g, 2, 3, 3),)),
     case("svdvals", torch.linalg.svdvals, lambda g: (normal(g, 4, 3),), hessian=True),
     case("svd_u", lambda a: torch.linalg.svd(a, full_matrices=False).U,
          lambda g: (normal(g, 4, 3),), hessian=True),
