@@ -28,6 +28,7 @@ from .errors import (
     NonScalarOutputError,
     RandomnessError,
     RandomnessOptionError,
+    NestedTensorError,
     ShapeMismatchError,
     TangentsError,
     TransformError,
@@ -86,5 +87,6 @@ __all__ = [
     "Value", "AutogradValue", "BatchedValue", "ForwardValue", "LoggedValue", "capture_fallbacks",
     "ArgnumsError", "CotangentTypeError", "DimOutOfRangeError", "FunctionOutputError",
     "InputDtypeError", "InvalidOptionError", "RandomnessOptionError", "ShapeMismatchError",
+    "NestedTensorError",
     "TangentsError",
 ]

@@ -69,6 +69,11 @@ class ShapeMismatchError(TransformUsageError, RuntimeError):
     """An op's tensors have shapes it cannot combine (torch raises RuntimeError)."""
 
 
+class NestedTensorError(TransformUsageError, RuntimeError):
+    """vmap over a nested tensor in a way torch.func refuses: a dim other than 0, a second
+    vmap level, or a dense input batched along another dim (torch.func: ``RuntimeError``)."""
+
+
 class InputDtypeError(TransformUsageError, RuntimeError):
     """An input of a dtype the transform cannot differentiate: grad/vjp/jacrev of an integer
     tensor, jacrev/jacfwd of a complex one (torch.func: ``RuntimeError``; for an integer

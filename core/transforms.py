@@ -27,6 +27,7 @@ from .errors import (
     FunctionOutputError,
     InputDtypeError,
     InvalidOptionError,
+    NestedTensorError,
     NonScalarOutputError,
     RandomnessOptionError,
     TangentsError,
@@ -589,6 +590,8 @@ def _broadcast_dims(dims, tree, call, what):
 
 def vmap(f, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
     """Vectorize ``f`` over a batch dimension of its inputs, with torch.func's signature.
+    A nested tensor (``torch.nested``) is mapped over its components, which may differ in
+    shape (NOTE [vmap over a nested tensor]).
 
     >>> import torch
     >>> from minifunctorch.core import vmap
@@ -704,6 +707,10 @@ def _vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs, *, chunks=
                       for _ in range(child.num_leaves)]
     else:
         dim_leaves = _broadcast_dims(prefix, args, call, "in_dims")
+    _refuse_a_vmap_inside_a_nested_one(arg_leaves, dim_leaves, call)
+    if any(_is_nested(leaf) for leaf in arg_leaves):
+        return _vmap_nested(f, arg_leaves, arg_treedef, dim_leaves, kwargs, out_dims,
+                            randomness, call)
     size = _batch_size(arg_leaves, dim_leaves, call)
     if chunks is not None:  # chunk_vmap
         chunk_size = max(-(-size // chunks), 1)
@@ -790,6 +797,107 @@ def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, r
         _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d))
     result = _unbatch_outputs(level, unwrap_tree(out), out_dims, size, call, _function_name(f))
     return _alias_written_inputs(out, result, written, out_dims) if written else result
+
+
+# --- NOTE [vmap over a nested tensor] ------------------------------------------------------------
+# A nested tensor holds examples of different shapes (``torch.nested``), so no batch dim can
+# hold them: vmap maps f over its components, one at a time, as torch.func's fallback for
+# nested tensors does (BatchedFallback.cpp: unbind, call, re-nest). Here each example runs on
+# a Batched level of length 1, whose values are the component with a batch dim of size 1:
+# the level then tells which outputs vary over the examples (they become one nested tensor,
+# in torch's strided layout, as torch.func returns) from those that do not (expanded along the
+# batch, as any vmap output). The components keep their autograd history (``unbind``,
+# ``as_nested_tensor``), so a nested input that requires grad gives an output that does.
+# torch.func's limits are kept, with its words: the nested inputs and the outputs are mapped
+# over dim 0 only, and a vmap inside one over a nested tensor raises. A dense input batched
+# alongside may have its batch dim anywhere (torch.func's fallback refuses one not at dim 0
+# where an op reaches the fallback with it, and runs others: here all run).
+def _is_nested(leaf) -> bool:
+    return isinstance(leaf, torch.Tensor) and leaf.is_nested  # (jagged ones are a subclass)
+
+
+def _refuse_a_vmap_inside_a_nested_one(arg_leaves, dim_leaves, call):
+    for leaf, d in zip(arg_leaves, dim_leaves):
+        value = leaf
+        while isinstance(value, Value) and d is not None:
+            if getattr(value.dispatcher, "over_nested", False):
+                raise NestedTensorError(
+                    f"{call}: Only one level of vmap is supported when vmapping over nested "
+                    "tensors: this vmap runs inside one over a nested tensor. Fix: vmap once "
+                    "over the nested tensor, and write the inner loop inside the function.")
+            value = value.payload
+
+
+def _vmap_nested(f, arg_leaves, arg_treedef, dim_leaves, kwargs, out_dims, randomness, call):
+    """vmap of ``f`` over the components of the nested inputs (the NOTE above)."""
+    sizes = set()
+    for leaf, d in zip(arg_leaves, dim_leaves):
+        if d is None:
+            continue
+        if _is_nested(leaf) and d != 0:
+            raise NestedTensorError(
+                f"{call}: Nested tensors can only be vmapped over dim=0, but got dim={d}. "
+                "Fix: use in_dims=0 for a nested tensor (its components are the examples).")
+        if not _is_array(leaf):
+            sizes.add(None)
+        else:
+            sizes.add(leaf.size(0) if _is_nested(leaf) else leaf.size(d))
+    out_leaves_of_dims = optree.tree_leaves(out_dims, none_is_leaf=True)
+    for d in out_leaves_of_dims:
+        if d is not None and d != 0:
+            raise NestedTensorError(
+                f"{call}: Nested tensors can only be vmapped over dim=0, but got dim={d} in "
+                "out_dims. Fix: use out_dims=0; a nested output holds one example per "
+                "component.")
+    if len(sizes) != 1 or None in sizes:
+        raise TransformUsageError(
+            f"{call}: Expected all tensors to have the same size in the mapped dimension, got "
+            f"{sorted(s for s in sizes if s is not None)} (a nested tensor's size is its "
+            "number of components). Fix: give every batched input as many examples.")
+    size = sizes.pop()
+    components = [leaf.unbind(0) if _is_nested(leaf) and d is not None else None
+                  for leaf, d in zip(arg_leaves, dim_leaves)]
+    per_example, treedef = [], None
+    for i in range(size):
+        level = new_level(Batched, length=1, call=call, randomness=randomness)
+        level.over_nested = True
+        with transform_scope(level):
+            wrapped = []
+            for leaf, d, parts in zip(arg_leaves, dim_leaves, components):
+                if d is None:
+                    wrapped.append(as_tensor(leaf))
+                    continue
+                if parts is not None:  # component i, with a batch dim of size 1
+                    wrapped.append(as_tensor(level.wrap_input(ops.unsqueeze(parts[i], 0), 0)))
+                else:  # a dense input batched along any dim: example i keeps that dim
+                    d = d % leaf.dim()
+                    example = ops.getitem(leaf, (slice(None),) * d + (slice(i, i + 1),))
+                    wrapped.append(as_tensor(level.wrap_input(example, d)))
+            with user_code():
+                out = f(*optree.tree_unflatten(arg_treedef, wrapped), **kwargs)
+            if any(type(t) is FuncTensor and t._generation for t in wrapped):
+                raise NestedTensorError(
+                    f"{call}: an in-place write to an input of a vmap over a nested tensor "
+                    "is not supported here. Fix: compute a new tensor (x = x + y, not "
+                    "x += y).")
+        leaves, treedef = optree.tree_flatten(unwrap_tree(out), none_is_leaf=True)
+        per_example.append([None if leaf is None else
+                            ops.squeeze(level.lower(leaf), 0)
+                            if isinstance(leaf, BatchedValue) and leaf.dispatcher is level
+                            else (leaf, "unbatched") for leaf in leaves])
+    outputs = []
+    for position in range(len(per_example[0])):
+        column = [example[position] for example in per_example]
+        if column[0] is None:
+            outputs.append(None)
+        elif all(type(c) is tuple for c in column):  # the same tensor for every example
+            shared = column[0][0]
+            outputs.append(ops.expand(ops.unsqueeze(shared, 0), size, *ops.shape_of(shared)))
+        else:
+            outputs.append(torch.nested.as_nested_tensor(
+                [bottom_tensor(c[0] if type(c) is tuple else c) for c in column],
+                layout=torch.strided))
+    return optree.tree_unflatten(treedef, outputs)
 
 
 def _alias_written_inputs(out, result, written, out_dims):
