@@ -29,6 +29,7 @@ from . import primitives as P
 from .autograd import sum_to_size, vjp_rules, wants_cotangent
 from .batching import batching_rules, broadcasting_batch, elementwise_batch, move_bdim
 from .dispatch import complex_ready
+from .errors import InvalidOptionError
 from .forward import broadcast_tangent, jvp_rules
 from .values import bind
 
@@ -115,8 +116,23 @@ def real(x):
 # base, whose dtype differs, which tensor.py refuses rather than losing the write
 torch_api.register(torch.real, torch.Tensor.real.__get__, view=torch_api._always)(real)
 torch_api.register(torch.imag, torch.Tensor.imag.__get__, view=torch_api._always)(ops.imag)
-torch_api.register(torch.complex)(ops.complex)
-aten_api.register(aten.complex.default)(ops.complex)
+@torch_api.register(torch.complex)
+@aten_api.register(aten.complex.default)
+def complex(real, imag, *, out=None):
+    """``torch.complex``, with torch's checks: two floating tensors of one dtype (under vmap
+    the batching rule would otherwise promote them, where torch raises)."""
+    floating = (torch.float16, torch.float32, torch.float64)
+    if real.dtype not in floating or imag.dtype not in floating:
+        raise InvalidOptionError(
+            f"torch.complex(real, imag): Expected both inputs to be Half, Float or Double "
+            f"tensors but got {real.dtype} and {imag.dtype}. Fix: convert both to one "
+            "floating dtype.")
+    if real.dtype != imag.dtype:
+        raise InvalidOptionError(
+            f"torch.complex(real, imag): Expected object of scalar type {real.dtype} but got "
+            f"scalar type {imag.dtype} for second argument (torch does not promote here). Fix: "
+            "convert one (imag.to(real.dtype)).")
+    return ops.complex(real, imag)
 
 
 @torch_api.register(torch.polar)

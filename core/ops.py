@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import primitives as P
-from .errors import ShapeMismatchError, TransformUsageError
+from .errors import InvalidOptionError, ShapeMismatchError, TransformUsageError
 from .values import Value, bind
 
 _builtin_sum = builtins.sum
@@ -51,7 +51,13 @@ def normalize_dims(dim, rank: int, *, op: str) -> tuple:
         dim = (dim,)
     if rank == 0:
         return ()
-    return tuple(sorted({normalize_dim(d, rank, op=op) for d in dim}))
+    dims = [normalize_dim(d, rank, op=op) for d in dim]
+    if len(set(dims)) < len(dims):
+        repeated = next(d for d in dims if dims.count(d) > 1)
+        raise InvalidOptionError(
+            f"{op}(..., dim={tuple(dim)}): dim {repeated} appears multiple times in the list of "
+            "dims (as in torch). Fix: name each dim once.")
+    return tuple(sorted(dims))
 
 
 def reduction_dims(dim, rank: int, *, op: str) -> tuple:
@@ -226,6 +232,15 @@ def dot(x, y):
             f"dot(x, y): expected two 1-D tensors, got shapes {shape_of(x)} and {shape_of(y)}. "
             "Fix: use matmul."
         )
+    if shape_of(x) != shape_of(y):
+        raise ShapeMismatchError(
+            f"dot(x, y): inconsistent tensor size, expected tensor {list(shape_of(x))} and src "
+            f"{list(shape_of(y))} to have the same number of elements (as in torch). Fix: give "
+            "two vectors of one length.")
+    if x.dtype != y.dtype:
+        raise InvalidOptionError(
+            f"dot(x, y): dot : expected both vectors to have same dtype, but found {x.dtype} and "
+            f"{y.dtype} (as in torch). Fix: convert one (y.to(x.dtype)).")
     return bind(P.matmul_p, x, y)
 
 
@@ -293,7 +308,12 @@ def transpose(x, dim0, dim1):
 
 
 def t(x):
-    return transpose(x, 0, 1) if _rank(x) == 2 else x
+    rank = _rank(x)
+    if rank > 2:
+        raise ShapeMismatchError(
+            f"t(x): t() expects a tensor with <= 2 dimensions, but self is {rank}D (as in "
+            f"torch; shape {shape_of(x)}). Fix: use x.transpose(d0, d1) or x.mT.")
+    return transpose(x, 0, 1) if rank == 2 else x
 
 
 def _infer_shape(shape, numel, op, old_shape):
@@ -302,7 +322,12 @@ def _infer_shape(shape, numel, op, old_shape):
         raise TransformUsageError(f"{op}(x, {tuple(shape)}): at most one -1 is allowed.")
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
-        shape[shape.index(-1)] = numel // known if known else 0
+        if not known:
+            raise ShapeMismatchError(
+                f"{op}(x, {tuple(shape)}): cannot reshape tensor of 0 elements into shape "
+                f"{list(shape)} because the unspecified dimension size -1 can be any value and "
+                "is ambiguous (as in torch). Fix: give every size.")
+        shape[shape.index(-1)] = numel // known
     if math.prod(shape) != numel:
         raise TransformUsageError(
             f"{op}(x, {tuple(shape)}): shape {tuple(shape)} is invalid for a tensor of shape "

@@ -57,7 +57,8 @@ from .autograd import vjp_rules
 from .batching import BatchedValue, batching_rules, elementwise_batch, move_bdim, physical_dim
 from .dispatch import complex_ready
 from .elementwise import _refuse_complex
-from .errors import ShapeMismatchError, TransformUsageError
+from .errors import (DimOutOfRangeError, InvalidOptionError, ShapeMismatchError,
+                     TransformUsageError)
 from .forward import jvp_rules, linear_jvp
 from .values import Value, bind
 
@@ -915,8 +916,19 @@ def flip(x, *dims_args, dims=None):
     return bind(flip_p, x, dims=dims) if dims else x
 
 
-torch_api.register(*torch_api.torch_functions("fliplr"))(lambda x: flip(x, 1))
-torch_api.register(*torch_api.torch_functions("flipud"))(lambda x: flip(x, 0))
+def _flip_one(name, dim):
+    def front(x):
+        if _rank(x) <= dim:
+            raise ShapeMismatchError(
+                f"{name}(x): Input must be >= {dim + 1}-d (as in torch), got shape "
+                f"{ops.shape_of(x)}. Fix: flip a dim that exists (torch.flip(x, dims)).")
+        return flip(x, dim)
+    front.__name__ = name
+    return front
+
+
+torch_api.register(*torch_api.torch_functions("fliplr"))(_flip_one("fliplr", 1))
+torch_api.register(*torch_api.torch_functions("flipud"))(_flip_one("flipud", 0))
 
 
 @torch_api.register(*torch_api.torch_functions("roll"))
@@ -938,6 +950,10 @@ def roll(x, shifts, dims=None):
             f"{len(shifts)} shifts and {len(dims)} dims. Fix: give them the same length."
         )
     shape = ops.shape_of(x)
+    if not shape:
+        raise DimOutOfRangeError(
+            f"roll(x, shifts={shifts}, dims={dims}): Dimension specified as {dims[0]} but tensor "
+            "has no dimensions (as in torch). Fix: roll a tensor with dims, or omit dims.")
     total = {}
     for shift, dim in zip(shifts, dims):
         dim = ops.normalize_dim(dim, len(shape), op="roll")
@@ -1083,6 +1099,12 @@ def diagflat(x, offset=0):
 @torch_api.register(*torch_api.torch_functions("narrow"), view=_always)
 @aten_api.register(aten.narrow.default, aten.narrow.Tensor)
 def narrow(x, dim, start, length):
+    if _is_tensor(start) and (start.dtype.is_floating_point or start.dtype.is_complex
+                              or start.dtype == torch.bool or ops.shape_of(start)):
+        raise InvalidOptionError(
+            f"narrow(x, {dim}, start, {length}): start must be an 0-dim integral Tensor (as in "
+            f"torch), got a {start.dtype} tensor of shape {ops.shape_of(start)}. Fix: pass an "
+            "int, or a 0-d integer tensor.")
     dim = ops.normalize_dim(_int(dim), _rank(x), op="narrow")
     start, length = _int(start), _int(length)
     size = ops.shape_of(x)[dim]

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from . import ops
+from .errors import TransformUsageError
+from .values import Value
 
 TORCH_FUNCTIONS: dict = {}
 VIEWS: dict = {}
@@ -102,14 +104,28 @@ _FUNCTIONAL = {
     "nll_loss": ops.nll_loss, "mse_loss": ops.mse_loss,
 }
 # Operators reached when a plain tensor is on the left: Tensor.__sub__(plain, wrapped).
+def _reflected(name, op):
+    """``Tensor.__rsub__(self, other)`` is ``other - self``; ``self`` is the tensor (called
+    unbound with a number as ``self``, torch fails on it, and so does this)."""
+    def reflected(x, y):
+        if not isinstance(x, (torch.Tensor, Value)):
+            # (not a TypeError: torch's operator wrapper turns those into NotImplemented)
+            raise TransformUsageError(
+                f"Tensor.{name}(self, other): self must be a tensor, got {type(x).__name__} "
+                "(torch fails here too). Fix: write the operator (other - tensor, ...), or "
+                "call the function form (torch.sub(other, tensor), ...).")
+        return op(y, x)
+    return reflected
+
+
 _OPERATORS = {
-    "__add__": ops.add, "__radd__": lambda x, y: ops.add(y, x),
-    "__sub__": ops.sub, "__rsub__": lambda x, y: ops.sub(y, x),
-    "__mul__": ops.mul, "__rmul__": lambda x, y: ops.mul(y, x),
-    "__truediv__": ops.div, "__rtruediv__": lambda x, y: ops.div(y, x),
-    "__div__": ops.div, "__rdiv__": lambda x, y: ops.div(y, x),
-    "__pow__": ops.pow, "__rpow__": lambda x, y: ops.pow(y, x),
-    "__matmul__": ops.matmul, "__rmatmul__": lambda x, y: ops.matmul(y, x),
+    "__add__": ops.add, "__radd__": _reflected("__radd__", ops.add),
+    "__sub__": ops.sub, "__rsub__": _reflected("__rsub__", ops.sub),
+    "__mul__": ops.mul, "__rmul__": _reflected("__rmul__", ops.mul),
+    "__truediv__": ops.div, "__rtruediv__": _reflected("__rtruediv__", ops.div),
+    "__div__": ops.div, "__rdiv__": _reflected("__rdiv__", ops.div),
+    "__pow__": ops.pow, "__rpow__": _reflected("__rpow__", ops.pow),
+    "__matmul__": ops.matmul, "__rmatmul__": _reflected("__rmatmul__", ops.matmul),
     "__neg__": ops.neg, "__eq__": ops.eq, "__ne__": ops.ne, "__lt__": ops.lt,
     "__le__": ops.le, "__gt__": ops.gt, "__ge__": ops.ge,
 }

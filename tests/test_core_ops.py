@@ -98,3 +98,13 @@ def test_broadcast_shapes_refuses_what_torch_refuses(shapes):
     with pytest.raises(mf.ShapeMismatchError, match=r"^mse_loss: Shape mismatch: objects "
                        r"cannot be broadcast to a single shape\. .* Fix: "):
         ops.broadcast_shapes(*shapes, op="mse_loss")
+
+
+def test_a_reflected_operator_called_unbound_with_a_number_as_self_is_refused():
+    # Tensor.__rdiv__(self, other) is other / self; torch fails when self is a number, and
+    # the engine must not compute other / self with the roles swapped (OpInfo's __rdiv__)
+    xs = torch.arange(1.0, 7.0).reshape(2, 3)
+    with pytest.raises(mf.TransformUsageError, match=r"Tensor.__rdiv__\(self, other\)"):
+        mf.vmap(lambda t: torch.Tensor.__rdiv__(2, t))(xs)
+    torch.testing.assert_close(mf.vmap(lambda t: 2 / t)(xs), 2 / xs)
+    torch.testing.assert_close(mf.vmap(lambda t: 2 - t)(xs), 2 - xs)
