@@ -163,3 +163,51 @@ def test_a_real_src_into_a_complex_tensor_gets_a_real_gradient():
     g = mf.grad(lambda s: (torch.scatter_add(x, 1, INDEX, s) * (1 - 2j)).sum().real)(src)
     assert g.dtype == torch.float32
     torch.testing.assert_close(g, torch.ones(3, 2))
+
+
+# --- logcumsumexp ------------------------------------------------------------------------------
+LOGCUMSUMEXP = {
+    "dim 1": (lambda z: torch.logcumsumexp(z, 1), (3, 4)),
+    "dim 0": (lambda z: torch.logcumsumexp(z, 0), (3, 4)),
+    "dim -1 of 3d": (lambda z: torch.logcumsumexp(z, -1), (2, 2, 5)),
+    "1d": (lambda z: torch.logcumsumexp(z, 0), (6,)),
+    "Tensor method, times z": (lambda z: z.logcumsumexp(1) * z, (3, 4)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("name", sorted(LOGCUMSUMEXP))
+def test_logcumsumexp(name, dtype):
+    f, shape = LOGCUMSUMEXP[name]
+    inputs = _inputs([shape], dtype)
+    _check_like_torch_func(f, inputs, dtype)
+    _check_vmap_of_grad(f, inputs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_logcumsumexp_vjp_of_a_cotangent_with_zeros(dtype):
+    z = _complex((3, 4), 0, dtype)
+    ct = _complex((3, 4), 1, dtype) * torch.tensor([1.0, 0.0, 1.0, 0.0])
+    f = lambda z: torch.logcumsumexp(z, 1)  # noqa: E731
+    torch.testing.assert_close(mf.vjp(f, z)[1](ct), tf.vjp(f, z)[1](ct), **_tol(dtype))
+
+
+def test_logcumsumexp_of_large_real_parts():
+    # torch's complex jvp sums exp(x) without subtracting the largest real part, and
+    # overflows (nan); the jvp here stays the vjp's adjoint, which equals torch.func's
+    z = _complex((3, 5), 3, torch.complex128) * 1000
+    f = lambda z: torch.logcumsumexp(z, 1)  # noqa: E731
+    ct = _like(z, 4)
+    torch.testing.assert_close(mf.vjp(f, z)[1](ct), tf.vjp(f, z)[1](ct))
+    assert torch.isnan(tf.jvp(f, (z,), (ct,))[1]).any()
+    assert torch.isfinite(mf.jvp(f, (z,), (ct,))[1]).all()
+    _check_jvp_is_the_vjps_adjoint(f, (z,), z.dtype)
+
+
+def test_logcumsumexp_second_order():
+    z = _complex((2, 4), 0, torch.complex128)
+    w = _like(z, 1)
+    loss = _real_loss(lambda z: torch.logcumsumexp(z, 1), w)
+    t = _like(z, 2)
+    hvp = lambda ft: ft.jvp(ft.grad(loss), (z,), (t,))[1]  # noqa: E731
+    torch.testing.assert_close(hvp(mf), hvp(tf))
