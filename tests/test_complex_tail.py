@@ -211,3 +211,91 @@ def test_logcumsumexp_second_order():
     t = _like(z, 2)
     hvp = lambda ft: ft.jvp(ft.grad(loss), (z,), (t,))[1]  # noqa: E731
     torch.testing.assert_close(hvp(mf), hvp(tf))
+
+
+# --- householder_product -----------------------------------------------------------------------
+def _reflectors(shape, dtype, seed=0):
+    """geqrf's reflectors of a random matrix (their tau are those of a QR), and tau."""
+    A, tau = torch.geqrf(_complex(shape, seed, dtype))
+    return A, tau
+
+
+HOUSEHOLDER = {
+    "square": ((4, 4), 4, torch.linalg.householder_product),
+    "tall": ((5, 3), 3, torch.linalg.householder_product),
+    "fewer reflectors": ((5, 3), 2, torch.linalg.householder_product),
+    "batched": ((2, 4, 3), 3, torch.linalg.householder_product),
+    "orgqr": ((4, 3), 3, torch.orgqr),
+    "times A": ((4, 3), 3, lambda A, tau: torch.linalg.householder_product(A, tau) * A.sin()),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("name", sorted(HOUSEHOLDER))
+def test_householder_product(name, dtype):
+    shape, k, f = HOUSEHOLDER[name]
+    A, tau = _reflectors(shape, dtype)
+    inputs = (A, tau[..., :k].contiguous())
+    _check_like_torch_func(f, inputs, dtype)
+    if len(shape) == 2:
+        _check_vmap_of_grad(f, inputs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_householder_product_of_random_tau(dtype):
+    # tau need not make Q unitary
+    inputs = _inputs([(4, 3), (3,)], dtype)
+    _check_like_torch_func(torch.linalg.householder_product, inputs, dtype)
+
+
+# --- ormqr: vjp against torch.func, jvp against the vjp ----------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("left", [True, False], ids=["left", "right"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["Q", "QH"])
+def test_ormqr(left, transpose, dtype):
+    A, tau = _reflectors((4, 3), dtype)
+    C = _complex((4, 2) if left else (2, 4), 5, dtype)
+    f = lambda A, tau, C: torch.ormqr(A, tau, C, left, transpose)  # noqa: E731
+    inputs = (A, tau, C)
+    out, vjp_fn = mf.vjp(f, *inputs)
+    ref_out, ref_vjp_fn = tf.vjp(f, *inputs)
+    torch.testing.assert_close(out, ref_out, **_tol(dtype))
+    ct = _like(ref_out, 10)
+    torch.testing.assert_close(vjp_fn(ct), ref_vjp_fn(ct), **_tol(dtype))
+    _check_jvp_is_the_vjps_adjoint(f, inputs, dtype)
+    w = _like(ref_out, 30)
+    argnums = (0, 1, 2)
+    torch.testing.assert_close(
+        mf.vmap(mf.grad(_real_loss(f, w), argnums=argnums))(*(torch.stack([x, 2 * x])
+                                                               for x in inputs)),
+        tf.vmap(tf.grad(_real_loss(f, w), argnums=argnums))(*(torch.stack([x, 2 * x])
+                                                               for x in inputs)),
+        **_tol(dtype))
+
+
+def test_ormqr_jvp_by_finite_differences():
+    A, tau = _reflectors((4, 3), torch.complex128)
+    C = _complex((4, 2), 5, torch.complex128)
+    f = lambda A, tau, C: torch.ormqr(A, tau, C, True, True)  # noqa: E731
+    tangents = (_like(A, 1), _like(tau, 2), _like(C, 3))
+    eps = 1e-6
+    plus = f(*(x + eps * t for x, t in zip((A, tau, C), tangents)))
+    minus = f(*(x - eps * t for x, t in zip((A, tau, C), tangents)))
+    torch.testing.assert_close(mf.jvp(f, (A, tau, C), tangents)[1], (plus - minus) / (2 * eps),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_householder_product_and_ormqr_second_order():
+    # the rules are written with ops, so they differentiate again: forward-over-reverse for
+    # householder_product, reverse-over-reverse for ormqr (torch's vjp is differentiable)
+    A, tau = _reflectors((4, 3), torch.complex128)
+    loss = _real_loss(torch.linalg.householder_product, _like(A, 3))
+    t = (_like(A, 4), _like(tau, 5))
+    hvp = lambda ft: ft.jvp(ft.grad(loss, argnums=(0, 1)), (A, tau), t)[1]  # noqa: E731
+    torch.testing.assert_close(hvp(mf), hvp(tf))
+    C = _complex((4, 2), 6, torch.complex128)
+    f = lambda A, tau, C: torch.ormqr(A, tau, C, True, True)  # noqa: E731
+    loss = _real_loss(f, _like(C, 7))
+    vhp = lambda ft: ft.vjp(lambda *a: ft.grad(loss, argnums=(0, 1, 2))(*a)[0],  # noqa: E731
+                            A, tau, C)[1](_like(A, 8))
+    torch.testing.assert_close(vhp(mf), vhp(tf))
