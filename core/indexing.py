@@ -694,7 +694,32 @@ def _scatter_reduce_partials(x, index, src, out, dim, reduce, include_self):
     return d_x, d_src
 
 
+# NOTE [scatter_reduce on complex numbers]
+# scatter_add is scatter_reduce's sum: one primitive serves the five reductions (and
+# index_reduce). It is marked complex-ready, and its rules refuse the reductions they do not
+# cover: a primitive of its own for the sum would repeat the three rules for no gain. sum
+# and mean are linear with real
+# weights (1 and 1/N): the rules above hold as written (a real weight is its own adjoint),
+# checked against torch.func's scatter_add (tests/test_complex_tail.py). amax and amin have
+# no meaning on complex numbers (torch's kernels refuse them), and prod, holomorphic, would
+# need conj in its vjp and is not checked: they raise. torch differentiates scatter_add on
+# complex tensors and refuses every scatter_reduce there; the mean comes along here for free.
+# On real tensors the cost is one tuple lookup per rule call.
+_COMPLEX_REDUCTIONS = ("sum", "mean")
+
+
+def _refuse_complex_reduction(x, reduce):
+    if reduce not in _COMPLEX_REDUCTIONS and x.dtype.is_complex:
+        raise UnsupportedOperationError(
+            f"scatter_reduce(..., reduce={reduce!r}): derivatives of complex tensors are "
+            f"supported for reduce='sum' and 'mean' only (torch has none for {reduce!r} "
+            "either). Fix: differentiate real and imaginary parts separately "
+            "(torch.view_as_real), or use a real tensor."
+        )
+
+
 def scatter_reduce_vjp(x, index, src, *, dim, reduce, include_self):
+    _refuse_complex_reduction(x, reduce)
     out = bind(scatter_reduce_p, x, index, src, dim=dim, reduce=reduce, include_self=include_self)
     src_shape, index_shape = ops.shape_of(src), ops.shape_of(index)
 
@@ -716,6 +741,7 @@ vjp_rules[scatter_reduce_p] = scatter_reduce_vjp
 
 def scatter_reduce_jvp(primals, tangents, *, dim, reduce, include_self):
     (x, index, src), (x_dot, _, src_dot) = primals, tangents
+    _refuse_complex_reduction(x, reduce)
     out = bind(scatter_reduce_p, x, index, src, dim=dim, reduce=reduce, include_self=include_self)
     used_src = _crop(src, ops.shape_of(index))
     d_x, d_src = _scatter_reduce_partials(x, index, used_src, out, dim, reduce, include_self)
@@ -731,9 +757,21 @@ def scatter_reduce_jvp(primals, tangents, *, dim, reduce, include_self):
                                              shape=ops.shape_of(x)))
     return out, out_dot
 jvp_rules[scatter_reduce_p] = scatter_reduce_jvp
+complex_ready(scatter_reduce_p)  # sum and mean: NOTE [scatter_reduce on complex numbers]
 
 
 _REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
+
+def _refuse_complex_into_real(x, src, op):
+    """torch refuses a complex src into a real tensor (converting it would drop its
+    imaginary part); a real src into a complex tensor is converted."""
+    if src.dtype.is_complex and not x.dtype.is_complex:
+        raise TransformUsageError(
+            f"{op}: expected src of the tensor's dtype {x.dtype}, got the complex "
+            f"{src.dtype}. Fix: scatter into a complex tensor (x.to({src.dtype}))."
+        )
+    return src
 
 
 def _scatter_args(x, dim, index, op):
@@ -745,9 +783,9 @@ def _scatter_args(x, dim, index, op):
     return ops.normalize_dim(dim, _rank(x), op=op), _long(index)
 
 
-def _src_for(x, index, src):
+def _src_for(x, index, src, op):
     if _is_tensor(src):
-        return ops.convert(src, x.dtype)
+        return ops.convert(_refuse_complex_into_real(x, src, op), x.dtype)
     return ops.full_like(index, src, dtype=x.dtype)
 
 
@@ -763,7 +801,8 @@ def scatter(x, dim, index, src=None, *, value=None, reduce=None):
     of ``scatter_reduce(..., 'sum' | 'prod', include_self=True)``, so it is written as that,
     and gets that op's derivatives."""
     src = value if src is None else src
-    dim, index = _scatter_args(x, dim, index, "scatter(x, dim, index, src)")
+    op = "scatter(x, dim, index, src)"
+    dim, index = _scatter_args(x, dim, index, op)
     if reduce is not None:
         names = {"add": "sum", "multiply": "prod"}
         if reduce not in names:
@@ -771,17 +810,19 @@ def scatter(x, dim, index, src=None, *, value=None, reduce=None):
                 f"scatter(..., reduce={reduce!r}): expected 'add' or 'multiply'. Fix: use "
                 "scatter_reduce for the other reductions."
             )
-        return bind(scatter_reduce_p, x, index, _src_for(x, index, src), dim=dim,
+        return bind(scatter_reduce_p, x, index, _src_for(x, index, src, op), dim=dim,
                     reduce=names[reduce], include_self=True)
-    src = ops.convert(src, x.dtype) if _is_tensor(src) else src
+    if _is_tensor(src):
+        src = ops.convert(_refuse_complex_into_real(x, src, op), x.dtype)
     return bind(scatter_p, x, index, src, dim=dim)
 
 
 @torch_api.register(*torch_api.torch_functions("scatter_add"))
 @aten_api.register(aten.scatter_add.default)
 def scatter_add(x, dim, index, src):
-    dim, index = _scatter_args(x, dim, index, "scatter_add(x, dim, index, src)")
-    return bind(scatter_reduce_p, x, index, _src_for(x, index, src), dim=dim, reduce="sum",
+    op = "scatter_add(x, dim, index, src)"
+    dim, index = _scatter_args(x, dim, index, op)
+    return bind(scatter_reduce_p, x, index, _src_for(x, index, src, op), dim=dim, reduce="sum",
                 include_self=True)
 
 
@@ -792,8 +833,9 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
         raise TransformUsageError(
             f"scatter_reduce(..., reduce={reduce!r}): expected one of {_REDUCTIONS}."
         )
-    dim, index = _scatter_args(x, dim, index, "scatter_reduce(x, dim, index, src, reduce)")
-    return bind(scatter_reduce_p, x, index, _src_for(x, index, src), dim=dim, reduce=reduce,
+    op = "scatter_reduce(x, dim, index, src, reduce)"
+    dim, index = _scatter_args(x, dim, index, op)
+    return bind(scatter_reduce_p, x, index, _src_for(x, index, src, op), dim=dim, reduce=reduce,
                 include_self=include_self)
 
 

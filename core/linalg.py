@@ -12,8 +12,8 @@ itself differentiable (a Hessian through slogdet is a vjp rule differentiated on
   broadcast together, and one kernel call does the whole batch (functorch's linear-algebra
   batch rules do the same).
 - Complex inputs: inv, solve, the triangular solves, det, slogdet, cholesky (and its
-  inverse and solve), eigh, eig, svd, qr, lu_factor, lu_solve, pinv, lstsq and matrix_exp have
-  complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
+  inverse and solve), eigh, eig, svd, qr, lu_factor, lu_solve, pinv, lstsq, matrix_exp,
+  householder_product and ormqr have complex derivatives (NOTE [Linear algebra on complex numbers]); the other rules are
   written for real matrices, and a derivative level refuses their primitives on complex
   inputs (NOTE [Complex numbers] in dispatch.py); vmap accepts complex inputs everywhere.
 - Where a derivative does not exist (repeated eigenvalues or singular values, a singular
@@ -52,7 +52,6 @@ from . import primitives as P
 from .autograd import sum_to_size, vjp_rules, wants_cotangent
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim
 from .dispatch import complex_ready
-from .elementwise import _refuse_complex
 from .errors import (FunctionOutputError, MissingRuleError, TransformUsageError,
                      UnsupportedOperationError)
 from .forward import add_tangents, broadcast_tangent, jvp_rules
@@ -176,10 +175,6 @@ def _scale(x, factor):
 
 def _sum_to(x, like):
     return sum_to_size(x, _shape(like))
-
-
-def _refuse(prim, *values):
-    _refuse_complex(prim, *[v for v in values if _is_tensor(v)])
 
 
 # --- NOTE [One kernel call, several primitives] -------------------------------------------------
@@ -1902,7 +1897,7 @@ householder_p = _single("linalg_householder_product",
 
 def _reflectors(A, tau):
     """The vectors v_i (columns of V: A's strict lower part, ones on the diagonal) and the
-    number k of reflectors H_i = I - tau_i v_i v_i^T."""
+    number k of reflectors H_i = I - tau_i v_i v_i^H."""
     m, n = _shape(A)[-2:]
     V = ops.add(_tril(A, -1), _eye(m, A, n))
     return V, _shape(tau)[-1]
@@ -1917,10 +1912,10 @@ def _tau(tau, i):
 
 
 def _reflect(X, v, t, left=True):
-    """H X = X - t v (v^T X) (left), or X H = X - (X v) t v^T; v a column, t (..., 1, 1)."""
+    """H X = X - t v (v^H X) (left), or X H = X - (X v) t v^H; v a column, t (..., 1, 1)."""
     if left:
-        return ops.sub(X, ops.mul(t, _mm(v, _mm(_mT(v), X))))
-    return ops.sub(X, ops.mul(t, _mm(_mm(X, v), _mT(v))))
+        return ops.sub(X, ops.mul(t, _mm(v, _mm(_mH(v), X))))
+    return ops.sub(X, ops.mul(t, _mm(_mm(X, v), _mH(v))))
 
 
 def _partial_products(V, tau, k, cols):
@@ -1946,10 +1941,10 @@ def _householder_cotangents(G, V, tau, k, cols):
     v_grads, tau_grads = [], []
     for i in range(k):
         v, t = _column(V, i), _tau(tau, i)
-        K = _mm(_mm(_mT(prefixes[i]), G), _mT(suffixes[i]))
-        Kv, Ktv = _mm(K, v), _mm(_mT(K), v)
-        tau_grads.append(ops.neg(ops.squeeze(_mm(_mT(v), Kv), -1)))
-        v_grads.append(ops.neg(ops.mul(t, ops.add(Kv, Ktv))))
+        K = _mm(_mm(_mH(prefixes[i]), G), _mH(suffixes[i]))
+        Kv, KHv = _mm(K, v), _mm(_mH(K), v)
+        tau_grads.append(ops.neg(ops.squeeze(_mm(_mH(v), Kv), -1)))
+        v_grads.append(ops.neg(ops.add(ops.mul(_conj(t), Kv), ops.mul(t, KHv))))
     return ops.cat(v_grads, -1), ops.cat(tau_grads, -1)
 
 
@@ -1960,13 +1955,13 @@ def _householder_tangent(V_dot, tau_dot, V, tau, k, cols):
     out_dot = None
     for i in range(k):
         v, t = _column(V, i), _tau(tau, i)
-        vS = _mm(_mT(v), suffixes[i])
+        vS = _mm(_mH(v), suffixes[i])
         dH_S = None  # dH_i suffix_i, without its sign
         if tau_dot is not None:
             dH_S = ops.mul(_tau(tau_dot, i), _mm(v, vS))
         if V_dot is not None:
             dv = _column(V_dot, i)
-            term = ops.mul(t, ops.add(_mm(dv, vS), _mm(v, _mm(_mT(dv), suffixes[i]))))
+            term = ops.mul(t, ops.add(_mm(dv, vS), _mm(v, _mm(_mH(dv), suffixes[i]))))
             dH_S = add_tangents(dH_S, term)
         out_dot = add_tangents(out_dot, ops.neg(_mm(prefixes[i], dH_S)))
     return out_dot
@@ -1974,15 +1969,17 @@ def _householder_tangent(V_dot, tau_dot, V, tau, k, cols):
 
 def householder_vjp(A, tau):
     """NOTE [Householder products]
-    Q = (H_0 ... H_{k-1})[:, :n] with H_i = I - tau_i v_i v_i^T, so dQ = sum_i prefix_i dH_i
-    suffix_i with dH_i = -(dtau_i v v^T + tau_i (dv v^T + v dv^T)) (householder_product's
-    forward formula in FunctionsManual.cpp). Its adjoint, with K_i = prefix_i^T G suffix_i^T:
-    g_tau_i = -v^T K_i v, g_v_i = -tau_i (K_i + K_i^T) v, of which A's strict lower part is
-    kept. torch updates K_i in place with inverted reflectors; here the partial products are
-    formed explicitly, k rank-one updates each way, all with ops, so that the rule is
-    differentiable again. ormqr, a product of the same reflectors with another matrix,
-    reuses both formulas."""
-    _refuse(householder_p, A, tau)
+    Q = (H_0 ... H_{k-1})[:, :n] with H_i = I - tau_i v_i v_i^H, so dQ = sum_i prefix_i dH_i
+    suffix_i with dH_i = -(dtau_i v v^H + tau_i (dv v^H + v dv^H)) (householder_product's
+    forward formula in FunctionsManual.cpp). Its adjoint under Re<a, b>, with K_i =
+    prefix_i^H G suffix_i^H: g_tau_i = -v^H K_i v, g_v_i = -(conj(tau_i) K_i + tau_i K_i^H) v,
+    of which A's strict lower part is kept. On real matrices ^H is ^T and conj the identity;
+    on complex ones this is torch's householder_product_backward and _jvp (conjugate
+    Wirtinger convention, NOTE [Complex numbers] in dispatch.py): the v^H makes Q a
+    non-holomorphic function of A, and the tangent carries dv^H as it is. torch updates K_i
+    in place with inverted reflectors; here the partial products are formed explicitly, k
+    rank-one updates each way, all with ops, so that the rule is differentiable again. ormqr,
+    a product of the same reflectors with another matrix, reuses both formulas."""
     Q = bind(householder_p, A, tau)
 
     def backward(ct):
@@ -1998,7 +1995,6 @@ vjp_rules[householder_p] = householder_vjp
 
 def householder_jvp(primals, tangents):
     (A, tau), (A_dot, tau_dot) = primals, tangents
-    _refuse(householder_p, A, tau)
     Q = bind(householder_p, A, tau)
     V, k = _reflectors(A, tau)
     if k == 0:
@@ -2025,10 +2021,9 @@ def _ormqr(A, tau, C, left, transpose):
 
 def ormqr_vjp(A, tau, C, *, left, transpose):
     """ormqr computes op(Q) C (left) or C op(Q), Q = H_0 ... H_{k-1} the full product of
-    the reflectors, op(Q) = Q or Q^T: gC = op(Q)^T gR, another ormqr; the cotangent of Q is
-    gR C^T, C gR^T, C^T gR or gR^T C, from which NOTE [Householder products] gives A's and
-    tau's."""
-    _refuse(ormqr_p, A, tau, C)
+    the reflectors, op(Q) = Q or Q^H (``transpose``): gC = op(Q)^H gR, another ormqr; the
+    cotangent of Q is gR C^H, C gR^H, C^H gR or gR^H C, from which NOTE [Householder
+    products] gives A's and tau's (PyTorch's ormqr_backward)."""
     R = _ormqr(A, tau, C, left, transpose)
 
     def backward(ct):
@@ -2037,9 +2032,9 @@ def ormqr_vjp(A, tau, C, *, left, transpose):
         gA = g_tau = None
         if wants_cotangent(0, A) or wants_cotangent(1, tau):
             if left:
-                G = _mm(C, _mT(ct)) if transpose else _mm(ct, _mT(C))
+                G = _mm(C, _mH(ct)) if transpose else _mm(ct, _mH(C))
             else:
-                G = _mm(_mT(ct), C) if transpose else _mm(_mT(C), ct)
+                G = _mm(_mH(ct), C) if transpose else _mm(_mH(C), ct)
             V, k = _reflectors(A, tau)
             if k == 0:
                 return ops.zeros_like(A), ops.zeros_like(tau), gC
@@ -2051,21 +2046,22 @@ vjp_rules[ormqr_p] = ormqr_vjp
 
 
 def ormqr_jvp(primals, tangents, *, left, transpose):
-    """dR = op(dQ) C + op(Q) dC, dQ from NOTE [Householder products]."""
+    """dR = op(dQ) C + op(Q) dC, dQ from NOTE [Householder products] (torch has no jvp for
+    ormqr: this one is the vjp's adjoint)."""
     (A, tau, C), (A_dot, tau_dot, C_dot) = primals, tangents
-    _refuse(ormqr_p, A, tau, C)
     R = _ormqr(A, tau, C, left, transpose)
     out_dot = None if C_dot is None else _ormqr(A, tau, C_dot, left, transpose)
     V, k = _reflectors(A, tau)
     if k and (A_dot is not None or tau_dot is not None):
         V_dot = None if A_dot is None else _tril(A_dot, -1)
         Q_dot = _householder_tangent(V_dot, tau_dot, V, tau, k, _shape(V)[-2])
-        Q_dot = _mT(Q_dot) if transpose else Q_dot
+        Q_dot = _mH(Q_dot) if transpose else Q_dot
         out_dot = add_tangents(out_dot, _mm(Q_dot, C) if left else _mm(C, Q_dot))
     if out_dot is None:
         out_dot = ops.zeros_like(R)
     return R, broadcast_tangent(out_dot, _shape(R))
 jvp_rules[ormqr_p] = ormqr_jvp
+complex_ready(householder_p, ormqr_p)  # NOTE [Householder products]
 
 
 @torch_api.register(torch.ormqr, torch.Tensor.ormqr)

@@ -72,11 +72,13 @@ def _is_tensor(x):
 
 
 # NOTE [Reductions and scans on complex numbers]
-# prod and cumprod are holomorphic: the vjp multiplies by the conj of the derivative, the jvp
-# by the derivative (NOTE [Complex numbers] in dispatch.py). var, std and vector_norm are real
-# functions of complex numbers: their jvps take ``Re(conj(d) x_dot)`` where the real formula
-# had ``d * x_dot`` and their vjps keep ``ct * d``, with sgn for sign (PyTorch's var_backward,
-# std_backward, norm_backward and norm_jvp). On real tensors these helpers are the identity.
+# prod, cumprod and logcumsumexp are holomorphic: the vjp multiplies by the conj of the
+# derivative, the jvp by the derivative (NOTE [Complex numbers] in dispatch.py); the log of
+# a complex cotangent needs no split by sign (logcumsumexp's vjp). var, std and vector_norm
+# are real functions of complex numbers: their jvps take ``Re(conj(d) x_dot)`` where the real
+# formula had ``d * x_dot`` and their vjps keep ``ct * d``, with sgn for sign (PyTorch's
+# var_backward, std_backward, norm_backward and norm_jvp). On real tensors these helpers are
+# the identity.
 def _conj(x):
     return ops.conj(x) if x.dtype.is_complex else x
 
@@ -822,31 +824,45 @@ jvp_rules[cumprod_p] = cumprod_jvp
 
 
 def logcumsumexp_vjp(x, *, dim):
-    _refuse_complex(logcumsumexp_p, x)
     out = bind(logcumsumexp_p, x, dim=dim)
 
     def backward(ct):
-        # x_bar_k = sum_{j>=k} ct_j exp(x_k - out_j). As PyTorch does (after TensorFlow), the
-        # positive and the negative cotangents are summed apart in log space, each a
-        # logcumsumexp from the end, so that no exp overflows.
+        # x_bar_k = sum_{j>=k} ct_j conj(exp(x_k - out_j)), summed in log space by a
+        # logcumsumexp from the end, so that no exp overflows (PyTorch's
+        # logcumsumexp_backward, after TensorFlow's).
         lowest = torch.finfo(ct.dtype).min
-        log_abs = ops.log(ops.where(ops.ne(ct, 0), ops.abs(ct), 1.0))
+        nonzero = ops.ne(ct, 0)
 
-        def part(mask):
-            log_part = ops.sub(ops.where(mask, log_abs, lowest), out)
-            reverse = flip(logcumsumexp(flip(log_part, dim), dim), dim)
+        def part(log_ct):  # log_ct: `lowest` where ct adds nothing
+            reverse = flip(logcumsumexp(flip(ops.sub(log_ct, out), dim), dim), dim)
             return ops.exp(ops.add(reverse, x))
-        return (ops.sub(part(ops.gt(ct, 0)), part(ops.lt(ct, 0))),)
+        if ct.dtype.is_complex:
+            # the log of conj(ct) carries its phase: one sum, conjugated at the end
+            log_ct = ops.log(ops.where(nonzero, ops.conj(ct), 1.0))
+            return (ops.conj(part(ops.where(nonzero, log_ct, lowest))),)
+        # a real ct has no log where it is negative: its positive and negative parts are
+        # summed apart
+        log_abs = ops.log(ops.where(nonzero, ops.abs(ct), 1.0))
+        positive = part(ops.where(ops.gt(ct, 0), log_abs, lowest))
+        return (ops.sub(positive, part(ops.where(ops.lt(ct, 0), log_abs, lowest))),)
     return out, backward
 vjp_rules[logcumsumexp_p] = logcumsumexp_vjp
 
 
 def logcumsumexp_jvp(primals, tangents, *, dim):
     (x,), (x_dot,) = primals, tangents
-    _refuse_complex(logcumsumexp_p, x)
     out = bind(logcumsumexp_p, x, dim=dim)
-    # out_dot_j = sum_{i<=j} x_dot_i exp(x_i - out_j), with exp(x - max) for range, and 0
-    # where the running sum underflows (PyTorch's logcumsumexp_jvp)
+    # out_dot_j = sum_{i<=j} x_dot_i exp(x_i - out_j)
+    if x.dtype.is_complex:
+        # holomorphic; summed in log space as the vjp does (the log of a complex tangent
+        # carries its phase), so that no exp overflows or underflows. PyTorch's
+        # logcumsumexp_jvp sums exp(x) directly on complex numbers, and overflows.
+        lowest = torch.finfo(x_dot.dtype).min
+        nonzero = ops.ne(x_dot, 0)
+        log_t = ops.where(nonzero, ops.log(ops.where(nonzero, x_dot, 1.0)), lowest)
+        return out, ops.exp(ops.sub(logcumsumexp(ops.add(x, log_t), dim), out))
+    # with exp(x - max) for range, and 0 where the running sum underflows (PyTorch's
+    # logcumsumexp_jvp)
     weights = ops.exp(ops.sub(x, ops.detach(ops.amax(x, dim, keepdim=True))))
     total = cumsum(weights, dim)
     underflow = ops.lt(total, 1e-13)
@@ -856,7 +872,8 @@ jvp_rules[logcumsumexp_p] = logcumsumexp_jvp
 
 for _prim in (cumsum_p, cumprod_p, logcumsumexp_p):
     batching_rules[_prim] = _along_dim_batch(_prim)
-complex_ready(cumprod_p)  # NOTE [Reductions and scans on complex numbers]
+# NOTE [Reductions and scans on complex numbers]
+complex_ready(cumprod_p, logcumsumexp_p)
 
 
 @torch_api.register(*torch_api.torch_functions("cumsum"))

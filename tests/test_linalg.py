@@ -426,14 +426,19 @@ def test_repeated_eigenvalues_give_torchs_inf_and_nan():
     assert not torch.isfinite(ours).all()
 
 
-def test_complex_inputs_are_refused():
-    # inv, det, ... are complex-ready (tests/test_complex.py); the factorizations not marked
-    # yet are refused (NOTE [Complex numbers] in dispatch.py)
+def test_complex_inputs():
+    # every derivative of this family is complex-ready (tests/test_complex.py and
+    # test_complex_tail.py); the factorizations torch does not differentiate are refused on
+    # complex inputs as on real ones (NOTE [Complex numbers] in dispatch.py)
+    from minifunctorch.core import linalg
+    from minifunctorch.core.dispatch import complex_derivatives
+    from minifunctorch.core.primitives import Primitive
+    prims = {v for v in vars(linalg).values() if isinstance(v, Primitive)}
+    unmarked = {p.name for p in prims if p.differentiable and p not in complex_derivatives}
+    assert unmarked == {"linalg_ldl_factor", "linalg_ldl_solve", "geqrf_a", "geqrf_tau"}
     a = torch.randn(3, 3, dtype=torch.complex128) + 3 * torch.eye(3)
     with pytest.raises(TransformError, match="complex"):
-        mf.grad(lambda x: torch.linalg.householder_product(x, x[0]).abs().sum())(a)
-    with pytest.raises(TransformError, match="complex"):
-        mf.jvp(lambda x: torch.linalg.householder_product(x, x[0]), (a,), (a,))
+        mf.grad(lambda x: torch.linalg.ldl_factor(x).LD.abs().sum())(a)
     # vmap needs no derivative: complex matrices are batched as real ones
     batch = a.expand(2, 3, 3)
     torch.testing.assert_close(mf.vmap(torch.linalg.inv)(batch), torch.linalg.inv(batch))
