@@ -557,6 +557,7 @@ def _primitive_samples():
         L.cholesky_inverse_p: ((chol,), {"upper": False}),
         L.cholesky_solve_p: ((B, chol), {"upper": False}),
         **{p: ((S,), {"UPLO": "L"}) for p in (L.eigvalsh_p, L.eigvecsh_p)},
+        **{p: ((S,), {}) for p in (L.eigvals_p, L.eigvecs_p)},
         **{p: ((T,), {"full_matrices": True, "driver": None})
            for p in (L.svd_u_p, L.svd_s_p, L.svd_vh_p)},
         L.qr_q_p: ((T,), {"mode": "reduced"}), L.qr_r_p: ((T,), {"mode": "complete"}),
