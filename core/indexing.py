@@ -36,8 +36,8 @@ from .autograd import refuse_write_to_recorded, sum_to_size, vjp_rules, wants_co
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim, to_front
 from .elementwise import logical_and
 from .dispatch import complex_ready
-from .errors import (MissingRuleError, ShapeMismatchError, TransformUsageError,
-                     UnsupportedOperationError)
+from .errors import (InvalidOptionError, MissingRuleError, ShapeMismatchError,
+                     TransformUsageError, UnsupportedOperationError)
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import call_with_tensors, unwrap
 from .values import Value, bind, top_dispatcher
@@ -763,15 +763,19 @@ complex_ready(scatter_reduce_p)  # sum and mean: NOTE [scatter_reduce on complex
 _REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 
 
-def _refuse_complex_into_real(x, src, op):
-    """torch refuses a complex src into a real tensor (converting it would drop its
-    imaginary part); a real src into a complex tensor is converted."""
-    if src.dtype.is_complex and not x.dtype.is_complex:
-        raise TransformUsageError(
-            f"{op}: expected src of the tensor's dtype {x.dtype}, got the complex "
-            f"{src.dtype}. Fix: scatter into a complex tensor (x.to({src.dtype}))."
-        )
+def _same_dtype(x, src, op, words):
+    """torch's scatter, index_add/index_copy and masked_scatter take a source of the tensor's
+    own dtype (converting one would round it, or drop an imaginary part): ``words`` are
+    torch's for the op."""
+    if src.dtype != x.dtype:
+        raise InvalidOptionError(
+            f"{op}: {words} (the tensor is {x.dtype}, the source {src.dtype}). Fix: convert "
+            f"the source (src.to({x.dtype})), or the tensor.")
     return src
+
+
+def _same_dtype_as_scatter(x, src, op):
+    return _same_dtype(x, src, op, "scatter(): Expected self.dtype to be equal to src.dtype")
 
 
 def _scatter_args(x, dim, index, op):
@@ -785,7 +789,7 @@ def _scatter_args(x, dim, index, op):
 
 def _src_for(x, index, src, op):
     if _is_tensor(src):
-        return ops.convert(_refuse_complex_into_real(x, src, op), x.dtype)
+        return _same_dtype_as_scatter(x, src, op)
     return ops.full_like(index, src, dtype=x.dtype)
 
 
@@ -813,7 +817,7 @@ def scatter(x, dim, index, src=None, *, value=None, reduce=None):
         return bind(scatter_reduce_p, x, index, _src_for(x, index, src, op), dim=dim,
                     reduce=names[reduce], include_self=True)
     if _is_tensor(src):
-        src = ops.convert(_refuse_complex_into_real(x, src, op), x.dtype)
+        src = _same_dtype_as_scatter(x, src, op)
     return bind(scatter_p, x, index, src, dim=dim)
 
 
@@ -916,6 +920,28 @@ def _along(x, dim, index, op):
     return dim, _index_vector(index, f"{op}(x, dim, index, ...)")
 
 
+def _check_source(x, dim, index, source, op):
+    """torch's checks of index_add/index_copy: the source has the tensor's dtype, one slice
+    per index along ``dim``, and the tensor's shape in every other dim."""
+    _same_dtype(x, source, f"{op}(x, dim, index, source)",
+                f"{op}_(): self and source expected to have the same dtype")
+    shape, source_shape = list(ops.shape_of(x)), list(ops.shape_of(source))
+    count = math.prod(ops.shape_of(index))
+    if count != (source_shape[dim] if source_shape else 1):
+        raise ShapeMismatchError(
+            f"{op}(x, dim={dim}, index, source): Number of indices ({count}) should be equal "
+            f"to source.size(dim) (source shape {tuple(source_shape)}). Fix: one index per "
+            "slice of the source.")
+    if source_shape:  # (a 0-d source fills one place of a 0-d or 1-d tensor)
+        del shape[dim], source_shape[dim]
+        if shape != source_shape:
+            raise ShapeMismatchError(
+                f"{op}(x, dim={dim}, index, source): source tensor shape must match self "
+                f"tensor shape, excluding the specified dimension. Got self.shape = "
+                f"{list(ops.shape_of(x))} source.shape = {list(ops.shape_of(source))}. Fix: "
+                "give the source the tensor's sizes in the other dims.")
+
+
 @torch_api.register(*torch_api.torch_functions("index_add"))
 @aten_api.register(aten.index_add.default)
 def index_add(x, dim, index, source, *, alpha=1):
@@ -923,7 +949,7 @@ def index_add(x, dim, index, source, *, alpha=1):
         return ops.reshape(index_add(ops.reshape(x, 1), 0, index, ops.reshape(source, -1),
                                      alpha=alpha))
     dim, index = _along(x, dim, index, "index_add")
-    source = ops.convert(source, x.dtype)
+    _check_source(x, dim, index, source, "index_add")
     if alpha != 1:
         source = ops.mul(source, alpha)
     return bind(index_put_p, x, source, index, dims=(dim,), accumulate=True)
@@ -935,8 +961,8 @@ def index_copy(x, dim, index, source):
     if _rank(x) == 0:
         return ops.reshape(index_copy(ops.reshape(x, 1), 0, index, ops.reshape(source, -1)))
     dim, index = _along(x, dim, index, "index_copy")
-    return bind(index_put_p, x, ops.convert(source, x.dtype), index, dims=(dim,),
-                accumulate=False)
+    _check_source(x, dim, index, source, "index_copy")
+    return bind(index_put_p, x, source, index, dims=(dim,), accumulate=False)
 
 
 def _written(x, dims, indices):
@@ -948,6 +974,13 @@ def _written(x, dims, indices):
 
 
 def _fill_value(x, value, op):
+    value_is_complex = value.dtype.is_complex if _is_tensor(value) else \
+        isinstance(value, complex)
+    if value_is_complex and not x.dtype.is_complex:
+        raise InvalidOptionError(
+            f"{op}: value cannot be converted to type {x.dtype} without overflow: it is "
+            "complex and the tensor is not (as in torch). Fix: fill a complex tensor, or pass "
+            "value.real.")
     if not _is_tensor(value):
         return _constant(value, x)
     if _rank(value) != 0:
@@ -1018,9 +1051,11 @@ batching_rules[mask_order_p] = mask_order_batch
 
 
 def _bool_mask(mask, op):
-    if mask.dtype not in (torch.bool, torch.uint8):
-        raise TransformUsageError(f"{op}: expected a boolean mask, got {mask.dtype}.")
-    return mask if mask.dtype == torch.bool else ops.ne(mask, 0)
+    if mask.dtype != torch.bool:
+        raise InvalidOptionError(
+            f"{op}: only supports boolean masks, but got mask with dtype {mask.dtype} (torch "
+            "refuses uint8 masks too). Fix: pass mask.bool().")
+    return mask
 
 
 def _broadcast_with_mask(x, mask, op):
@@ -1054,12 +1089,13 @@ def masked_scatter(x, mask, source):
     cotangents of the unused source elements are zero, as in torch's
     ``masked_scatter_backward``). Under vmap the order is computed per example."""
     op = "masked_scatter(x, mask, source)"
+    _same_dtype(x, source, op, "masked_scatter: expected self and source to have same dtypes")
     x, mask = _broadcast_with_mask(x, mask, op)
     if math.prod(ops.shape_of(source)) == 0:
         _check_no_true(mask, op)
         return x
     order = ops.where(mask, bind(mask_order_p, mask, batch_dims=0), 0)
-    return ops.where(mask, take(ops.convert(source, x.dtype), order), x)
+    return ops.where(mask, take(source, order), x)
 
 
 def _check_no_true(mask, op):
