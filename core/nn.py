@@ -39,8 +39,9 @@ import torch.nn.functional as F
 
 from . import aten_api, elementwise, indexing, ops, structural, torch_api
 from . import primitives as P
-from .autograd import vjp_rules, wants_cotangent
+from .autograd import conj, vjp_rules, wants_cotangent
 from .batching import batch_size, batching_rules, move_bdim
+from .dispatch import complex_ready
 from .errors import InPlaceError, MissingRuleError, TransformUsageError
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import as_tensor, unwrap_tree
@@ -155,7 +156,9 @@ class _KeptOutput:
 # most: its kernel is torch's (addmm, the bias fused into the product, as torch.func runs
 # it), one tape entry holds it, and under vmap one rule does what three did. Its rules are
 # written in the ops it would decompose into, so nothing new is needed below it:
-#   vjp: ct_x = ct @ w,  ct_w = ct^T @ x over all leading dims,  ct_b = ct summed over them;
+#   vjp: ct_x = ct @ conj(w),  ct_w = ct^T @ conj(x) over all leading dims,  ct_b = ct summed
+#   over them (the conj is the adjoint's, on complex numbers, as matmul's; NOTE [Complex
+#   numbers] in dispatch.py);
 #   jvp: linear(x_dot, w, b_dot) + linear(x, w_dot) (it is bilinear in x and w, plus b);
 #   vmap: with w and b shared, one call (linear maps the last dim only, so the batch dim
 #   stays where it is); with batched weights (an ensemble), a batched matrix product.
@@ -185,7 +188,7 @@ def linear_vjp(x, weight, bias):
     out_features, in_features = shape_of(weight)
 
     def backward(ct):
-        ct_x = ops.matmul(ct, weight) if wants_cotangent(0, x) else None
+        ct_x = ops.matmul(ct, conj(weight)) if wants_cotangent(0, x) else None
         want_w = wants_cotangent(1, weight)
         want_b = bias is not None and wants_cotangent(2, bias)
         ct_w = ct_b = None
@@ -193,7 +196,7 @@ def linear_vjp(x, weight, bias):
             ct_rows = ops.reshape(ct, -1, out_features)  # one row per leading index
             if want_w:
                 ct_w = ops.matmul(ops.transpose(ct_rows, 0, 1),
-                                  ops.reshape(x, -1, in_features))
+                                  ops.reshape(conj(x), -1, in_features))
             if want_b:
                 ct_b = ops.reshape(ops.sum(ct_rows, 0), *shape_of(bias))
         return ct_x, ct_w, ct_b
@@ -219,6 +222,7 @@ def linear_layer_jvp(primals, tangents):
 
 
 jvp_rules[linear_p] = linear_layer_jvp
+complex_ready(linear_p)  # checked against torch.func in tests/test_nn_complex.py
 
 
 def linear_batch(values, bdims):
