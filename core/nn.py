@@ -28,6 +28,11 @@ lp_pool, local_response_norm, instance_norm and most margin losses are torch com
 the ops here; rrelu is refused by the levels. Fractional max pooling is max pooling's pair
 of primitives with the random samples as an argument, and ctc_loss wraps torch's kernel and
 its backward kernel (NOTE [CTC loss: torch's kernels as primitives]).
+
+Complex tensors: linear takes them (its vjp conjugates, as matmul's), convolution splits a
+complex one into three real ones as torch does (NOTE [A complex convolution is three real
+ones]), and padding, unfold, fold and l1_loss are made of complex-ready ops. The rest of the
+family (pooling, normalization, the other losses, interpolation, ...) refuses them.
 """
 import functools
 import math
@@ -39,8 +44,9 @@ import torch.nn.functional as F
 
 from . import aten_api, elementwise, indexing, ops, structural, torch_api
 from . import primitives as P
-from .autograd import vjp_rules, wants_cotangent
+from .autograd import conj, vjp_rules, wants_cotangent
 from .batching import batch_size, batching_rules, move_bdim
+from .dispatch import complex_ready
 from .errors import InPlaceError, MissingRuleError, TransformUsageError
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import as_tensor, unwrap_tree
@@ -71,11 +77,15 @@ def _ntuple(value, n, what, op):
 
 
 def _refuse_complex(op, *args):
+    """For the ops whose formulas are written for real numbers only. Convolution, linear,
+    padding, unfold, fold and l1_loss take complex tensors (NOTE [Complex numbers] in
+    dispatch.py); the rest of the family refuses them here."""
     for a in args:
         if _is_tensor(a) and a.dtype.is_complex:
             raise MissingRuleError(
-                f"{op}: complex tensors are not supported by the nn family yet. Fix: use real "
-                "tensors (split real and imaginary parts)."
+                f"{op}: complex tensors are not supported by this op of the nn family yet "
+                "(convolution, linear, padding, unfold, fold and l1_loss take them). Fix: use "
+                "real tensors (split real and imaginary parts)."
             )
 
 
@@ -155,7 +165,9 @@ class _KeptOutput:
 # most: its kernel is torch's (addmm, the bias fused into the product, as torch.func runs
 # it), one tape entry holds it, and under vmap one rule does what three did. Its rules are
 # written in the ops it would decompose into, so nothing new is needed below it:
-#   vjp: ct_x = ct @ w,  ct_w = ct^T @ x over all leading dims,  ct_b = ct summed over them;
+#   vjp: ct_x = ct @ conj(w),  ct_w = ct^T @ conj(x) over all leading dims,  ct_b = ct summed
+#   over them (the conj is the adjoint's, on complex numbers, as matmul's; NOTE [Complex
+#   numbers] in dispatch.py);
 #   jvp: linear(x_dot, w, b_dot) + linear(x, w_dot) (it is bilinear in x and w, plus b);
 #   vmap: with w and b shared, one call (linear maps the last dim only, so the batch dim
 #   stays where it is); with batched weights (an ensemble), a batched matrix product.
@@ -185,7 +197,7 @@ def linear_vjp(x, weight, bias):
     out_features, in_features = shape_of(weight)
 
     def backward(ct):
-        ct_x = ops.matmul(ct, weight) if wants_cotangent(0, x) else None
+        ct_x = ops.matmul(ct, conj(weight)) if wants_cotangent(0, x) else None
         want_w = wants_cotangent(1, weight)
         want_b = bias is not None and wants_cotangent(2, bias)
         ct_w = ct_b = None
@@ -193,7 +205,7 @@ def linear_vjp(x, weight, bias):
             ct_rows = ops.reshape(ct, -1, out_features)  # one row per leading index
             if want_w:
                 ct_w = ops.matmul(ops.transpose(ct_rows, 0, 1),
-                                  ops.reshape(x, -1, in_features))
+                                  ops.reshape(conj(x), -1, in_features))
             if want_b:
                 ct_b = ops.reshape(ops.sum(ct_rows, 0), *shape_of(bias))
         return ct_x, ct_w, ct_b
@@ -219,6 +231,7 @@ def linear_layer_jvp(primals, tangents):
 
 
 jvp_rules[linear_p] = linear_layer_jvp
+complex_ready(linear_p)  # checked against torch.func in tests/test_nn_complex.py
 
 
 def linear_batch(values, bdims):
@@ -651,13 +664,47 @@ def _conv_params(op, spatial, stride, padding, dilation, transposed, output_padd
                 groups=int(groups))
 
 
+def _complex_conv(op, x, weight, bias, **params):
+    """NOTE [A complex convolution is three real ones]
+    aten.convolution and aten.convolution_backward have no complex kernel on the CPU (torch
+    2.13): torch's conv2d and the others split a complex convolution into three real ones
+    (Gauss's trick; complex_convolution in aten's Convolution.cpp), and torch.func
+    differentiates those. So do we, with the same formula:
+        a = conv(x_re, w_re, b_re),  b = conv(x_im, w_im),
+        c = conv(x_re + x_im, w_re + w_im, b_re + b_im),
+        conv(x, w, b) = (a - b) + i (c - a - b).
+    The convolution primitives stay real, and no conj is written anywhere: the derivatives
+    are those of real convolutions and of real, imag and complex, whose rules follow PyTorch's
+    convention (NOTE [Complex numbers] in dispatch.py); the adjoint's conj of the weight in
+    grad_input comes out of them. vmap batches the three real convolutions. As in torch, the
+    input, weight and bias have one dtype."""
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is not None and v.dtype != x.dtype:
+            raise TransformUsageError(
+                f"{op}(input, weight, bias): a complex input ({x.dtype}) takes a {name} of "
+                f"its dtype, got {v.dtype}, as in torch. Fix: convert the {name} with "
+                f".to({x.dtype}).")
+    x_re, x_im = ops.real(x), ops.imag(x)
+    w_re, w_im = ops.real(weight), ops.imag(weight)
+    b_re = b_both = None
+    if bias is not None:
+        b_re = ops.real(bias)
+        b_both = ops.add(b_re, ops.imag(bias))
+    a = _conv(x_re, w_re, b_re, **params)
+    b = _conv(x_im, w_im, None, **params)
+    c = _conv(ops.add(x_re, x_im), ops.add(w_re, w_im), b_both, **params)
+    return ops.complex(ops.sub(a, b), ops.sub(ops.sub(c, a), b))
+
+
 @aten_api.register(aten.convolution.default)
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """``aten.convolution``: every convolution torch runs, in normalized form."""
-    _refuse_complex("convolution", x, weight, bias)
+    """``aten.convolution``: every convolution torch runs, in normalized form (a complex one
+    too, which torch's CPU kernel refuses: NOTE [A complex convolution is three real ones])."""
     spatial = len(shape_of(weight)) - 2
     params = _conv_params("convolution", spatial, stride, padding, dilation, transposed,
                           output_padding, groups)
+    if x.dtype.is_complex:
+        return _complex_conv("convolution", x, weight, bias, **params)
     return _conv(x, weight, bias, **params)
 
 
@@ -700,7 +747,6 @@ def _conv_front(spatial, transposed):
     name = f"conv_transpose{spatial}d" if transposed else f"conv{spatial}d"
 
     def call(x, weight, bias, stride, padding, output_padding, groups, dilation):
-        _refuse_complex(name, x, weight, bias)
         rank = len(shape_of(x))
         if rank not in (spatial + 1, spatial + 2):
             raise TransformUsageError(
@@ -725,7 +771,10 @@ def _conv_front(spatial, transposed):
                 x, padding = _same_padding(name, x, weight, stride, dilation)
         params = _conv_params(name, spatial, stride, padding, dilation, transposed,
                               output_padding, groups)
-        out = _conv(x, weight, bias, **params)
+        if x.dtype.is_complex:
+            out = _complex_conv(name, x, weight, bias, **params)
+        else:
+            out = _conv(x, weight, bias, **params)
         return ops.squeeze(out, 0) if unbatched else out
 
     if transposed:
@@ -891,7 +940,6 @@ def pad(x, pad, mode="constant", value=None):
             f"2-5 D input in this mode (2, 4 or 6 pads for 2-3, 3-4 or 4-5 dims), got "
             f"{len(pad)} pads for an input of shape {shape_of(x)}. Fix: reshape the input."
         )
-    _refuse_complex(f"pad(mode={mode!r})", x)
     return _pad_by_gathering(x, pad, mode)
 
 
@@ -2616,7 +2664,8 @@ def binary_cross_entropy_with_logits(x, target, weight=None, size_average=None, 
 
 
 def _pointwise_loss(op, x, target, reduction, weight, elementwise_loss):
-    _refuse_complex(op, x, target)
+    if op != "l1_loss":  # |x - t| takes complex numbers (abs's derivative); torch's others don't
+        _refuse_complex(op, x, target)
     shape = ops.broadcast_shapes(shape_of(x), shape_of(target), op=op)
     loss = elementwise_loss(ops.sub(ops.expand(x, *shape), ops.expand(target, *shape)))
     if weight is None:
@@ -3094,7 +3143,6 @@ def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
     column: every output element is one input element, at a position that depends only on
     the shapes. So it is a gather with a constant index, and fold (col2im), its transpose,
     the scatter-add with the same index: each derivative is the other op."""
-    _refuse_complex("unfold", x)
     kernel_size, dilation, padding, stride = _unfold_params("unfold", kernel_size, dilation,
                                                             padding, stride)
     unbatched = len(shape_of(x)) == 3
@@ -3114,7 +3162,6 @@ def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
 
 @torch_api.register(F.fold)
 def fold(x, output_size, kernel_size, dilation=1, padding=0, stride=1):
-    _refuse_complex("fold", x)
     output_size = _ntuple(output_size, 2, "output_size", "fold")
     kernel_size, dilation, padding, stride = _unfold_params("fold", kernel_size, dilation,
                                                             padding, stride)
