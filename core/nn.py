@@ -47,7 +47,7 @@ from . import primitives as P
 from .autograd import conj, vjp_rules, wants_cotangent
 from .batching import batch_size, batching_rules, move_bdim
 from .dispatch import complex_ready
-from .errors import InPlaceError, MissingRuleError, TransformUsageError
+from .errors import InPlaceError, MissingRuleError, ShapeMismatchError, TransformUsageError
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import as_tensor, unwrap_tree
 from .values import Value, bind, bottom_tensor
@@ -664,6 +664,16 @@ def _conv_params(op, spatial, stride, padding, dilation, transposed, output_padd
                 groups=int(groups))
 
 
+def _check_conv_dtypes(op, x, weight, bias):
+    """torch's convolutions take an input, weight and bias of one dtype (no promotion)."""
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is not None and v.dtype != x.dtype:
+            raise ShapeMismatchError(
+                f"{op}(input, weight, bias): Input type ({x.dtype}) and {name} type "
+                f"({v.dtype}) should be the same, as in torch. Fix: convert the {name} with "
+                f".to({x.dtype}).")
+
+
 def _complex_conv(op, x, weight, bias, **params):
     """NOTE [A complex convolution is three real ones]
     aten.convolution and aten.convolution_backward have no complex kernel on the CPU (torch
@@ -678,12 +688,6 @@ def _complex_conv(op, x, weight, bias, **params):
     convention (NOTE [Complex numbers] in dispatch.py); the adjoint's conj of the weight in
     grad_input comes out of them. vmap batches the three real convolutions. As in torch, the
     input, weight and bias have one dtype."""
-    for name, v in (("weight", weight), ("bias", bias)):
-        if v is not None and v.dtype != x.dtype:
-            raise TransformUsageError(
-                f"{op}(input, weight, bias): a complex input ({x.dtype}) takes a {name} of "
-                f"its dtype, got {v.dtype}, as in torch. Fix: convert the {name} with "
-                f".to({x.dtype}).")
     x_re, x_im = ops.real(x), ops.imag(x)
     w_re, w_im = ops.real(weight), ops.imag(weight)
     b_re = b_both = None
@@ -703,6 +707,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     spatial = len(shape_of(weight)) - 2
     params = _conv_params("convolution", spatial, stride, padding, dilation, transposed,
                           output_padding, groups)
+    _check_conv_dtypes("convolution", x, weight, bias)
     if x.dtype.is_complex:
         return _complex_conv("convolution", x, weight, bias, **params)
     return _conv(x, weight, bias, **params)
@@ -771,6 +776,7 @@ def _conv_front(spatial, transposed):
                 x, padding = _same_padding(name, x, weight, stride, dilation)
         params = _conv_params(name, spatial, stride, padding, dilation, transposed,
                               output_padding, groups)
+        _check_conv_dtypes(name, x, weight, bias)
         if x.dtype.is_complex:
             out = _complex_conv(name, x, weight, bias, **params)
         else:
@@ -1102,12 +1108,24 @@ def _max_pool(op, spatial, x, kernel_size, stride, padding, dilation, ceil_mode,
     return (values, bind(max_pool_indices_p, x, **params)) if with_indices else values
 
 
+def _adaptive_output_size(op, spatial, output_size, in_spatial):
+    """One output size per spatial dim (an int for all; None keeps the input's size), with
+    torch's check of the count."""
+    if isinstance(output_size, int):
+        output_size = (output_size,) * spatial
+    output_size = tuple(output_size)
+    if len(output_size) != spatial:
+        raise ShapeMismatchError(
+            f"{op}(input, output_size={output_size}): output_size must be {spatial} (one size "
+            f"per spatial dim, as torch checks), got {len(output_size)}. Fix: pass {spatial} "
+            "sizes, or one int for all.")
+    return tuple(i if o is None else int(o) for o, i in zip(output_size, in_spatial))
+
+
 def _adaptive_max_pool(op, spatial, x, output_size, with_indices):
     _check_pool_input(op, x, spatial)
     in_spatial = shape_of(x)[-spatial:]
-    if isinstance(output_size, int):
-        output_size = (output_size,) * spatial
-    output_size = tuple(i if o is None else int(o) for o, i in zip(output_size, in_spatial))
+    output_size = _adaptive_output_size(op, spatial, output_size, in_spatial)
     if spatial == 1:
         out = _adaptive_max_pool("adaptive_max_pool2d", 2, ops.unsqueeze(x, -2),
                                  (1, *output_size), with_indices)
@@ -1552,6 +1570,12 @@ def _max_unpool(op, spatial, x, indices, kernel_size, stride, padding, output_si
     position within its (n, c) plane): a scatter, whose vjp is a gather (the indexing
     family's; an index named twice keeps its last value, as torch's kernel does)."""
     _refuse_complex(op, x)
+    if shape_of(indices) != shape_of(x):
+        raise ShapeMismatchError(
+            f"{op}(input, indices, ...): Expected shape of indices to be same as that of the "
+            f"input tensor ({list(shape_of(x))}) but got indices tensor with shape: "
+            f"{list(shape_of(indices))} (as torch checks). Fix: pass the indices that max "
+            "pooling returned with this input.")
     kernel_size = _ntuple(kernel_size, spatial, "kernel_size", op)
     stride = kernel_size if stride is None else _ntuple(stride, spatial, "stride", op)
     padding = _ntuple(padding, spatial, "padding", op)
@@ -1678,9 +1702,7 @@ def _avg_pool(op, spatial, x, kernel_size, stride=None, padding=0, ceil_mode=Fal
 def _adaptive_avg_pool(op, spatial, x, output_size):
     _check_pool_input(op, x, spatial)
     in_spatial = shape_of(x)[-spatial:]
-    if isinstance(output_size, int):
-        output_size = (output_size,) * spatial
-    output_size = tuple(i if o is None else int(o) for o, i in zip(output_size, in_spatial))
+    output_size = _adaptive_output_size(op, spatial, output_size, in_spatial)
     if spatial == 1:
         out = _adaptive_avg_pool("adaptive_avg_pool2d", 2, ops.unsqueeze(x, -2),
                                  (1, *output_size))
@@ -2331,19 +2353,31 @@ def _normalize_over(x, dims, eps):
     return ops.mul(centered, rstd), mean, rstd
 
 
+def _normalized_dims(op, x, normalized_shape):
+    """The trailing dims that layer_norm and rms_norm normalize over, checked as torch does:
+    at least one, and the input's last sizes equal to ``normalized_shape``."""
+    shape = shape_of(x)
+    k = len(normalized_shape)
+    if k == 0:
+        raise ShapeMismatchError(
+            f"{op}(input, normalized_shape=[]): Expected normalized_shape to be at least "
+            "1-dimensional, i.e., containing at least one element (as in torch). Fix: pass the "
+            "sizes of the dims to normalize over.")
+    if tuple(shape[len(shape) - k:]) != normalized_shape:
+        raise ShapeMismatchError(
+            f"{op}(input, normalized_shape={list(normalized_shape)}): Given normalized_shape="
+            f"{list(normalized_shape)}, expected input with shape [*, "
+            f"{', '.join(map(str, normalized_shape))}], but got input of size{list(shape)}. "
+            "Fix: pass the shape of the dims to normalize over.")
+    return tuple(range(len(shape) - k, len(shape)))
+
+
 def _layer_norm(x, normalized_shape, weight, bias, eps):
     _refuse_complex("layer_norm", x, weight, bias)
     normalized_shape = _ntuple(normalized_shape, 1, "normalized_shape", "layer_norm") \
         if isinstance(normalized_shape, int) else tuple(int(s) for s in normalized_shape)
-    shape = shape_of(x)
-    k = len(normalized_shape)
-    if k == 0 or tuple(shape[len(shape) - k:]) != normalized_shape:
-        raise TransformUsageError(
-            f"layer_norm(input, normalized_shape={list(normalized_shape)}): expected the "
-            f"input's last dims to be {list(normalized_shape)}, got shape {shape}. Fix: pass "
-            "the shape of the dims to normalize over."
-        )
-    out, mean, rstd = _normalize_over(x, tuple(range(len(shape) - k, len(shape))), eps)
+    dims = _normalized_dims("layer_norm", x, normalized_shape)
+    out, mean, rstd = _normalize_over(x, dims, eps)
     if weight is not None:
         out = ops.mul(out, weight)
     if bias is not None:
@@ -2409,9 +2443,8 @@ aten_api.register(aten.native_group_norm.default)(
 @torch_api.register(F.rms_norm, torch.rms_norm)
 def rms_norm(x, normalized_shape, weight=None, eps=None):
     normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else \
-        tuple(normalized_shape)
-    shape = shape_of(x)
-    dims = tuple(range(len(shape) - len(normalized_shape), len(shape)))
+        tuple(int(s) for s in normalized_shape)
+    dims = _normalized_dims("rms_norm", x, normalized_shape)
     if eps is None:
         eps = torch.finfo(x.dtype).eps
     out = ops.mul(x, elementwise.rsqrt(ops.add(ops.mean(ops.mul(x, x), dims, keepdim=True),
@@ -3242,7 +3275,23 @@ def glu(x, dim=-1):
 def prelu(x, weight):
     """x where x > 0, weight * x elsewhere; one weight per channel (dim 1), or one for all."""
     _refuse_complex("prelu", x, weight)
-    if math.prod(shape_of(weight)) == 1:
+    count, rank = math.prod(shape_of(weight)), len(shape_of(x))
+    if count != 1:  # torch's checks of a weight per channel
+        if rank == 0:
+            raise ShapeMismatchError(
+                "prelu(input, weight): Not allow zero-dim input tensor (with one weight per "
+                "channel, as in torch). Fix: give the input a channel dim, or one weight.")
+        channels = shape_of(x)[1] if rank > 1 else 1
+        if count != channels:
+            raise ShapeMismatchError(
+                f"prelu(input, weight): Mismatch of parameter numbers and input channel size. "
+                f"Found parameter numbers = {count} and channel size = {channels}. Fix: one "
+                "weight per channel (dim 1), or one for all.")
+    if len(shape_of(weight)) > 1:
+        raise ShapeMismatchError(
+            f"prelu(input, weight): prelu: Expected `weight` to be a scalar or 1D tensor, but "
+            f"got: ndim = {len(shape_of(weight))}. Fix: pass weight.flatten().")
+    if count == 1:
         weight = ops.reshape(weight, *([1] * len(shape_of(x))))
     elif len(shape_of(x)) >= 2:
         weight = _channel_view(ops.reshape(weight, -1), len(shape_of(x)))

@@ -1387,7 +1387,12 @@ aten_api.register(aten.stack.default)(ops.stack)
 def linalg_cross(x, y, *, dim=-1):
     """The cross product along ``dim`` with broadcasting: c_i = x_{i+1} y_{i+2} -
     x_{i+2} y_{i+1} (indices mod 3), four rolls and a subtraction."""
-    rank = builtins.max(_rank(x), _rank(y))
+    if _rank(x) != _rank(y):
+        raise ShapeMismatchError(
+            f"linalg.cross(x, y, dim={dim}): linalg.cross: inputs must have the same number of "
+            f"dimensions (as in torch), got shapes {ops.shape_of(x)} and {ops.shape_of(y)}. "
+            "Fix: unsqueeze the smaller one.")
+    rank = _rank(x)
     dim = ops.normalize_dim(_int(dim), rank, op="linalg.cross") - rank  # from the right
     for name, t in (("input", x), ("other", y)):
         if _rank(t) < -dim or ops.shape_of(t)[dim] != 3:
