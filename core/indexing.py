@@ -1020,7 +1020,7 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
             f"index_reduce(..., reduce={reduce!r}): expected 'prod', 'mean', 'amax' or 'amin'."
         )
     dim, index = _along(x, dim, index, "index_reduce")
-    source = ops.convert(source, x.dtype)
+    _check_source(x, dim, index, source, "index_reduce")
     shape = ops.shape_of(source)
     if _rank(x) == 0:
         return ops.reshape(index_reduce(ops.reshape(x, 1), 0, index, ops.reshape(source, -1),
