@@ -53,10 +53,24 @@ def _function_name(f) -> str:
     return getattr(f, "__name__", None) or type(f).__name__
 
 
-def describe_call(transform: str, f, **options) -> str:
-    """``vmap(f, in_dims=(0,))(<inputs>)``: how an error message names the call."""
-    shown = "".join(f", {key}={value!r}" for key, value in options.items())
-    return f"{transform}({_function_name(f)}{shown})(<inputs>)"
+class describe_call:
+    """``vmap(f, in_dims=(0,))(<inputs>)``: how an error message names the call. The string
+    is made when a message needs it (``f"{call}: ..."``): a transform is called once per step
+    of a loop, and formatting the options costs microseconds that only an error uses."""
+    __slots__ = ("transform", "f", "options")
+
+    def __init__(self, transform: str, f, **options):
+        self.transform, self.f, self.options = transform, f, options
+
+    def __str__(self):
+        shown = "".join(f", {key}={value!r}" for key, value in self.options.items())
+        return f"{self.transform}({_function_name(self.f)}{shown})(<inputs>)"
+
+    def __format__(self, spec):
+        return format(str(self), spec)
+
+    def __repr__(self):
+        return repr(str(self))
 
 
 def _is_array(value) -> bool:
@@ -88,7 +102,7 @@ _TORCH_CALLS = {"grad": "grad_and_value(f)(*args)", "vjp": "vjp(f, *primals)",
 
 def _torch_call(call) -> str:
     """torch.func's generic call for the transform ``call`` names, as its messages begin."""
-    generic = _TORCH_CALLS.get(call.split("(", 1)[0])
+    generic = _TORCH_CALLS.get(str(call).split("(", 1)[0])
     return f"{generic}: " if generic else ""
 
 
@@ -663,6 +677,8 @@ def _check_randomness(transform, randomness):
 
 def _check_out_dims(out_dims, call):
     """torch.func's out_dims: an int, None, or a container of them (checked before f runs)."""
+    if out_dims is None or type(out_dims) is int:
+        return
     leaves = optree.tree_leaves(out_dims, none_is_leaf=True)
     if isinstance(out_dims, (int, type(None))) or (
             isinstance(out_dims, (tuple, list, dict))
