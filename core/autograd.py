@@ -176,6 +176,15 @@ class Tape:
             return self._backward(seeds, record_steps)
 
     def _backward(self, seeds, record_steps):
+        start = len(_deferred_checks)
+        try:
+            gradients = self._propagate(seeds, record_steps)
+            _run_deferred_checks(_deferred_checks[start:])
+        finally:
+            del _deferred_checks[start:]
+        return gradients
+
+    def _propagate(self, seeds, record_steps):
         gradients = dict(seeds)
         steps = [BackwardStep(None, None, None, [(n, ct, ct) for n, ct in seeds.items()])]
         for index in range(len(self.entries) - 1, -1, -1):
@@ -245,6 +254,29 @@ _active_captures: list[list] = []
 # ignore it, and a cotangent computed anyway is dropped. Outside a backward pass (a rule
 # called by hand) every argument that is a tensor wants one.
 _needs_stack: list = []
+
+# NOTE [A check over several outputs of one kernel]
+# A few checks need the cotangents of several outputs of one kernel at once, while each output
+# is its own primitive with its own backward (NOTE [One kernel call, several primitives] in
+# linalg.py). An SVD's loss must not depend on the phases of its singular pairs, and torch
+# checks Im diag(U^H gU) + Im diag(V^H gV) = 0, a sum over U's and V's cotangents. So such a
+# backward files its part with ``defer_check(key, part, check)``; once the backward pass is
+# over, the parts filed under one key are summed and ``check`` runs on the total (torch makes
+# the check inside its one svd_backward, which gets both cotangents).
+_deferred_checks: list = []
+
+
+def defer_check(key, part, check):
+    _deferred_checks.append((key, part, check))
+
+
+def _run_deferred_checks(filed):
+    totals = {}
+    for key, part, check in filed:
+        total, _ = totals.get(key, (None, check))
+        totals[key] = (part if total is None else total + part, check)
+    for total, check in totals.values():
+        check(total)
 
 
 def needs_input_grad(position: int) -> bool:

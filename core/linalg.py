@@ -49,7 +49,7 @@ import torch
 
 from . import aten_api, ops, structural, torch_api
 from . import primitives as P
-from .autograd import sum_to_size, vjp_rules, wants_cotangent
+from .autograd import defer_check, sum_to_size, vjp_rules, wants_cotangent
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim
 from .dispatch import complex_ready
 from .errors import (FunctionOutputError, MissingRuleError, TransformUsageError,
@@ -1350,8 +1350,27 @@ def _imag_i(x):
 # its adjoint: off the diagonal the real formula with conjugate transposes, on it
 # i Im(diag(U^H gU)) / S from gU and nothing from gVh. A loss that does not depend on the
 # phases (torch refuses the others) has one gradient, and this is it; U and Vh are separate
-# primitives here, so torch's check of that invariance, which needs both cotangents, is not
-# made.
+# primitives here, so torch's check of that invariance, which needs both cotangents, runs
+# once the backward pass has both (NOTE [A check over several outputs of one kernel] in
+# autograd.py).
+def _check_svd_phases(im_sum):
+    """torch's svd_backward check: Im diag(U^H gU) + Im diag(V^H gV) = 0 (the loss does not
+    depend on the phase shared by u_i and v_i)."""
+    if not torch.allclose(im_sum, torch.zeros_like(im_sum), rtol=1e-2, atol=1e-2):
+        raise FunctionOutputError(
+            "linalg_svd_backward: svd_backward: The singular vectors in the complex case are "
+            "specified up to multiplication by e^{i phi}. The specified loss function depends "
+            "on this phase term, making it ill-defined. Fix: differentiate a function of the "
+            "singular vectors that does not depend on their phases (|U|, U V^H, ...).")
+
+
+def _file_svd_phases(S, diagonal):
+    """File this output's share of the phase check, Im of ``diagonal``, where the numbers are
+    concrete (torch skips the check for tensor subclasses too)."""
+    if type(diagonal) is torch.Tensor:
+        defer_check(("svd phases", id(S)), diagonal.imag, _check_svd_phases)
+
+
 def _svd_backward(gU, gS, gVh, U, S, Vh):
     """svd_backward (real case), U, Vh reduced; any of the gradients may be None. With
     E_jk = S_k^2 - S_j^2 (1 on the diagonal) and skew(X) = X - X^T:
@@ -1372,12 +1391,15 @@ def _svd_backward(gU, gS, gVh, U, S, Vh):
         UhgU = _mm(_mH(U), gU)
         term = ops.mul(ops.div(_skewh(UhgU), E), ops.unsqueeze(S, -2))
         if complex_:  # NOTE [The SVD of a complex matrix]
+            _file_svd_phases(S, _diagonal(UhgU))
             phases = ops.div(_imag_i(_diagonal(UhgU)), S)
             term = ops.add(ops.where(eye, 0.0, term), _diag_embed(phases))
         inner = term
     if gVh is not None:
-        term = ops.mul(ops.unsqueeze(S, -1), ops.div(_skewh(_mm(Vh, _mH(gVh))), E))
+        VhgV = _mm(Vh, _mH(gVh))  # V^H gV, with gV = gVh^H
+        term = ops.mul(ops.unsqueeze(S, -1), ops.div(_skewh(VhgV), E))
         if complex_:
+            _file_svd_phases(S, _diagonal(VhgV))
             term = ops.where(eye, 0.0, term)
         inner = add_tangents(inner, term)
     if gS is not None:

@@ -449,3 +449,30 @@ def test_eig_refuses_a_loss_that_depends_on_the_phases(eig):
         tf.vjp(f, z)[1](ct)
     with pytest.raises(RuntimeError, match=r"up to multiplication by e\^\{i phi\}"):
         mf.vjp(f, z)[1](ct)
+
+
+SVD_LOSSES = {
+    "Re U": (lambda U, S, Vh: U.real.sum(), True),
+    "Re Vh": (lambda U, S, Vh: Vh.real.sum(), True),
+    "U Vh": (lambda U, S, Vh: (U @ Vh).real.sum(), False),
+    "|U| + |Vh|": (lambda U, S, Vh: U.abs().sum() + Vh.abs().sum(), False),
+    # u_0 and conj(v_0) together: each alone depends on the phase, the product does not
+    "u_0 times conj(v_0)": (lambda U, S, Vh: (U[:, 0] * Vh[0, 0]).real.sum(), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SVD_LOSSES))
+def test_svd_refuses_a_loss_that_depends_on_the_phases(name):
+    # torch checks Im diag(U^H gU) + Im diag(V^H gV) = 0: a sum over two outputs, which are
+    # two primitives here (NOTE [A check over several outputs of one kernel])
+    loss, depends = SVD_LOSSES[name]
+    f = lambda a: loss(*torch.linalg.svd(a, full_matrices=False))  # noqa: E731
+    z = _complex((4, 3), 0, torch.complex128)
+    if depends:
+        for api in (tf, mf):
+            with pytest.raises(RuntimeError, match=r"specified up to multiplication by e\^\{i phi\}"):
+                api.grad(f)(z)
+        torch.testing.assert_close(mf.grad(lambda a: a.abs().sum())(z),  # and the next call works
+                                   tf.grad(lambda a: a.abs().sum())(z))
+    else:
+        torch.testing.assert_close(mf.grad(f)(z), tf.grad(f)(z))
