@@ -25,9 +25,10 @@ Each op opens both doors: the torch functions users call (``F.conv2d``, ``F.max_
 (``aten.convolution``, ``aten.max_pool2d_with_indices``; back, aten_api.py). Left to others:
 embedding and embedding_bag (the indexing family), dropout in training mode (randomness);
 lp_pool, local_response_norm, instance_norm and most margin losses are torch composites of
-the ops here; rrelu is refused by the levels. Fractional max pooling is max pooling's pair
-of primitives with the random samples as an argument, and ctc_loss wraps torch's kernel and
-its backward kernel (NOTE [CTC loss: torch's kernels as primitives]).
+the ops here; rrelu draws its slopes with torch's kernel (NOTE [rrelu outside vmap]).
+Fractional max pooling is max pooling's pair of primitives with the random samples as an
+argument, and ctc_loss wraps torch's kernel and its backward kernel (NOTE [CTC loss: torch's
+kernels as primitives]).
 
 Complex tensors: linear takes them (its vjp conjugates, as matmul's), convolution splits a
 complex one into three real ones as torch does (NOTE [A complex convolution is three real
@@ -3296,6 +3297,33 @@ def prelu(x, weight):
     elif len(shape_of(x)) >= 2:
         weight = _channel_view(ops.reshape(weight, -1), len(shape_of(x)))
     return _prelu_kernel(x, weight)
+
+
+@torch_api.register(F.rrelu, torch.rrelu)
+def rrelu(x, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
+    """NOTE [rrelu outside vmap]
+    In eval mode rrelu is leaky_relu with the mean slope. In training mode torch's kernel
+    (rrelu_with_noise) draws one slope per element that is not positive and writes the slopes
+    (1 elsewhere) into a noise tensor: the output is x * noise, and torch's derivative is the
+    noise (rrelu_with_noise_backward). Here the kernel runs on the concrete numbers under the
+    value of a grad or jvp level (its draws are torch's own, in torch's order), and the
+    engine computes x * noise, whose derivative is the same. Under vmap randomness.py refuses,
+    as torch.func does."""
+    if inplace:
+        raise InPlaceError(
+            "rrelu(x, inplace=True): writing random slopes into a value of a transform is not "
+            "supported. Fix: use the returned value, inplace=False.")
+    if not training:
+        return elementwise.leaky_relu(x, (lower + upper) / 2)
+    plain = bottom_tensor(x)
+    if plain.device.type == "meta":
+        raise MissingRuleError(
+            "rrelu(x, training=True): a traced program cannot replay rrelu's random slopes. "
+            "Fix: trace the model in eval mode, or use F.leaky_relu.")
+    noise = torch.empty_like(plain)
+    with torch.no_grad():
+        aten.rrelu_with_noise(plain.detach(), noise, lower, upper, True)
+    return ops.mul(x, noise)
 
 
 @aten_api.register(aten._prelu_kernel.default)

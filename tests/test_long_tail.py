@@ -531,3 +531,27 @@ def test_resize_as_under_vmap():
         mf.jvp(lambda a: a.clone().resize_(4, 3), (a[0],), (a[0],))
     with pytest.raises(TransformError, match="uninitialized"):
         mf.vmap(lambda a: a.clone().resize_(5, 5))(a)
+
+
+# --- rrelu (NOTE [rrelu outside vmap]) -------------------------------------------------------
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "training"])
+def test_rrelu_under_grad_and_jvp_draws_torchs_slopes(training):
+    x = torch.randn(4, 5, dtype=torch.float64)
+    f = lambda a: torch.nn.functional.rrelu(a, 0.1, 0.3, training=training)  # noqa: E731
+    for transform in (lambda api: api.grad(lambda a: (f(a) * a.cos()).sum())(x),
+                      lambda api: api.jvp(f, (x,), (x.sin(),)),
+                      lambda api: api.jacrev(f)(x)):
+        torch.manual_seed(7)
+        ours = transform(mf)
+        torch.manual_seed(7)
+        theirs = transform(torch.func)
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_rrelu_refuses_what_torch_func_refuses():
+    x = torch.randn(3, 4)
+    with pytest.raises(mf.TransformError, match="rrelu"):
+        mf.vmap(lambda a: torch.nn.functional.rrelu(a, training=True),
+                randomness="different")(x)
+    with pytest.raises(mf.TransformError, match="inplace=True"):
+        mf.grad(lambda a: torch.nn.functional.rrelu(a, inplace=True).sum())(x)
