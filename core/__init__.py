@@ -29,6 +29,7 @@ from .errors import (
     RandomnessError,
     RandomnessOptionError,
     NestedTensorError,
+    SavedTensorHooksError,
     ShapeMismatchError,
     TangentsError,
     TransformError,
@@ -87,6 +88,6 @@ __all__ = [
     "Value", "AutogradValue", "BatchedValue", "ForwardValue", "LoggedValue", "capture_fallbacks",
     "ArgnumsError", "CotangentTypeError", "DimOutOfRangeError", "FunctionOutputError",
     "InputDtypeError", "InvalidOptionError", "RandomnessOptionError", "ShapeMismatchError",
-    "NestedTensorError",
+    "NestedTensorError", "SavedTensorHooksError",
     "TangentsError",
 ]

@@ -104,6 +104,11 @@ class RandomnessOptionError(RandomnessError, TransformUsageError):
     """``randomness=`` is not 'error', 'same' or 'different' (torch.func: ``RuntimeError``)."""
 
 
+class SavedTensorHooksError(TransformError, RuntimeError):
+    """grad, vjp and jacrev under saved-tensor hooks (``save_on_cpu``), which torch.func
+    refuses with a RuntimeError."""
+
+
 class InPlaceError(TransformError, RuntimeError):
     """An in-place operation was applied to a value wrapped by a transform."""
 

@@ -29,6 +29,7 @@ from .errors import (
     InvalidOptionError,
     NestedTensorError,
     NonScalarOutputError,
+    SavedTensorHooksError,
     RandomnessOptionError,
     TangentsError,
     TransformUsageError,
@@ -253,11 +254,20 @@ def _run_reverse(f, args, kwargs, argnums, call):
     primals gives ``()``). Returns (level, out, argnums, one (leaves, wrapped values, treedef)
     per selected argument).
     """
+    # NOTE [Saved-tensor hooks]: torch.func refuses them under its reverse-mode transforms
+    # (a hook would see the engine's values, not what torch's autograd saves); so do we, with
+    # its words, for hooks active at the call and for hooks entered inside f
+    hooks_message = (f"{call}: torch.func.{{grad, vjp, jacrev, hessian}} don't yet support "
+                     "saved tensor hooks. Fix: leave the hooks' context (torch.autograd.graph.save_on_cpu, "
+                     "saved_tensors_hooks) around the transform, or apply it outside.")
+    if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        raise SavedTensorHooksError(hooks_message)
     level = new_level(Autograd, name="Autograd", record_steps=False, call=call)
     args = list(args)
     inputs = []
     shown, originals = [], []
-    with transform_scope(level), level_scope(level):
+    with transform_scope(level), level_scope(level), \
+            torch.autograd.graph.disable_saved_tensors_hooks(hooks_message):
         for argnum in argnums:
             originals += optree.tree_leaves(args[argnum])
             leaves, treedef = _flatten_arrays(args[argnum], call, f"argument {argnum}")

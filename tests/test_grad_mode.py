@@ -757,3 +757,19 @@ def test_is_grads_batched_refused():
     with pytest.raises(UnsupportedOperationError, match="is_grads_batched"):
         mft.grad(lambda x: torch.autograd.grad((x ** 2).sum(), x,
                                                is_grads_batched=True)[0].sum())(X)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp", "jacrev", "hessian"])
+def test_saved_tensor_hooks_entered_inside_a_reverse_transform_are_refused(transform):
+    # torch.func refuses them (torch.autograd.graph.disable_saved_tensors_hooks); jvp allows
+    def g(a):
+        with torch.autograd.graph.save_on_cpu():
+            return a.sin().sum()
+    x = torch.randn(3)
+    call = (lambda api: api.vjp(g, x)) if transform == "vjp" else \
+        (lambda api: getattr(api, transform)(g)(x))
+    for api in (torch.func, mft):
+        with pytest.raises(RuntimeError, match="don't yet support saved tensor hooks"):
+            call(api)
+    torch.testing.assert_close(mft.jvp(g, (x,), (x,)), torch.func.jvp(g, (x,), (x,)))
+    torch.testing.assert_close(mft.grad(lambda a: a.sin().sum())(x), x.cos())  # and after

@@ -36,6 +36,11 @@ def two(a, c):
     return (a * c).sum()
 
 
+def _under_save_on_cpu(call):
+    with torch.autograd.graph.save_on_cpu():
+        return call()
+
+
 CAPTURED = torch.zeros(3)  # made outside the transforms; functions below write into it
 
 
@@ -373,6 +378,9 @@ CASES = [
     ("vmap_masked_scatter_with_a_uint8_mask",
      lambda F: F.vmap(lambda a: a.masked_scatter(torch.ones(3, dtype=torch.uint8), a))(b),
      RuntimeError, r"only supports boolean masks"),
+    ("grad_under_saved_tensor_hooks",
+     lambda F: _under_save_on_cpu(lambda: F.grad(lambda a: a.sin().sum())(x)),
+     RuntimeError, r"don't yet support saved tensor hooks"),
     ("functional_call_strict_missing_key",
                  lambda F: F.functional_call(torch.nn.Linear(2, 1), {"weight": torch.ones(1, 2)},
                                              (torch.ones(1, 2),), strict=True),
