@@ -760,3 +760,25 @@ def test_compat_functions_are_documented_as_deprecated_spellings():
                      compat.combine_state_for_ensemble):
         assert "deprecated spelling" in function.__doc__
     assert "functional_call" in compat.__doc__ and "stack_module_state" in compat.__doc__
+
+
+def test_the_common_swap_is_written_out_and_the_rest_takes_torchs(monkeypatch):
+    # NOTE [The common swap, written out]: existing parameters and buffers, no untying, not
+    # strict: dict assignments; any other call: torch's swap, with its checks
+    from minifunctorch.core import modules
+    calls = []
+    real = modules._reparametrize_module
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(modules, "_reparametrize_module", counted)
+    net, x = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).to(DTYPE), randn(5, 3)
+    state = {**params_of(net), **dict(net.named_buffers())}
+    state = {k: v.clone() for k, v in state.items()}
+    both(lambda ft: ft.functional_call(net, {k: v.clone() for k, v in state.items()}, x))
+    assert calls == [], "an ordinary call took torch's swap"
+    mf.functional_call(net, state, x, strict=True)
+    mf.functional_call(net, {**state, "extra": torch.ones(())}, x)
+    assert len(calls) == 2
+    assert dict(net.named_buffers())["1.running_mean"].abs().sum() == 0  # the module's own
