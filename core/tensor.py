@@ -395,7 +395,8 @@ def _refresh_view(t):
     """NOTE [Views that outlive a write]
     ``v = x[0]; x.add_(1)``: torch's ``v`` shares memory with ``x`` and sees the write. Here
     ``v`` holds a value computed from ``x``'s old value, so a view remembers how it was made
-    and is recomputed from its base when the base has been written since."""
+    and is recomputed from its base when the base has been written since (a view of a view,
+    ``x.view(-1)[1:]``, through its own base in turn)."""
     view = t._view
     base = view.base
     value_of(base)
@@ -403,6 +404,7 @@ def _refresh_view(t):
         with engine_code():
             t.value = unwrap(view.replay(base))
         view.generation = base._generation
+        t._generation += 1  # a new value: views taken of this view refresh in turn
 
 
 def _write(target, new_value, call):

@@ -128,7 +128,9 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
         traced_args, traced_kwargs = optree.tree_unflatten(treedef, traced_leaves)
         with user_code():
             out = f(*traced_args, **traced_kwargs)
-    out_leaves, out_treedef = optree.tree_flatten(unwrap_tree(out))
+        out = unwrap_tree(out)  # while the level runs (NOTE [Outputs are read while their
+        # level runs] in transforms.py)
+    out_leaves, out_treedef = optree.tree_flatten(out)
     outputs = []
     for leaf in out_leaves:
         if isinstance(leaf, TracerValue) and leaf.dispatcher is level:

@@ -247,6 +247,15 @@ def _wrap_for_autograd(level, leaves):
     return wrapped
 
 
+def _output_values(out):
+    """NOTE [Outputs are read while their level runs]
+    An output may be a view whose base f wrote in place after taking it (``y0 = y[0];
+    y.sin_()``): its value is the view replayed on the base's new value (tensor.py's views),
+    and that replay must run on the transform's level, so that grad records it and vmap
+    batches it. So the outputs are unwrapped before the level's scope closes."""
+    return unwrap_tree(out)
+
+
 def _run_reverse(f, args, kwargs, argnums, call):
     """Run ``f`` on an Autograd level with the arguments ``argnums`` as inputs.
 
@@ -279,8 +288,9 @@ def _run_reverse(f, args, kwargs, argnums, call):
             args[argnum] = optree.tree_unflatten(treedef, tensors)
         with user_code():
             out = f(*args, **kwargs)
+        out = _output_values(out)
     _write_back(shown, originals, level.lower_own)
-    return level, unwrap_tree(out), argnums, inputs
+    return level, out, argnums, inputs
 
 
 def _gradients(level, seeds, inputs):
@@ -525,8 +535,9 @@ def _jvp(f, primals, tangents, has_aux, strict=False):
         wrapped = [as_tensor(level.wrap_input(p, t)) for p, t in zip(p_leaves, t_leaves)]
         with user_code():
             out = f(*optree.tree_unflatten(p_treedef, wrapped))
+        out = _output_values(out)
     _write_back(wrapped, optree.tree_leaves(primals), level.lower_own)
-    out, aux = _split_aux(unwrap_tree(out), has_aux, call)
+    out, aux = _split_aux(out, has_aux, call)
     out_leaves, out_treedef = optree.tree_flatten(out)
     _check_outputs_are_tensors(out_leaves, call, "f(*primals)", out)
     primal_out, tangent_out = [], []
@@ -816,12 +827,13 @@ def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, r
                    for leaf, d in zip(arg_leaves, dim_leaves)]
         with user_code():
             out = f(*optree.tree_unflatten(arg_treedef, wrapped), **kwargs)
+        out_values = _output_values(out)
     # the batched inputs that f wrote in place
     written = {id(t): (t, original, d) for t, original, d in zip(wrapped, originals, dim_leaves)
                if d is not None and type(t) is FuncTensor and t._generation}
     for tensor, original, d in written.values():
         _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d))
-    result = _unbatch_outputs(level, unwrap_tree(out), out_dims, size, call, _function_name(f))
+    result = _unbatch_outputs(level, out_values, out_dims, size, call, _function_name(f))
     return _alias_written_inputs(out, result, written, out_dims) if written else result
 
 
@@ -906,7 +918,8 @@ def _vmap_nested(f, arg_leaves, arg_treedef, dim_leaves, kwargs, out_dims, rando
                     f"{call}: an in-place write to an input of a vmap over a nested tensor "
                     "is not supported here. Fix: compute a new tensor (x = x + y, not "
                     "x += y).")
-        leaves, treedef = optree.tree_flatten(unwrap_tree(out), none_is_leaf=True)
+            out = _output_values(out)
+        leaves, treedef = optree.tree_flatten(out, none_is_leaf=True)
         per_example.append([None if leaf is None else
                             ops.squeeze(level.lower(leaf), 0)
                             if isinstance(leaf, BatchedValue) and leaf.dispatcher is level
