@@ -1182,7 +1182,14 @@ def _jacrev(f, argnums, has_aux, chunk_size, args):
     pull_back.__name__ = f"vjp_fn of {_function_name(f)}"
 
     # vmap(pull_back, chunk_size=chunk_size)(*basis): (total, *in_shape) leaves
-    per_input = as_tensors(_vmap(pull_back, 0, 0, "error", chunk_size, tuple(basis), {}))
+    if chunk_size == 1:
+        # torch.func pulls back one row at a time here, without vmap, so that a backward
+        # with data-dependent ops (nonzero, .item()) works (pytorch/pytorch issue 127036)
+        total = ops.shape_of(basis[0])[0]
+        rows = [pull_back(*[b[i] for b in basis]) for i in range(total)]
+        per_input = as_tensors(optree.tree_map(lambda *r: ops.stack(list(r)), *rows))
+    else:
+        per_input = as_tensors(_vmap(pull_back, 0, 0, "error", chunk_size, tuple(basis), {}))
     jacobians = []
     for o_index, (o, n) in enumerate(zip(out_leaves, sizes)):
         offset = sum(sizes[:o_index])

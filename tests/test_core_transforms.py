@@ -6,6 +6,7 @@ perturbation confusion, Python control flow, and the tapes that grad records.
 """
 import collections
 
+import optree
 import pytest
 import torch
 import torch.func as tf
@@ -694,3 +695,32 @@ def test_functionalize_refuses_an_unknown_remove():
     with pytest.raises(RuntimeError, match="received invalid argument for remove") as info:
         mf.functionalize(_mutating, remove="views")
     assert isinstance(info.value, mf.TransformError)
+
+
+def test_jacrev_with_chunk_size_one_pulls_back_row_by_row_without_vmap():
+    # as torch.func (pytorch/pytorch issue 127036): a backward with a data-dependent op
+    # (nonzero) works with chunk_size=1, which vmap could not batch
+    class IdentityWithNonzeroBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            grad_output.nonzero()
+            return grad_output
+
+    def f(x, y):
+        return IdentityWithNonzeroBackward.apply(x).sin() * y, y.exp()
+
+    x, y = torch.randn(3, 2), torch.randn(3, 2)
+    ours = mf.jacrev(f, argnums=(0, 1), chunk_size=1)(x, y)
+    theirs = torch.func.jacrev(f, argnums=(0, 1), chunk_size=1)(x, y)
+    for a, b in zip(optree.tree_leaves(ours), optree.tree_leaves(theirs)):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(mf.TransformError, match="nonzero"):
+        mf.jacrev(f, chunk_size=2)(x, y)
