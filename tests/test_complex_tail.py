@@ -9,26 +9,12 @@ import torch.func as tf
 
 import minifunctorch.core as mf
 from minifunctorch.core.errors import TransformError, TransformUsageError
+from complex_inputs import complex_tensor as _complex
+from complex_inputs import like as _like
+from complex_inputs import tolerances as _tol
 
 DTYPES = [torch.complex64, torch.complex128]
 IDS = ["c64", "c128"]
-
-
-def _complex(shape, seed, dtype):
-    g = torch.Generator().manual_seed(seed)
-    real_dtype = torch.float32 if dtype == torch.complex64 else torch.float64
-    re = torch.randn(shape, generator=g, dtype=real_dtype) * 0.7 + 0.3
-    im = torch.randn(shape, generator=g, dtype=real_dtype) * 0.7
-    return torch.complex(re, im)
-
-
-def _like(v, seed):
-    return _complex(v.shape, seed, v.dtype)
-
-
-def _tol(dtype):
-    return dict(rtol=1e-4, atol=1e-4) if dtype == torch.complex64 else \
-        dict(rtol=1e-9, atol=1e-9)
 
 
 def _real_loss(f, w):

@@ -10,29 +10,11 @@ import torch.nn.functional as F
 
 import minifunctorch.core as mf
 from minifunctorch.core.errors import TransformError
+from complex_inputs import complex_tensor as _complex
+from complex_inputs import like as _like
+from complex_inputs import tolerances as _tol
 
 DTYPES = [torch.complex64, torch.complex128]
-
-
-def _complex(shape, seed, dtype):
-    g = torch.Generator().manual_seed(seed)
-    real_dtype = torch.float32 if dtype == torch.complex64 else torch.float64
-    re = torch.randn(shape, generator=g, dtype=real_dtype)
-    im = torch.randn(shape, generator=g, dtype=real_dtype)
-    return torch.complex(re, im)
-
-
-def _like(v, seed):
-    """A random cotangent or tangent of ``v``'s shape and dtype."""
-    if v.dtype.is_complex:
-        return _complex(v.shape, seed, v.dtype)
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(v.shape, generator=g, dtype=v.dtype)
-
-
-def _tol(dtype):
-    return dict(rtol=1e-4, atol=1e-4) if dtype in (torch.complex64, torch.float32) else \
-        dict(rtol=1e-9, atol=1e-9)
 
 
 # name: (function, the shapes of its complex arguments)
