@@ -108,3 +108,6 @@ def test_a_reflected_operator_called_unbound_with_a_number_as_self_is_refused():
         mf.vmap(lambda t: torch.Tensor.__rdiv__(2, t))(xs)
     torch.testing.assert_close(mf.vmap(lambda t: 2 / t)(xs), 2 / xs)
     torch.testing.assert_close(mf.vmap(lambda t: 2 - t)(xs), 2 - xs)
+    # __rpow__'s body is pow(other, self) whatever self is: torch computes t ** 2 here
+    torch.testing.assert_close(mf.vmap(lambda t: torch.Tensor.__rpow__(2.0, t))(xs),
+                               torch.Tensor.__rpow__(2.0, xs))
