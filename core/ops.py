@@ -228,9 +228,9 @@ def matmul(x, y):
 
 def dot(x, y):
     if _rank(x) != 1 or _rank(y) != 1:
-        raise TransformUsageError(
-            f"dot(x, y): expected two 1-D tensors, got shapes {shape_of(x)} and {shape_of(y)}. "
-            "Fix: use matmul."
+        raise ShapeMismatchError(
+            f"dot(x, y): 1D tensors expected, but got {_rank(x)}D and {_rank(y)}D tensors "
+            f"(shapes {shape_of(x)} and {shape_of(y)}), as torch says. Fix: use matmul."
         )
     if shape_of(x) != shape_of(y):
         raise ShapeMismatchError(
