@@ -334,8 +334,11 @@ def clamp(x, min=None, max=None):
     if (min is None or isinstance(min, (int, float))) and (
             max is None or isinstance(max, (int, float))):
         return _clamp(x, min=min, max=max)
-    out = x if min is None else where(lt(x, min), ops.convert(min, x.dtype), x)
-    return out if max is None else where(gt(out, max), ops.convert(max, x.dtype), out)
+    # tensor bounds take part in type promotion (clamp(int, float_min) is float, as in torch)
+    dtype = ops.result_dtype(x, *[b for b in (min, max) if b is not None])
+    x = ops.convert(x, dtype)
+    out = x if min is None else where(lt(x, min), ops.convert(min, dtype), x)
+    return out if max is None else where(gt(out, max), ops.convert(max, dtype), out)
 
 
 @torch_api.register(*torch_api.torch_functions("clamp_min"))

@@ -32,6 +32,27 @@ def _rank(value) -> int:
     return len(shape_of(value))
 
 
+def result_dtype(*operands):
+    """torch's type promotion of tensors (each by its rank as its level sees it: a 0-d tensor
+    does not raise the dtype of one with dims) and Python numbers (which promote only across
+    kinds: an int tensor with a float number is float)."""
+    common = None
+    for value in operands:
+        if isinstance(value, (torch.Tensor, Value)):
+            example = torch.empty((1,) * _rank(value), dtype=value.dtype, device="meta")
+        else:
+            example = value
+        if common is None:
+            common = example
+            continue
+        dtype = torch.result_type(common, example)
+        rank = builtins.max(common.dim() if isinstance(common, torch.Tensor) else 0,
+                            example.dim() if isinstance(example, torch.Tensor) else 0)
+        common = torch.empty((1,) * rank, dtype=dtype, device="meta")
+    return common.dtype if isinstance(common, torch.Tensor) else torch.result_type(
+        torch.empty((), device="meta"), common)
+
+
 def normalize_dim(dim: int, rank: int, *, op: str) -> int:
     """A dim in [-rank, rank) as a non-negative int (a 0-d tensor accepts 0 and -1)."""
     bound = builtins.max(rank, 1)

@@ -323,3 +323,14 @@ def test_writes_through_a_view_of_a_view(transform):
     x = torch.tensor([0.3, -1.2, 2.0])
     torch.testing.assert_close(transform(mf, _write_through_a_view_of_a_view, x),
                                transform(tf, _write_through_a_view_of_a_view, x))
+
+
+def test_clamp_with_tensor_bounds_promotes_as_torch():
+    # an int example clamped by float bounds is float (it kept the int dtype, and truncated)
+    xs, low, high = torch.tensor([3, -2]), torch.rand(2, 1, 4), torch.rand(2, 3, 4) + 1
+    ours, theirs = mf.vmap(torch.clamp)(xs, low, high), tf.vmap(torch.clamp)(xs, low, high)
+    assert ours.dtype == theirs.dtype == torch.float32
+    torch.testing.assert_close(ours, theirs)
+    x = torch.randn(3, 4)
+    f = lambda t: t.clamp(torch.tensor(0.0, dtype=torch.float64))  # noqa: E731 (0-d: no promotion)
+    assert mf.vmap(f)(x).dtype == tf.vmap(f)(x).dtype == torch.float32
