@@ -29,10 +29,11 @@ from .errors import (
     InvalidOptionError,
     NestedTensorError,
     NonScalarOutputError,
-    SavedTensorHooksError,
     RandomnessOptionError,
+    SavedTensorHooksError,
     TangentsError,
     TransformUsageError,
+    UnsupportedOperationError,
 )
 from .forward import Forward, ForwardValue
 from .grad_mode import level_scope
@@ -217,7 +218,7 @@ def _check_outputs_are_tensors(leaves, call, returned, out):
             )
 
 
-def _write_back(shown, originals, lower):
+def _write_back(shown, originals, lower, call):
     """NOTE [In-place writes to a transform's inputs]
     torch.func's inputs are the caller's own tensors, so ``x.add_(1)`` inside ``grad(f)(x)``
     also changes the caller's ``x``. Here ``f`` sees FuncTensors, and a write swaps a new
@@ -226,13 +227,27 @@ def _write_back(shown, originals, lower):
     for tensor, original in zip(shown, originals):
         if type(tensor) is FuncTensor and tensor._generation:
             new_value = as_tensor(lower(value_of(tensor)))
+            reshaped = tuple(new_value.shape) != tuple(original.shape)
             if type(original) is FuncTensor:
+                if reshaped:
+                    raise UnsupportedOperationError(
+                        f"{call}: an in-place op that changes an input's shape (squeeze_, "
+                        "unsqueeze_, t_, "
+                        f"...) inside nested transforms is not supported: the input of shape "
+                        f"{tuple(original.shape)} would become {tuple(new_value.shape)}. Fix: "
+                        "use the out-of-place op (x = x.squeeze()).")
                 # a value of an enclosing transform: its grad levels record the write
                 # (under no_grad they would not: NOTE [Grad modes and transform levels])
                 original.copy_(new_value)
             else:
                 with torch.no_grad():  # a plain leaf that requires grad may be written
-                    original.copy_(new_value)
+                    if new_value.untyped_storage().data_ptr() == \
+                            original.untyped_storage().data_ptr():
+                        new_value = new_value.clone()  # a view of the input itself
+                    if reshaped:  # squeeze_, unsqueeze_, t_: the caller's tensor takes the
+                        original.set_(new_value)  # new shape, as in torch.func
+                    else:
+                        original.copy_(new_value)
 
 
 # --- reverse mode ------------------------------------------------------------------------------
@@ -289,7 +304,7 @@ def _run_reverse(f, args, kwargs, argnums, call):
         with user_code():
             out = f(*args, **kwargs)
         out = _output_values(out)
-    _write_back(shown, originals, level.lower_own)
+    _write_back(shown, originals, level.lower_own, call)
     return level, out, argnums, inputs
 
 
@@ -536,7 +551,7 @@ def _jvp(f, primals, tangents, has_aux, strict=False):
         with user_code():
             out = f(*optree.tree_unflatten(p_treedef, wrapped))
         out = _output_values(out)
-    _write_back(wrapped, optree.tree_leaves(primals), level.lower_own)
+    _write_back(wrapped, optree.tree_leaves(primals), level.lower_own, call)
     out, aux = _split_aux(out, has_aux, call)
     out_leaves, out_treedef = optree.tree_flatten(out)
     _check_outputs_are_tensors(out_leaves, call, "f(*primals)", out)
@@ -832,7 +847,7 @@ def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, r
     written = {id(t): (t, original, d) for t, original, d in zip(wrapped, originals, dim_leaves)
                if d is not None and type(t) is FuncTensor and t._generation}
     for tensor, original, d in written.values():
-        _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d))
+        _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d), call)
     result = _unbatch_outputs(level, out_values, out_dims, size, call, _function_name(f))
     return _alias_written_inputs(out, result, written, out_dims) if written else result
 

@@ -334,3 +334,24 @@ def test_clamp_with_tensor_bounds_promotes_as_torch():
     x = torch.randn(3, 4)
     f = lambda t: t.clamp(torch.tensor(0.0, dtype=torch.float64))  # noqa: E731 (0-d: no promotion)
     assert mf.vmap(f)(x).dtype == tf.vmap(f)(x).dtype == torch.float32
+
+
+@pytest.mark.parametrize("op", [
+    lambda t: t.squeeze_(), lambda t: t.unsqueeze_(0), lambda t: t.t_(),
+    lambda t: t.transpose_(0, 1), lambda t: t.sin_(),
+], ids=["squeeze_", "unsqueeze_", "t_", "transpose_", "sin_"])
+def test_in_place_ops_that_reshape_a_batched_input(op):
+    # the caller's tensor takes the new shape, as in torch.func (the write-back copied into
+    # the old shape and crashed on the overlap)
+    x = torch.randn(2, 3, 1)
+    ours_x, theirs_x = x.clone(), x.clone()
+    ours, theirs = mf.vmap(op)(ours_x), tf.vmap(op)(theirs_x)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(ours_x, theirs_x)
+
+
+def test_a_reshaping_in_place_op_inside_nested_transforms_is_refused():
+    x = torch.randn(2, 3, 1)
+    with pytest.raises(mf.TransformError, match="changes an input's shape"):
+        mf.grad(lambda t: mf.vmap(lambda u: u.squeeze_())(t).sum())(x)
+    torch.testing.assert_close(mf.vmap(torch.sin)(x), x.sin())
