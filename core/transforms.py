@@ -227,7 +227,10 @@ def _write_back(shown, originals, lower, call):
     for tensor, original in zip(shown, originals):
         if type(tensor) is FuncTensor and tensor._generation:
             new_value = as_tensor(lower(value_of(tensor)))
-            reshaped = tuple(new_value.shape) != tuple(original.shape)
+            # a value that broadcasts to the input is written into it (one draw shared by
+            # the batch, randomness='same'); any other shape means the op reshaped the input
+            reshaped = len(new_value.shape) != len(original.shape) or any(
+                n not in (o, 1) for n, o in zip(new_value.shape, original.shape))
             if type(original) is FuncTensor:
                 if reshaped:
                     raise UnsupportedOperationError(
