@@ -94,6 +94,11 @@ def _mm(x, y):
     return ops.matmul(x, y)
 
 
+def _imag_i(x):
+    """``i Im(x)``, a complex number."""
+    return ops.complex(ops.zeros_like(ops.imag(x)), ops.imag(x))
+
+
 def _eye(rows, like, cols=None):
     """The identity (``rows`` x ``cols``) as a constant of ``like``'s dtype and device."""
     return torch.eye(rows, rows if cols is None else cols, dtype=like.dtype, device=like.device)
@@ -890,11 +895,13 @@ def logabsdet_vjp(A):
     branch), so that it is differentiable again."""
     out = bind(logabsdet_p, A)
 
-    def backward(ct):
-        n = _shape(A)[-1]
-        return (_solve(_mH(A), _scale(_eye(n, A), ct)),)
-    return out, backward
+    return out, lambda ct: (_times_inverse_h(A, ct),)
 vjp_rules[logabsdet_p] = logabsdet_vjp
+
+
+def _times_inverse_h(A, g):
+    """g A^{-H} for one number g per matrix, solved from A^H (differentiable again)."""
+    return _solve(_mH(A), _scale(_eye(_shape(A)[-1], A), g))
 
 
 def logabsdet_jvp(primals, tangents):
@@ -916,11 +923,8 @@ def slogdet_sign_vjp(A):
     if not A.dtype.is_complex:
         return out, lambda ct: (None,)
 
-    def backward(ct):
-        g = ops.complex(ops.zeros_like(ops.real(out)),
-                        ops.neg(ops.imag(ops.mul(ops.conj(ct), out))))
-        n = _shape(A)[-1]
-        return (_solve(_mH(A), _scale(_eye(n, A), g)),)
+    def backward(ct):  # g = -i Im(conj(ct) sign)
+        return (_times_inverse_h(A, ops.neg(_imag_i(ops.mul(ops.conj(ct), out)))),)
     return out, backward
 vjp_rules[slogdet_sign_p] = slogdet_sign_vjp
 
@@ -932,7 +936,7 @@ def slogdet_sign_jvp(primals, tangents):
         return out, None
     LU, pivots = _lu_factor(A)
     t = _trace(_lu_solve(LU, pivots, A_dot))
-    return out, ops.mul(ops.complex(ops.zeros_like(ops.imag(t)), ops.imag(t)), out)
+    return out, ops.mul(_imag_i(t), out)
 jvp_rules[slogdet_sign_p] = slogdet_sign_jvp
 
 
@@ -1336,11 +1340,6 @@ def _reduced(U, S, Vh):
 def _skewh(x):
     """``x - x^H`` (``_skew`` on real matrices)."""
     return ops.sub(x, _mH(x))
-
-
-def _imag_i(x):
-    """``i Im(x)``, a complex number."""
-    return ops.complex(ops.zeros_like(ops.imag(x)), ops.imag(x))
 
 
 # NOTE [The SVD of a complex matrix]
