@@ -352,15 +352,10 @@ def promote_logically(prim, values, ranks):
         tensors = tensors[1:] if tensors and tensors[0][0] == 0 else tensors
     if len({v.dtype for _, v in tensors}) <= 1:
         return values
-    common = None
-    for i, v in tensors:
-        example = torch.empty((1,) * ranks[i], dtype=v.dtype, device="meta")
-        common = example if common is None else torch.empty(
-            (1,) * max(common.dim(), example.dim()),
-            dtype=torch.result_type(common, example), device="meta")
+    dtype = ops.promoted_dtype([(v.dtype, ranks[i]) for i, v in tensors])
     values = list(values)
     for i, v in tensors:
-        values[i] = ops.convert(v, common.dtype)
+        values[i] = ops.convert(v, dtype)
     return values
 
 

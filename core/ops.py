@@ -36,12 +36,24 @@ def result_dtype(*operands):
     """torch's type promotion of tensors (each by its rank as its level sees it: a 0-d tensor
     does not raise the dtype of one with dims) and Python numbers (which promote only across
     kinds: an int tensor with a float number is float)."""
+    return promoted_dtype([(v.dtype, _rank(v)) if isinstance(v, (torch.Tensor, Value)) else v
+                           for v in operands])
+
+
+def promoted_dtype(operands):
+    """The dtype torch promotes ``operands`` to: each a (dtype, rank) pair for a tensor, or a
+    Python number. The ranks are given, so that a rule can pass the ranks of one example
+    rather than of a batched payload (batching.promote_logically)."""
+    tensors = [o for o in operands if isinstance(o, tuple)]
+    if len(tensors) == len(operands) and len({dtype for dtype, _ in tensors}) == 1:
+        return tensors[0][0]  # one dtype, nothing to promote (the common case)
     common = None
-    for value in operands:
-        if isinstance(value, (torch.Tensor, Value)):
-            example = torch.empty((1,) * _rank(value), dtype=value.dtype, device="meta")
+    for operand in operands:
+        if isinstance(operand, tuple):
+            dtype, rank = operand
+            example = torch.empty((1,) * rank, dtype=dtype, device="meta")
         else:
-            example = value
+            example = operand
         if common is None:
             common = example
             continue
