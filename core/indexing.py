@@ -698,13 +698,13 @@ def _scatter_reduce_partials(x, index, src, out, dim, reduce, include_self):
 # scatter_add is scatter_reduce's sum: one primitive serves the five reductions (and
 # index_reduce). It is marked complex-ready, and its rules refuse the reductions they do not
 # cover: a primitive of its own for the sum would repeat the three rules for no gain. sum
-# and mean are linear with real
-# weights (1 and 1/N): the rules above hold as written (a real weight is its own adjoint),
-# checked against torch.func's scatter_add (tests/test_complex_tail.py). amax and amin have
-# no meaning on complex numbers (torch's kernels refuse them), and prod, holomorphic, would
-# need conj in its vjp and is not checked: they raise. torch differentiates scatter_add on
-# complex tensors and refuses every scatter_reduce there; the mean comes along here for free.
-# On real tensors the cost is one tuple lookup per rule call.
+# and mean are linear with real weights (1 and 1/N): the rules above hold as written (a real
+# weight is its own adjoint), checked against torch.func's scatter_add
+# (tests/test_complex_tail.py). amax and amin have no meaning on complex numbers (torch's
+# kernels refuse them), and prod, holomorphic, would need conj in its vjp and is not
+# checked: they raise. torch differentiates scatter_add on complex tensors and refuses every
+# scatter_reduce there; the mean comes along here for free. On real tensors the cost is one
+# tuple lookup per rule call.
 _COMPLEX_REDUCTIONS = ("sum", "mean")
 
 
