@@ -39,11 +39,6 @@ def register(*aten_ops):
 # --- what the schema says ------------------------------------------------------------------------
 _VIEW_CACHE: dict = {}
 _FUNCTIONAL_CACHE: dict = {}
-# in-place ops whose functional form has another overload name
-_FUNCTIONAL_RENAMES = {"bernoulli_.float": "bernoulli.p", "transpose_.default": "transpose.int",
-                       "pow_.Tensor": "pow.Tensor_Tensor",
-                       "float_power_.Tensor": "float_power.Tensor_Tensor",
-                       "floor_divide_.Tensor": "floor_divide.default"}
 # in-place ops that change the tensor's own shape (a view op applied in place)
 _METADATA_OPS = {"squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_", "swapaxes_",
                  "as_strided_"}
@@ -60,22 +55,46 @@ def is_view(op) -> bool:
     return answer
 
 
+def _arguments(op):
+    return [(a.name, str(a.type)) for a in op._schema.arguments]
+
+
 def functional_variant(op):
-    """The out-of-place overload of an in-place aten op (``add_.Tensor`` -> ``add.Tensor``)."""
+    """The out-of-place overload of an in-place aten op (``add_.Tensor`` -> ``add.Tensor``).
+
+    NOTE [Finding the out-of-place form by its schema]
+    An in-place op and its out-of-place form take the same arguments, but their overload names
+    need not agree (``pow_.Scalar`` is ``pow.Tensor_Scalar``; ``pow.Scalar`` takes a number as
+    its base) and neither need the argument order (``polygamma_(self, n)`` against
+    ``polygamma(n, self)``). So the form is the overload of the packet without ``_`` whose
+    arguments have the same names and types, looked up once per op; when only the order
+    differs, the call passes them by name. In PyTorch, functionalization pairs them in its
+    code generator the same way, by the schema's "signature" (torchgen's ``FunctionSchema``)."""
     if op in _FUNCTIONAL_CACHE:
         return _FUNCTIONAL_CACHE[op]
     name = op.overloadpacket.__name__
-    key = f"{name}.{op._overloadname}"
+    packet = getattr(aten, name[:-1], None) if name.endswith("_") else None
     functional = None
-    if key in _FUNCTIONAL_RENAMES:
-        packet_name, overload = _FUNCTIONAL_RENAMES[key].split(".")
-        functional = getattr(getattr(aten, packet_name), overload)
-    elif name.endswith("_"):
-        packet = getattr(aten, name[:-1], None)
-        if packet is not None and op._overloadname in packet.overloads():
-            functional = getattr(packet, op._overloadname)
+    if packet is not None:
+        wanted = _arguments(op)
+        candidates = [getattr(packet, o) for o in packet.overloads()]
+        in_order = [c for c in candidates if _arguments(c) == wanted]
+        if in_order:
+            functional = in_order[0]
+        else:
+            reordered = [c for c in candidates if sorted(_arguments(c)) == sorted(wanted)]
+            if reordered:
+                functional = _by_name(reordered[0], [n for n, _ in wanted])
     _FUNCTIONAL_CACHE[op] = functional
     return functional
+
+
+def _by_name(op, names):
+    """``op`` called with the positional arguments of another schema, passed by name."""
+    def call(*args, **kwargs):
+        return op(**dict(zip(names, args)), **kwargs)
+    call._schema = op._schema
+    return call
 
 
 def changes_metadata(op) -> bool:

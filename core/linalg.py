@@ -52,8 +52,8 @@ from . import primitives as P
 from .autograd import defer_check, sum_to_size, vjp_rules, wants_cotangent
 from .batching import BatchedValue, batch_size, batching_rules, move_bdim
 from .dispatch import complex_ready
-from .errors import (FunctionOutputError, MissingRuleError, TransformUsageError,
-                     UnsupportedOperationError)
+from .errors import (FunctionOutputError, MissingRuleError, ShapeMismatchError,
+                     TransformUsageError, UnsupportedOperationError)
 from .forward import add_tangents, broadcast_tangent, jvp_rules
 from .values import Value, bind
 
@@ -251,14 +251,14 @@ def _to_common_batch(name, values, bdims, cores, broadcast):
         if bdim is not None:
             del shape[bdim]
         if len(shape) < core:  # the payload has the rank, one example does not
-            raise TransformUsageError(
+            raise ShapeMismatchError(
                 f"vmap({name}): {name}: The input tensor must have at least {core} dimensions "
                 f"(for each example), got an example of shape {tuple(shape)}. vmap hides the "
                 "batch dim, so each example must be a matrix by itself. Fix: vmap over an "
                 "input with one more dim, or reshape each example.")
         batch_shapes.append(tuple(shape[:len(shape) - core]))
     if not broadcast and len(set(batch_shapes)) > 1:
-        raise TransformUsageError(
+        raise ShapeMismatchError(
             f"vmap({name}): expected its tensors to share their batch dims, got batch shapes "
             f"{batch_shapes}. Fix: give every argument the same leading dims (this op does "
             "not broadcast them).")

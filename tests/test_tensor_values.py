@@ -182,6 +182,13 @@ def _written_in_place(method, *args):
     ("transpose_", lambda x: (lambda y: (y.transpose_(0, 1), y @ x)[1])(x.sin())),
     ("pow_ tensor exponent", _written_in_place("pow_", None)),
     ("float_power_ tensor exponent", _written_in_place("float_power_", None)),
+    # pow.Scalar takes a number as its base; pow_.Scalar's form is pow.Tensor_Scalar
+    ("pow_ number exponent", _written_in_place("pow_", 2)),
+    ("float_power_ number exponent", _written_in_place("float_power_", 3)),
+    # ldexp.default takes two numbers; ldexp_'s form is ldexp.Tensor
+    ("ldexp_", _written_in_place("ldexp_", torch.tensor([1.0, 2.0, 3.0, 4.0]))),
+    # polygamma(n, self) puts its arguments in the other order from polygamma_(self, n)
+    ("polygamma_", _written_in_place("polygamma_", 1)),
     ("quantile (torch sorts with transpose_)", lambda x: torch.quantile(x, 0.3, dim=1)),
 ])
 def test_in_place_ops_whose_out_of_place_overload_is_named_otherwise(name, f):
