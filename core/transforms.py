@@ -32,6 +32,7 @@ from .errors import (
     RandomnessOptionError,
     SavedTensorHooksError,
     TangentsError,
+    TransformError,
     TransformUsageError,
     UnsupportedOperationError,
 )
@@ -962,21 +963,66 @@ def _alias_written_inputs(out, result, written, out_dims):
     ``vmap(Tensor.sin_)(x)`` writes ``x`` (NOTE [In-place writes to a transform's inputs]) and
     returns it: in torch.func the result *is* ``x`` (or, with another out_dim, a view of it
     with the batch dim moved), so a later write to ``x`` shows in the result. The same here:
-    an output that is an input the function wrote in place becomes the caller's tensor."""
+    an output that is an input the function wrote in place becomes the caller's tensor. An
+    output that is a view of such an input (``vmap(vmap(Tensor.sin_, in_dims=1))``: the inner
+    vmap returns its input with the batch dim moved, a view) becomes the same view of the
+    caller's tensor: its view ops, which the FuncTensors remember (NOTE [Views that outlive a
+    write] in tensor.py), are replayed on the caller's tensor by a vmap, whose view rules
+    return views."""
     out_dims = _single_out_dim(out, out_dims)
     if not isinstance(out_dims, int):
         return result  # (per-output out_dims: the result keeps its own copy)
     out_leaves = optree.tree_leaves(out, none_is_leaf=False)
     result_leaves, treedef = optree.tree_flatten(result, none_is_leaf=False)
     for position, leaf in enumerate(out_leaves):
-        alias = written.get(id(leaf))
-        if alias is not None:
-            _, original, in_dim = alias
-            rank = original.dim()
-            in_dim, out_dim = in_dim % rank, out_dims % rank
+        chain, alias = _views_of_a_written_input(leaf, written)
+        if alias is None:
+            continue
+        _, original, in_dim = alias
+        rank = original.dim()
+        in_dim, out_dim = in_dim % rank, out_dims % rank
+        if not chain:
             result_leaves[position] = original if in_dim == out_dim else \
                 original.movedim(in_dim, out_dim)
+            continue
+        aliased = _replay_views(chain, original, in_dim, out_dim)
+        if aliased is not None and aliased.shape == result_leaves[position].shape:
+            result_leaves[position] = aliased
     return optree.tree_unflatten(treedef, result_leaves)
+
+
+def _views_of_a_written_input(leaf, written):
+    """(the view records from the written input down to ``leaf``, the input's entry in
+    ``written``), or ((), None) when ``leaf`` is not a view of one."""
+    chain, node = [], leaf
+    alias = written.get(id(node))
+    while alias is None and type(node) is FuncTensor and node._view is not None:
+        view = node._view
+        if view.generation != view.base._generation:
+            return (), None  # the base was written after this view was taken
+        chain.append(view)
+        node = view.base
+        alias = written.get(id(node))
+    return chain[::-1], alias
+
+
+def _replay_views(chain, original, in_dim, out_dim):
+    """The views of ``chain``, per example, on the caller's tensor: a view of it, or None."""
+    if type(original) is FuncTensor or any(
+            isinstance(a, torch.Tensor) for view in chain
+            for a in optree.tree_leaves((view.args, view.kwargs))):
+        return None  # (view ops take sizes and dims; a tensor argument is not replayed)
+
+    def replay(example):
+        for view in chain:
+            example = view.replay(example)
+        return example
+    try:
+        aliased = as_tensor(_vmap(replay, in_dim, out_dim, "error", None, (original,), {}))
+    except TransformError:
+        return None
+    return aliased if aliased.untyped_storage().data_ptr() == \
+        original.untyped_storage().data_ptr() else None
 
 
 def _single_out_dim(out, out_dims):

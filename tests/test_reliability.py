@@ -205,6 +205,24 @@ def test_an_input_written_in_place_and_returned_is_the_callers_tensor(in_dim, ou
     assert nested(x) is x
 
 
+@pytest.mark.parametrize("inner_in, outer_in, outer_out", [(1, 2, 2), (0, 1, 0), (2, 0, 1)])
+def test_nested_vmaps_of_an_in_place_op_return_a_view_of_the_callers_tensor(
+        inner_in, outer_in, outer_out):
+    # the inner vmap returns its input with the batch dim moved (a view of it), and the outer
+    # one returns the same view of the caller's tensor (PyTorch's test_unary_pointwise)
+    results = []
+    for api in (mf, tf):
+        x = torch.linspace(0, 1, 120).reshape(2, 3, 4, 5)
+        f = api.vmap(api.vmap(torch.Tensor.cos_, in_dims=inner_in), in_dims=outer_in,
+                     out_dims=outer_out)
+        y = f(x)
+        assert y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        x.mul_(2)  # a later write to x shows in y
+        results.append((y.clone(), y.shape, y.stride()))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    assert results[0][1:] == results[1][1:]
+
+
 # --- pow at base 0 and with a number base --------------------------------------------------------
 ZEROS, ONES = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
 POW_CASES = [
