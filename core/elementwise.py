@@ -337,8 +337,41 @@ def clamp(x, min=None, max=None):
     # tensor bounds take part in type promotion (clamp(int, float_min) is float, as in torch)
     dtype = ops.result_dtype(x, *[b for b in (min, max) if b is not None])
     x = ops.convert(x, dtype)
-    out = x if min is None else where(lt(x, min), ops.convert(min, dtype), x)
-    return out if max is None else where(gt(out, max), ops.convert(max, dtype), out)
+    lo = None if min is None else ops.convert(min, dtype)
+    hi = None if max is None else ops.convert(max, dtype)
+    return _clamp_to_tensors(x, lo, hi)
+
+
+def _clamp_to_tensors(x, lo, hi):
+    """NOTE [clamp with tensor bounds]
+    Each element is x, the lower bound or the upper bound, chosen by masks that are torch's
+    own (its clamp backward gives the gradient to x where lo <= x <= hi, to lo where
+    x < lo < hi, to hi where x > hi or hi < lo), so that the vjp of the ``where`` is torch's,
+    ties included. The value is torch's max-then-min wherever no mask holds (x below
+    lo == hi) and wherever it is NaN: a NaN in x or in a bound propagates, as in torch's
+    kernel, and there no input gets a gradient (torch's backward gives one to an input that
+    a mask picks, though the output is NaN). torch's jvp formula picks by other masks at ties
+    (``clamp_jvp``: the bound's tangent where x equals a lone bound), so a forward-mode
+    derivative exactly at a tie may differ from torch.func's by that choice."""
+    if lo is not None and hi is not None:
+        keep = logical_and(ops.ge(x, lo), ops.le(x, hi))
+        to_lo = logical_and(lt(x, lo), lt(lo, hi))
+        to_hi = logical_or(gt(x, hi), lt(hi, lo))
+        exact = minimum(maximum(x, lo), hi)
+    elif lo is not None:
+        keep, to_lo, to_hi, exact = ops.ge(x, lo), lt(x, lo), None, maximum(x, lo)
+    else:
+        keep, to_lo, to_hi, exact = ops.le(x, hi), None, gt(x, hi), minimum(x, hi)
+    exact = ops.detach(exact)
+    out = exact
+    if to_hi is not None:
+        out = where(to_hi, hi, out)
+    if to_lo is not None:
+        out = where(to_lo, lo, out)
+    out = where(keep, x, out)
+    if not x.dtype.is_floating_point:
+        return out
+    return where(ops.ne(exact, exact), exact, out)
 
 
 @torch_api.register(*torch_api.torch_functions("clamp_min"))

@@ -85,10 +85,12 @@ def _refuse_batched(what, *values):
         level = _batched_level(value)
         if level is not None:
             raise UnsupportedOperationError(
-                f"{level.call}: {what} on a tensor batched by vmap: its output shape depends on "
-                "the values of each example, and vmap needs one shape for the whole batch "
-                "(torch.func refuses it too). Fix: move it outside of vmap, or use a fixed-shape "
-                "formulation (torch.where(mask, x, 0) instead of x[mask])."
+                f"{level.call}: vmap: We do not support batching operators that can output "
+                f"dynamic shape. Attempted to vmap over {what}: on a tensor batched by vmap, "
+                "its output shape depends on the values of each example, and vmap needs one "
+                "shape for the whole batch (torch.func refuses it too). Fix: move it outside "
+                "of vmap, or use a fixed-shape formulation (torch.where(mask, x, 0) instead of "
+                "x[mask])."
             )
 
 
@@ -1281,6 +1283,8 @@ def _data_dependent(func, what):
 
         def run(lowered, lowered_kwargs):
             return call_with_tensors(func, *lowered, **lowered_kwargs)
+        if top is None:  # (a value no level owns, such as a comparison's mask)
+            return run(list(values), kwargs)
         return top.unknown_op(str(func), run, list(values), kwargs)
     return op
 
@@ -1335,12 +1339,22 @@ def argwhere(x):
     return _data_dependent(aten.argwhere.default, "argwhere")(x)
 
 
-for _func, _what in ((aten.nonzero.default, "nonzero"),
-                     (aten._unique2.default, "unique"), (aten._unique.default, "unique"),
-                     (aten.unique_dim.default, "unique(dim=...)"),
-                     (aten.unique_consecutive.default, "unique_consecutive"),
-                     (aten.unique_dim_consecutive.default, "unique_consecutive(dim=...)")):
-    aten_api.register(_func)(_data_dependent(_func, _what))
+for _func in (aten.nonzero.default, aten._unique2.default, aten._unique.default,
+              aten.unique_dim.default, aten.unique_consecutive.default,
+              aten.unique_dim_consecutive.default):
+    aten_api.register(_func)(_data_dependent(_func, f"aten::{_func.overloadpacket.__name__}"))
+
+_where_indices = _data_dependent(aten.nonzero.default, "aten::where")
+
+
+@torch_api.register(torch.where)
+def where(condition, input=None, other=None):
+    """``torch.where(condition, input, other)``, or with the condition alone the indices of
+    its nonzero elements, one tensor per dim (``nonzero(as_tuple=True)``)."""
+    if input is None and other is None:
+        indices = _where_indices(condition)
+        return tuple(ops.getitem(indices, (slice(None), d)) for d in range(_rank(condition)))
+    return ops.where(condition, input, other)
 
 
 # --- embedding -----------------------------------------------------------------------------------

@@ -1854,7 +1854,10 @@ def lstsq(A, B, rcond=None, *, driver=None):
 
 
 # --- matrix exponential --------------------------------------------------------------------------
-matrix_exp_p = _single("linalg_matrix_exp", lambda A: aten.linalg_matrix_exp(A), (2,))
+# (torch's kernel views its input as a batch of matrices: a batch moved to the front by vmap
+# needs a copy first)
+matrix_exp_p = _single("linalg_matrix_exp", lambda A: aten.linalg_matrix_exp(A.contiguous()),
+                       (2,))
 
 
 def _matrix_exp(A):

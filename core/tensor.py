@@ -548,6 +548,14 @@ _RANDOM_FUNCTIONS = torch_api.RANDOM_FUNCTIONS
 _VIEWS = torch_api.VIEWS
 
 
+def _torch_names(kwargs):
+    """torch's argument parser takes NumPy's names for two arguments (``axis`` for ``dim``,
+    ``keepdims`` for ``keepdim``: ``torch.argsort(x, axis=0)``); the table's ops take torch's."""
+    names = {"axis": "dim", "keepdims": "keepdim"}
+    return {names[k] if k in names and names[k] not in kwargs else k: v
+            for k, v in kwargs.items()}
+
+
 def call_function(func, args, kwargs):
     """A torch function called with a FuncTensor among its arguments (``__torch_function__``)."""
     op = _TORCH_FUNCTIONS.get(func)
@@ -555,6 +563,8 @@ def call_function(func, args, kwargs):
         if kwargs:
             if kwargs.get("out") is not None:
                 raise _out_error(func)
+            if "axis" in kwargs or "keepdims" in kwargs:
+                kwargs = _torch_names(kwargs)
             out = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
         elif len(args) == 1 and type(args[0]) is FuncTensor and args[0]._view is None:
             out = op(args[0].value)  # one plain FuncTensor argument: unwrap_all written out

@@ -91,8 +91,7 @@ _TENSOR_ONLY = {
     # x.where(condition, y) is torch.where(condition, x, y): the tensor is the first choice
     "where": lambda x, condition, y: ops.where(condition, x, y),
 }
-_TORCH_ONLY = {
-    "where": ops.where,
+_TORCH_ONLY = {  # (torch.where, which may take the condition alone: indexing.py)
     "cat": ops.cat, "concat": ops.cat, "concatenate": ops.cat, "stack": ops.stack,
     "zeros_like": ops.zeros_like, "ones_like": ops.ones_like, "full_like": ops.full_like,
     "multiply": ops.mul, "divide": ops.div, "subtract": ops.sub, "negative": ops.neg,

@@ -343,6 +343,25 @@ def test_clamp_with_tensor_bounds_promotes_as_torch():
     assert mf.vmap(f)(x).dtype == tf.vmap(f)(x).dtype == torch.float32
 
 
+
+@pytest.mark.parametrize("clamp", [
+    lambda x, lo, hi: torch.clamp(x, lo, hi), lambda x, lo, hi: torch.clamp(x, min=lo),
+    lambda x, lo, hi: torch.clamp(x, max=hi), lambda x, lo, hi: torch.clamp_max(x, hi),
+], ids=["both", "min", "max", "clamp_max"])
+def test_clamp_with_tensor_bounds_at_ties_and_nans_as_torch(clamp):
+    # every combination of x, lo and hi from {0, 1, 2, nan}: ties, crossed bounds, NaNs
+    values = torch.tensor([0.0, 1.0, 2.0, math.nan], dtype=torch.float64)
+    x, lo, hi = torch.cartesian_prod(values, values, values).unbind(1)
+    expected = clamp(x, lo, hi)
+    torch.testing.assert_close(mf.vmap(clamp)(x, lo, hi), expected, equal_nan=True)
+    loss = lambda *a: clamp(*a).sum()  # noqa: E731
+    ours = mf.grad(loss, argnums=(0, 1, 2))(x, lo, hi)
+    theirs = tf.grad(loss, argnums=(0, 1, 2))(x, lo, hi)
+    defined = ~expected.isnan()  # (NOTE [clamp with tensor bounds]: no gradient at a NaN)
+    for g_ours, g_theirs in zip(ours, theirs):
+        torch.testing.assert_close(g_ours[defined], g_theirs[defined])
+
+
 @pytest.mark.parametrize("op", [
     lambda t: t.squeeze_(), lambda t: t.unsqueeze_(0), lambda t: t.t_(),
     lambda t: t.transpose_(0, 1), lambda t: t.sin_(),
@@ -362,3 +381,15 @@ def test_a_reshaping_in_place_op_inside_nested_transforms_is_refused():
     with pytest.raises(mf.TransformError, match="changes an input's shape"):
         mf.grad(lambda t: mf.vmap(lambda u: u.squeeze_())(t).sum())(x)
     torch.testing.assert_close(mf.vmap(torch.sin)(x), x.sin())
+
+
+def test_numpy_argument_names_and_where_of_a_condition_alone():
+    # torch's argument parser takes axis= and keepdims=; torch.where(c) is nonzero(c, as_tuple)
+    xs = torch.rand(3, 4)
+    f = lambda t: torch.argsort(t, axis=0) + t.sum(axis=0, keepdims=True).long()  # noqa: E731
+    torch.testing.assert_close(mf.vmap(f)(xs), tf.vmap(f)(xs))
+    g = lambda t: (t[torch.where(t > 0.5)[0]] ** 2).sum()  # noqa: E731
+    torch.testing.assert_close(mf.grad(g)(xs[0]), tf.grad(g)(xs[0]))
+    for api in (mf, tf):
+        with pytest.raises(RuntimeError, match="Attempted to vmap over aten::where"):
+            api.vmap(lambda t: torch.where(t))(xs)
