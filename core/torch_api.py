@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ops
-from .errors import TransformUsageError
+from .errors import TransformUsageError, UnsupportedOperationError
 from .values import Value
 
 TORCH_FUNCTIONS: dict = {}
@@ -198,8 +198,27 @@ REFUSED.update(REFUSED_IN_TRANSFORMS)
 REFUSED[torch.Tensor.register_hook] = ("a gradient hook on a value of a transform",
                                        "use custom_vjp to change a gradient.")
 REFUSED[torch.Tensor.retain_grad] = ("retain_grad on a value of a transform", _AUTOGRAD_FIX)
-REFUSED[torch.Tensor.requires_grad_] = ("requires_grad_ on a value of a transform",
-                                        _AUTOGRAD_FIX)
+
+
+@register(torch.Tensor.requires_grad_)
+def requires_grad_(x, requires_grad=True):
+    """NOTE [requires_grad_ inside a transform]
+    torch.func refuses it on any tensor inside a transformed function. Here a tensor made
+    inside the function is a FuncTensor, so ``copy.deepcopy(model)`` inside vmap, which
+    torch.func runs (an nn.Parameter of a plain tensor needs no requires_grad_ call), calls
+    requires_grad_ on one (the Parameter of a tensor subclass does): under vmap alone, the
+    flag of a tensor that no level owns is set, as torch would; a value of a transform, and
+    any tensor under grad, vjp or jvp (where a detached value no longer tells that it came
+    from the transform's inputs) get torch.func's refusal."""
+    from .dispatch import transform_levels  # (dispatch imports this module)
+    if isinstance(x, Value) or any(level.transform_name != "vmap"
+                                   for level in transform_levels()):
+        raise UnsupportedOperationError(
+            "Tensor.requires_grad_(...): You are attempting to call Tensor.requires_grad_() "
+            "(or perhaps using torch.autograd.functional.* APIs) inside of a function being "
+            "transformed by a functorch transform. This is unsupported: the value belongs to "
+            "the transform, which tracks its derivatives itself. Fix: " + _AUTOGRAD_FIX)
+    return x.requires_grad_(requires_grad)
 
 # Torch functions that write into one of their plain tensor arguments only inside their own
 # Python code (the transform mode does not see that inner call): the written argument, or

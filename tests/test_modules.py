@@ -782,3 +782,17 @@ def test_the_common_swap_is_written_out_and_the_rest_takes_torchs(monkeypatch):
     mf.functional_call(net, {**state, "extra": torch.ones(())}, x)
     assert len(calls) == 2
     assert dict(net.named_buffers())["1.running_mean"].abs().sum() == 0  # the module's own
+
+
+def test_a_module_copied_or_made_inside_vmap():
+    # copy.deepcopy(model) inside vmap makes nn.Parameters of the function's own tensors
+    # (requires_grad_ on a tensor no level owns: NOTE [requires_grad_ inside a transform]);
+    # functorch's functional_init does so for an ensemble of fresh models
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    xs = torch.randn(5, 3)
+    f = lambda x: copy.deepcopy(model)(x)  # noqa: E731
+    torch.testing.assert_close(mf.vmap(f)(xs), tf.vmap(f)(xs))
+    weights, fn, _ = functorch_mf.functional_init(nn.Linear, (2,))(3, 4)
+    inputs = torch.randn(2, 7, 3)
+    torch.testing.assert_close(mf.vmap(fn)(weights, (inputs,)), tf.vmap(fn)(weights, (inputs,)))
