@@ -30,6 +30,7 @@ from .errors import (
     RandomnessOptionError,
     NestedTensorError,
     SavedTensorHooksError,
+    AnomalyError,
     ShapeMismatchError,
     TangentsError,
     TransformError,
@@ -88,6 +89,6 @@ __all__ = [
     "Value", "AutogradValue", "BatchedValue", "ForwardValue", "LoggedValue", "capture_fallbacks",
     "ArgnumsError", "CotangentTypeError", "DimOutOfRangeError", "FunctionOutputError",
     "InputDtypeError", "InvalidOptionError", "RandomnessOptionError", "ShapeMismatchError",
-    "NestedTensorError", "SavedTensorHooksError",
+    "NestedTensorError", "SavedTensorHooksError", "AnomalyError",
     "TangentsError",
 ]

@@ -42,6 +42,7 @@ from .dispatch import (
     transform_levels,
 )
 from .errors import (
+    AnomalyError,
     NonScalarOutputError,
     TransformUsageError,
     UnsupportedOperationError,
@@ -63,6 +64,31 @@ class AutogradValue(Value):
 
     __slots__ = ()
     requires_grad = True  # what a FuncTensor showing it says, as inside torch.func's grad
+
+
+def _check_for_nan(call, entry, input_cts):
+    """NOTE [Anomaly detection]
+    Under ``torch.autograd.set_detect_anomaly(True)`` torch checks what each backward function
+    returns and raises at the first NaN, naming the function (``SqrtBackward0``); torch.func's
+    transforms, which run on torch's autograd, inherit the check. Here the vjp rules are the
+    backward functions, so the backward pass makes the same check on each rule's cotangents
+    (all examples of a batched one at once), with torch's words and its way of naming the
+    function after the op."""
+    for position, ct in enumerate(input_cts):
+        if ct is None or not isinstance(ct, (torch.Tensor, Value)):
+            continue
+        plain = bottom_tensor(ct)
+        if plain.device.type == "meta" or not (plain.dtype.is_floating_point
+                                               or plain.dtype.is_complex):
+            continue
+        if bool(torch.isnan(plain).any()):
+            name = "".join(part.capitalize() for part in entry.prim.name.split("_"))
+            raise AnomalyError(
+                f"{call}: Function '{name}Backward0' returned nan values in its {position}th output "
+                f"(the vjp rule of {entry.prim.name}, for the value {entry.output}). Fix: find "
+                "where the forward pass leaves the function's domain (sqrt or log of a "
+                "negative number, 0/0); torch.autograd.set_detect_anomaly(False) turns the "
+                "check off.")
 
 
 class TapeEntry:
@@ -137,8 +163,9 @@ class Tape:
     3
     """
 
-    def __init__(self, level_name="Autograd"):
+    def __init__(self, level_name="Autograd", call=None):
         self.level_name = level_name
+        self.call = call or level_name  # how messages name the transform call
         self.entries: list[TapeEntry] = []
         self.passes: list[list[BackwardStep]] = []
         self._constant_labels: dict[int, str] = {}
@@ -201,6 +228,8 @@ class Tape:
                 f"the vjp rule of {entry.prim.name} returned {len(input_cts)} cotangents for "
                 f"{len(entry.inputs)} arguments"
             )
+            if torch.is_anomaly_enabled():
+                _check_for_nan(self.call, entry, input_cts)
             contributions = []
             for name, input_ct in zip(entry.inputs, input_cts):
                 if name is None or input_ct is None:
@@ -331,7 +360,7 @@ class Autograd(Dispatcher):
                  call=None):
         super().__init__(inner, name=name, call=call)
         self.create_graph = create_graph
-        self.tape = Tape(self.name)
+        self.tape = Tape(self.name, self.call)
         self.record_steps = record_steps or bool(_active_captures)
         self._paused = 0  # > 0 while a rule's forward runs under create_graph
         for tapes in _active_captures:
@@ -1084,3 +1113,25 @@ def _grad_of_plain_graph(outs, ins, cts, retain_graph, create_graph, allow_unuse
 
 
 torch_api.register(torch.autograd.grad)(autograd_grad)
+
+
+@torch_api.register(torch.Tensor.requires_grad_)
+def requires_grad_(x, requires_grad=True):
+    """NOTE [requires_grad_ inside a transform]
+    torch.func refuses it on any tensor inside a transformed function. Here a tensor made
+    inside the function is a FuncTensor, so ``copy.deepcopy(model)`` inside vmap, which
+    torch.func runs (an nn.Parameter of a plain tensor needs no requires_grad_ call), calls
+    requires_grad_ on one (the Parameter of a tensor subclass does): under vmap alone, the
+    flag of a tensor that no level owns is set, as torch would; a value of a transform, and
+    any tensor under grad, vjp or jvp (where a detached value no longer tells that it came
+    from the transform's inputs) get torch.func's refusal."""
+    if isinstance(x, Value) or any(level.transform_name != "vmap"
+                                   for level in transform_levels()):
+        raise UnsupportedOperationError(
+            "Tensor.requires_grad_(...): You are attempting to call Tensor.requires_grad_() "
+            "(or perhaps using torch.autograd.functional.* APIs) inside of a function being "
+            "transformed by a functorch transform. This is unsupported: the value belongs to "
+            "the transform, which tracks its derivatives itself. Fix: differentiate with the "
+            "transforms themselves (grad, vjp, jacrev) rather than with torch.autograd inside "
+            "them.")
+    return x.requires_grad_(requires_grad)

@@ -109,6 +109,11 @@ class SavedTensorHooksError(TransformError, RuntimeError):
     refuses with a RuntimeError."""
 
 
+class AnomalyError(TransformError, RuntimeError):
+    """Under ``torch.autograd.set_detect_anomaly(True)``, a vjp rule returned NaN (torch's
+    anomaly mode raises a RuntimeError)."""
+
+
 class InPlaceError(TransformError, RuntimeError):
     """An in-place operation was applied to a value wrapped by a transform."""
 

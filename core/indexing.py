@@ -40,7 +40,7 @@ from .errors import (InvalidOptionError, MissingRuleError, ShapeMismatchError,
                      TransformUsageError, UnsupportedOperationError)
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import call_with_tensors, unwrap
-from .values import Value, bind, top_dispatcher
+from .values import Value, bind, bottom_tensor, top_dispatcher
 
 aten = torch.ops.aten
 
@@ -1343,6 +1343,28 @@ for _func in (aten.nonzero.default, aten._unique2.default, aten._unique.default,
               aten.unique_dim.default, aten.unique_consecutive.default,
               aten.unique_dim_consecutive.default):
     aten_api.register(_func)(_data_dependent(_func, f"aten::{_func.overloadpacket.__name__}"))
+
+# NOTE [Checks over the whole batch]
+# ``aten._is_all_true`` and ``_is_any_true`` (behind ``torch._assert_async`` and torch's
+# ``TORCH_CHECK_TENSOR_ALL``) answer one question for a whole tensor: under vmap torch.func
+# asks it of every example at once and returns one unbatched answer, so that Python may read
+# it. The same here: the answer comes from the plain tensor at the bottom of the value, all
+# batch dims included, and belongs to no level (it has no derivative).
+def _over_the_whole_batch(func):
+    def op(x):
+        return func(bottom_tensor(x))
+    return op
+
+
+for _func in (aten._is_all_true.default, aten._is_any_true.default):
+    aten_api.register(_func)(_over_the_whole_batch(_func))
+
+
+@aten_api.register(aten._test_check_tensor.default)
+def _test_check_tensor(x):
+    aten._test_check_tensor(bottom_tensor(x))  # torch's check, over every example
+    return ops.clone(x)
+
 
 _where_indices = _data_dependent(aten.nonzero.default, "aten::where")
 

@@ -142,7 +142,6 @@ for _name, _op in _FUNCTIONAL.items():
     TORCH_FUNCTIONS[getattr(F, _name)] = _op
 for _name, _op in _OPERATORS.items():
     TORCH_FUNCTIONS[getattr(torch.Tensor, _name)] = _op
-TORCH_FUNCTIONS[torch.Tensor.data.__get__] = ops.detach
 ACTIVATIONS[F.relu] = (ops.relu, 1)
 
 
@@ -199,26 +198,7 @@ REFUSED[torch.Tensor.register_hook] = ("a gradient hook on a value of a transfor
                                        "use custom_vjp to change a gradient.")
 REFUSED[torch.Tensor.retain_grad] = ("retain_grad on a value of a transform", _AUTOGRAD_FIX)
 
-
-@register(torch.Tensor.requires_grad_)
-def requires_grad_(x, requires_grad=True):
-    """NOTE [requires_grad_ inside a transform]
-    torch.func refuses it on any tensor inside a transformed function. Here a tensor made
-    inside the function is a FuncTensor, so ``copy.deepcopy(model)`` inside vmap, which
-    torch.func runs (an nn.Parameter of a plain tensor needs no requires_grad_ call), calls
-    requires_grad_ on one (the Parameter of a tensor subclass does): under vmap alone, the
-    flag of a tensor that no level owns is set, as torch would; a value of a transform, and
-    any tensor under grad, vjp or jvp (where a detached value no longer tells that it came
-    from the transform's inputs) get torch.func's refusal."""
-    from .dispatch import transform_levels  # (dispatch imports this module)
-    if isinstance(x, Value) or any(level.transform_name != "vmap"
-                                   for level in transform_levels()):
-        raise UnsupportedOperationError(
-            "Tensor.requires_grad_(...): You are attempting to call Tensor.requires_grad_() "
-            "(or perhaps using torch.autograd.functional.* APIs) inside of a function being "
-            "transformed by a functorch transform. This is unsupported: the value belongs to "
-            "the transform, which tracks its derivatives itself. Fix: " + _AUTOGRAD_FIX)
-    return x.requires_grad_(requires_grad)
+# (Tensor.requires_grad_: autograd.py, NOTE [requires_grad_ inside a transform])
 
 # Torch functions that write into one of their plain tensor arguments only inside their own
 # Python code (the transform mode does not see that inner call): the written argument, or
@@ -258,3 +238,37 @@ def qualified_name(func):
     if getattr(func, "__objclass__", None) is torch._C.TensorBase or module == "torch._tensor":
         return f"Tensor.{name}"
     return f"{module}.{name}"
+
+
+# --- .data ---------------------------------------------------------------------------------------
+def _batching_level(x):
+    """The vmap level of a value batched by one (the innermost), or None."""
+    while isinstance(x, Value):
+        if hasattr(x, "bdim"):
+            return x.dispatcher
+        x = x.payload
+    return None
+
+
+@register(torch.Tensor.data.__get__)
+def data(x):
+    """``x.data`` is ``x.detach()``, as under torch.func's grad; under vmap torch.func refuses
+    it (a batched value has no single ``data`` to show), and so do we."""
+    level = _batching_level(x)
+    if level is not None:
+        raise UnsupportedOperationError(
+            f"{level.call}: Tensor.data: accessing `data` under vmap transform is not allowed: "
+            "the value holds every example of the batch. Fix: use x.detach().")
+    return ops.detach(x)
+
+
+@register(torch.Tensor.data.__set__)
+def set_data(x, new_data):
+    """``x.data = t`` would swap the tensor under a transform's value: torch.func refuses it."""
+    level = _batching_level(x)
+    where = "under vmap transform" if level is not None else "inside functorch transform"
+    level = level or getattr(x, "dispatcher", None)
+    call = f"{level.call}: " if level is not None else ""
+    raise UnsupportedOperationError(
+        f"{call}Tensor.data = ...: mutating directly with `.data` {where} is not allowed. Fix: "
+        "compute the new value out of place and use it (or x.copy_(t) to write in place).")

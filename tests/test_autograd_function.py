@@ -803,3 +803,29 @@ def test_no_grad_around_the_call():
             y = Tripled.apply(x)
         return (y * x).sum()
     assert_same(mf.grad(f)(x), tf.grad(f)(x))
+
+
+def _autograd_function_db():
+    from torch.testing._internal import autograd_function_db as db
+    return {op.name: op for op in db.autograd_function_db}
+
+
+@pytest.mark.parametrize("name", sorted(_autograd_function_db()))
+def test_pytorchs_own_example_functions_under_vmap(name):
+    # torch.testing's autograd.Functions (NumPy in forward, a vmap staticmethod or
+    # generate_vmap_rule) are user code, not torch's bookkeeping (_is_torchs_own)
+    info = _autograd_function_db()[name]
+    for sample in info.sample_inputs("cpu", torch.float32, requires_grad=False):
+        args = (sample.input,) + tuple(sample.args)
+        batched = tuple(torch.stack([a, a * 0.5 + 0.25]) if isinstance(a, torch.Tensor)
+                        and a.is_floating_point() else a for a in args)
+        in_dims = tuple(0 if isinstance(a, torch.Tensor) and a.is_floating_point() else None
+                        for a in args)
+        f = lambda *a: info.op(*a, **sample.kwargs)  # noqa: E731
+        try:
+            expected = tf.vmap(f, in_dims)(*batched)
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                mf.vmap(f, in_dims)(*batched)
+            continue
+        torch.testing.assert_close(mf.vmap(f, in_dims)(*batched), expected)

@@ -659,3 +659,24 @@ def test_prod_double_backward_with_two_zeros_is_refused():
 def test_usage_errors(call, match):
     with pytest.raises(mf.TransformError, match=match):
         mf.grad(lambda x: call(x).sum())(torch.randn(3, 3))
+
+
+@pytest.mark.parametrize("check", [torch.ops.aten._is_all_true, torch.ops.aten._is_any_true])
+def test_checks_over_the_whole_batch_give_one_unbatched_answer(check):
+    # NOTE [Checks over the whole batch]: torch.func answers for every example at once
+    masks = [torch.ones(4, 3, dtype=torch.bool), torch.zeros(4, 3, dtype=torch.bool)]
+    masks.append(masks[0].clone())
+    masks[2][1, 2] = False
+    for mask in masks:
+        seen = {}
+
+        def f(m, api):
+            seen[api] = check(m)
+            return m
+        tf.vmap(lambda m: f(m, tf))(mask)
+        mf.vmap(lambda m: f(m, mf))(mask)
+        assert seen[mf].shape == () and seen[mf].item() == seen[tf].item()
+    with pytest.raises(RuntimeError, match="Test message for TORCH_CHECK_TENSOR_ALL"):
+        mf.vmap(lambda t: torch._test_check_tensor(t >= 0))(torch.tensor([[1.0], [-1.0]]))
+    torch.testing.assert_close(mf.vmap(lambda t: torch._test_check_tensor(t >= 0))(torch.ones(2, 3)),
+                               torch.ones(2, 3, dtype=torch.bool))

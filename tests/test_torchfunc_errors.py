@@ -41,6 +41,11 @@ def _under_save_on_cpu(call):
         return call()
 
 
+def _under_anomaly_detection(call):
+    with torch.autograd.set_detect_anomaly(True):
+        return call()
+
+
 CAPTURED = torch.zeros(3)  # made outside the transforms; functions below write into it
 
 
@@ -393,6 +398,17 @@ CASES = [
     ("grad_requires_grad_on_a_new_tensor",
      lambda F: F.grad(lambda a: (a * torch.ones(3).requires_grad_()).sum())(x),
      RuntimeError, r"You are attempting to call Tensor.requires_grad_\(\)"),
+    ("vmap_data_attribute", lambda F: F.vmap(lambda a: a.data + a)(b),
+     RuntimeError, r"accessing `data` under vmap transform is not allowed"),
+    ("vmap_set_data", lambda F: F.vmap(lambda a: setattr(a, "data", torch.ones(3)) or a)(b),
+     RuntimeError, r"mutating directly with `.data` under vmap transform is not allowed"),
+    ("grad_set_data",
+     lambda F: F.grad(lambda a: (setattr(a, "data", torch.ones(3)) or a).sum())(x),
+     RuntimeError, r"mutating directly with `.data` inside functorch transform is not allowed"),
+    ("vmap_grad_nan_under_anomaly_detection",
+     lambda F: _under_anomaly_detection(
+         lambda: F.vmap(F.grad(lambda a: a.sqrt().sum()))(torch.zeros(3) - 1)),
+     RuntimeError, r"Function 'SqrtBackward0' returned nan values in its 0th output"),
     ("grad_under_saved_tensor_hooks",
      lambda F: _under_save_on_cpu(lambda: F.grad(lambda a: a.sin().sum())(x)),
      RuntimeError, r"don't yet support saved tensor hooks"),
