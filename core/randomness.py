@@ -262,7 +262,7 @@ def _pointwise(levels, func, name, args, kwargs, position):
 
 def _binary_pointwise(levels, func, name, first, second, rest, kwargs):
     """normal(mean, std) and binomial(count, prob) with two tensors: 'different' expands the
-    first one when neither is batched; the batched ones get their batch dims in front, and
+    first one when it is not batched; the batched ones get their batch dims in front, and
     the same number of example dims."""
     if not levels:
         return _bottom(func, (first, second, *rest), kwargs)
@@ -272,7 +272,7 @@ def _binary_pointwise(levels, func, name, first, second, rest, kwargs):
     _check(level, name, first_batched or second_batched)
     if level.randomness == "same":
         return _binary_pointwise(outer, func, name, first, second, rest, kwargs)
-    if not first_batched and not second_batched:
+    if not first_batched:  # (as torch.func: torch's draws follow the first one's layout)
         first, first_batched = _with_batch(level, first), True
     rank = max(first.dim() - first_batched, second.dim() - second_batched)
     first, second = (_padded(v, rank) if batched else v
