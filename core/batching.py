@@ -162,9 +162,9 @@ class Batched(Dispatcher):
             counts[name] += 1
         if self.length == 0:
             raise UnsupportedOperationError(
-                f"{self.call}: {name} has no batching rule, and its per-example fallback needs "
-                "at least one example, but the batch is empty. Fix: call it on a non-empty "
-                "batch."
+                f"{self.call}: The fallback path does not support vmap over dims of size 0: "
+                f"{name} has no batching rule, and its per-example fallback needs at least one "
+                "example, but the batch is empty. Fix: call it on a non-empty batch."
             )
 
         def example(i):

@@ -409,6 +409,9 @@ CASES = [
      lambda F: _under_anomaly_detection(
          lambda: F.vmap(F.grad(lambda a: a.sqrt().sum()))(torch.zeros(3) - 1)),
      RuntimeError, r"Function 'SqrtBackward0' returned nan values in its 0th output"),
+    ("vmap_fallback_over_an_empty_batch",
+     lambda F: F.vmap(torch._test_functorch_fallback, (0, None))(torch.ones(0, 3), x),
+     RuntimeError, r"The fallback path does not support vmap over dims of size 0"),
     ("grad_under_saved_tensor_hooks",
      lambda F: _under_save_on_cpu(lambda: F.grad(lambda a: a.sin().sum())(x)),
      RuntimeError, r"don't yet support saved tensor hooks"),
