@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import primitives as P
-from .errors import InvalidOptionError, ShapeMismatchError, TransformUsageError
+from .errors import DimOutOfRangeError, InvalidOptionError, ShapeMismatchError, TransformUsageError
 from .values import Value, bind
 
 _builtin_sum = builtins.sum
@@ -69,9 +69,10 @@ def normalize_dim(dim: int, rank: int, *, op: str) -> int:
     """A dim in [-rank, rank) as a non-negative int (a 0-d tensor accepts 0 and -1)."""
     bound = builtins.max(rank, 1)
     if not -bound <= dim < bound:
-        raise TransformUsageError(
-            f"{op}(..., dim={dim}): expected a dim in [{-bound}, {bound - 1}] for a tensor with "
-            f"{rank} dims, got {dim}. Fix: pass a dim that exists."
+        raise DimOutOfRangeError(
+            f"{op}(..., dim={dim}): Dimension out of range (expected to be in range of "
+            f"[{-bound}, {bound - 1}], but got {dim}): the tensor has {rank} dims. Fix: pass a "
+            "dim that exists."
         )
     return dim % bound if rank else 0
 
@@ -82,9 +83,9 @@ def normalize_dims(dim, rank: int, *, op: str) -> tuple:
         return tuple(range(rank))
     if isinstance(dim, int):
         dim = (dim,)
+    dims = [normalize_dim(d, rank, op=op) for d in dim]
     if rank == 0:
         return ()
-    dims = [normalize_dim(d, rank, op=op) for d in dim]
     if len(set(dims)) < len(dims):
         repeated = next(d for d in dims if dims.count(d) > 1)
         raise InvalidOptionError(

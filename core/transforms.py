@@ -853,7 +853,32 @@ def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, r
     for tensor, original, d in written.values():
         _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d), call)
     result = _unbatch_outputs(level, out_values, out_dims, size, call, _function_name(f))
-    return _alias_written_inputs(out, result, written, out_dims) if written else result
+    if written:
+        result = _alias_written_inputs(out, result, written, out_dims)
+    if type(out) is FuncTensor and out._view is None:
+        return result  # (the common case: one output, not a view)
+    return _views_are_fresh_tensors(out, result, arg_leaves)
+
+
+def _views_are_fresh_tensors(out, result, arg_leaves):
+    """A view op that changes nothing (``squeeze`` of a tensor with no dim of size 1) gives
+    back its input's value, so the result would be the caller's tensor itself; in torch (and
+    torch.func) a view op returns a new tensor, a view of its input (``y._base is x``). So an
+    output that a view op made, and that came out as one of the inputs, becomes an alias."""
+    out_leaves = optree.tree_leaves(out, none_is_leaf=False)
+    result_leaves, treedef = optree.tree_flatten(result, none_is_leaf=False)
+    if len(out_leaves) != len(result_leaves):
+        return result
+    def identity(t):  # (a FuncTensor input comes back as another FuncTensor of its value)
+        return id(value_of(t)) if type(t) is FuncTensor else id(t)
+    inputs = {identity(leaf) for leaf in arg_leaves if isinstance(leaf, (torch.Tensor, Value))}
+    changed = False
+    for position, (leaf, tensor) in enumerate(zip(out_leaves, result_leaves)):
+        if type(leaf) is FuncTensor and leaf._view is not None and identity(tensor) in inputs:
+            tensor = as_tensor(tensor)  # (inside another vmap: a view that it sees as one)
+            result_leaves[position] = tensor.view_as(tensor)
+            changed = True
+    return optree.tree_unflatten(treedef, result_leaves) if changed else result
 
 
 # --- NOTE [vmap over a nested tensor] ------------------------------------------------------------

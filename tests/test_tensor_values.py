@@ -393,3 +393,22 @@ def test_numpy_argument_names_and_where_of_a_condition_alone():
     for api in (mf, tf):
         with pytest.raises(RuntimeError, match="Attempted to vmap over aten::where"):
             api.vmap(lambda t: torch.where(t))(xs)
+
+
+@pytest.mark.parametrize("f, shape", [
+    (torch.squeeze, (7,)), (torch.squeeze, (7, 3)), (lambda t: t.view(3), (7, 3)),
+    (mf.vmap(lambda t: torch.squeeze(t, dim=1)), (7, 11, 1, 3, 4)),
+], ids=["squeeze_0d", "squeeze_nothing", "view_same_shape", "nested_squeeze_nothing"])
+def test_a_view_op_that_changes_nothing_returns_a_view(f, shape):
+    # torch.func returns a new tensor, a view of the input (y._base is x), not x itself
+    x = torch.rand(shape)
+    y = mf.vmap(f)(x)
+    assert y is not x and y._base is x
+    assert mf.vmap(lambda t: t)(x) is x  # (the identity returns the input, as in torch.func)
+
+
+def test_a_dim_out_of_range_raises_torchs_index_error():
+    for xs, dim in [(torch.rand(10), 1), (torch.rand(10, 2), 3), (torch.rand(10, 2), -3)]:
+        with pytest.raises(IndexError, match=r"Dimension out of range \(expected to be in "
+                                             r"range of \[-1, 0\], but got"):
+            mf.vmap(lambda t: torch.squeeze(t, dim=dim))(xs)
