@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from . import batching
+from . import tensor as tensor_module
 from .batching import Batched, BatchedValue, move_bdim
 from .dispatch import transform_levels
 from .errors import InPlaceError, RandomnessError
@@ -485,6 +486,13 @@ def _aten_kinds():
         for op in ops:
             kinds[str(op)] = (kind, op)
     return kinds
+
+
+def _vmap_running():
+    return any(isinstance(level, Batched) for level in transform_levels())
+
+
+tensor_module.vmap_running = _vmap_running  # NOTE [Random draws inside torch's own Python code]
 
 
 # --- the table --------------------------------------------------------------------------------

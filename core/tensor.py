@@ -40,6 +40,7 @@ import contextlib
 import optree
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import aten_api, grad_mode, ops, torch_api
 from .errors import InPlaceError, UnsupportedOperationError
@@ -605,6 +606,41 @@ def call_function(func, args, kwargs):
         raise _refusal(func, refusal)
     # the back door: torch lowers the call to aten ops, which reach __torch_dispatch__
     with torch._C.DisableTorchFunctionSubclass():
+        if vmap_running is not None and vmap_running():
+            with _FactoryDraws():
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+# NOTE [Random draws inside torch's own Python code]
+# torch.svd_lowrank draws ``torch.randn(n, q)`` in its Python body, and F.fractional_max_pool
+# its window samples with ``torch.rand``. They reach the back door above, where torch runs
+# the body with the transform mode switched off (a mode is off inside its own handler), so
+# those draws would be plain tensors, the same for every example, whatever ``randomness``
+# says. Under vmap the back door therefore runs the body under a dispatch mode that sees the
+# aten factory calls such a body makes (``aten.randn`` with no tensor argument: nothing else
+# would tell the engine about them) and draws them as the transform mode draws torch.randn
+# (randomness.py); every other aten op passes through untouched. torch.func needs no such
+# step: its vmap is a dispatch key that sees every aten call.
+vmap_running = None  # set by randomness.py: is a vmap level running in this thread?
+aten = torch.ops.aten
+_FACTORY_DRAWS = {
+    aten.rand.default: torch.rand, aten.randn.default: torch.randn,
+    aten.randint.default: torch.randint, aten.randint.low: torch.randint,
+    aten.randperm.default: torch.randperm, aten.normal.float_float: torch.normal,
+}
+
+
+class _FactoryDraws(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        factory = _FACTORY_DRAWS.get(func)
+        if factory is not None:
+            kw = {k: v for k, v in kwargs.items()
+                  if v is not None and k not in ("layout", "pin_memory")}
+            result = _RANDOM_FUNCTIONS[factory](factory, args, kw)
+            if result is not NotImplemented:
+                return _wrap_result(result)
         return func(*args, **kwargs)
 
 

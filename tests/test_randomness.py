@@ -96,6 +96,10 @@ CASES = [
     ("rrelu", lambda x: F.rrelu(x, training=False), (2, 4)),
     ("gumbel_softmax", lambda x: F.gumbel_softmax(x, tau=0.5), (2, 4)),
     ("fill_through_a_view", lambda x: _fill_row(x.clone()), (2, 4)),
+    # drawn in torch's own Python code (NOTE [Random draws inside torch's own Python code])
+    ("fractional_max_pool3d_window_samples",
+     lambda x: F.fractional_max_pool3d(x, 2, output_size=(3, 3, 3)), (1, 5, 5, 5)),
+    ("svd_lowrank_sketch", lambda x: torch.svd_lowrank(x, q=2)[1], (6, 5)),
     ("distribution_rsample",
      lambda x: torch.distributions.Normal(x, 1.0, validate_args=False).rsample(), (2, 4)),
 ]
