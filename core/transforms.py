@@ -869,6 +869,7 @@ def _views_are_fresh_tensors(out, result, arg_leaves):
     result_leaves, treedef = optree.tree_flatten(result, none_is_leaf=False)
     if len(out_leaves) != len(result_leaves):
         return result
+
     def identity(t):  # (a FuncTensor input comes back as another FuncTensor of its value)
         return id(value_of(t)) if type(t) is FuncTensor else id(t)
     inputs = {identity(leaf) for leaf in arg_leaves if isinstance(leaf, (torch.Tensor, Value))}
