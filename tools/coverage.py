@@ -161,6 +161,17 @@ def render(rows, cap, left_out, dtype_name="float32"):
       "per-example loop (the op on each example, stacked) decides: if ours agrees with it "
       "and torch.func does not, the sample counts as agreeing and the note says "
       "\"torch.func is off\" (NOTE [When torch.func is wrong]).")
+    w("- Where torch.func has no jvp (torch has no forward-mode formula), J @ t from its "
+      "`jacrev` stands in; where that fails too (jacrev refuses complex outputs), the "
+      "outputs are the op's own and the tangents float64 (complex128) central differences "
+      "along the same tangents (NOTE [A third oracle for jvp]): a sample that agrees counts "
+      "as agreeing, one that does not stays uncompared (torch's formula may keep a "
+      "convention, such as cholesky's Hermitian tangent, that a difference along any "
+      "tangent does not).")
+    w("- An op that draws random numbers, which vmap refuses under its default "
+      "`randomness='error'` in torch.func as here, is compared under "
+      "`randomness='different'`, both engines from the same seed (NOTE [Random ops under "
+      "vmap]).")
     w(f"- Comparison: `torch.testing.assert_close(rtol={opinfo.RTOL}, atol={opinfo.ATOL}, "
       "equal_nan=True)`, dtypes and shapes exact (NOTE [Tolerances]); our results must be "
       "plain tensors. Every entry is seeded from its name, so the sweep is deterministic. "
