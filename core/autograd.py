@@ -73,7 +73,8 @@ def _check_for_nan(call, entry, input_cts):
     transforms, which run on torch's autograd, inherit the check. Here the vjp rules are the
     backward functions, so the backward pass makes the same check on each rule's cotangents
     (all examples of a batched one at once), with torch's words and its way of naming the
-    function after the op."""
+    function after the op; ``detect_anomaly(check_nan=False)``, which torch's own tracers
+    enter, keeps the check off."""
     for position, ct in enumerate(input_cts):
         if ct is None or not isinstance(ct, (torch.Tensor, Value)):
             continue
@@ -228,7 +229,7 @@ class Tape:
                 f"the vjp rule of {entry.prim.name} returned {len(input_cts)} cotangents for "
                 f"{len(entry.inputs)} arguments"
             )
-            if torch.is_anomaly_enabled():
+            if torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled():
                 _check_for_nan(self.call, entry, input_cts)
             contributions = []
             for name, input_ct in zip(entry.inputs, input_cts):

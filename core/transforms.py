@@ -860,6 +860,13 @@ def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, r
     return _views_are_fresh_tensors(out, result, arg_leaves)
 
 
+def _transpose_of_a_number(leaf):
+    """torch.func's one exception: the transpose of 0-d examples returns its input itself
+    (its batching rule keeps PyTorch's special case of a 0-d tensor's transpose(0, -1))."""
+    name = getattr(leaf._view.func, "__name__", "")
+    return leaf.dim() == 0 and name.split(".")[0] in ("transpose", "swapaxes", "swapdims")
+
+
 def _views_are_fresh_tensors(out, result, arg_leaves):
     """A view op that changes nothing (``squeeze`` of a tensor with no dim of size 1) gives
     back its input's value, so the result would be the caller's tensor itself; in torch (and
@@ -875,7 +882,8 @@ def _views_are_fresh_tensors(out, result, arg_leaves):
     inputs = {identity(leaf) for leaf in arg_leaves if isinstance(leaf, (torch.Tensor, Value))}
     changed = False
     for position, (leaf, tensor) in enumerate(zip(out_leaves, result_leaves)):
-        if type(leaf) is FuncTensor and leaf._view is not None and identity(tensor) in inputs:
+        if type(leaf) is FuncTensor and leaf._view is not None and identity(tensor) in inputs \
+                and not _transpose_of_a_number(leaf):
             tensor = as_tensor(tensor)  # (inside another vmap: a view that it sees as one)
             result_leaves[position] = tensor.view_as(tensor)
             changed = True

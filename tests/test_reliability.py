@@ -339,3 +339,13 @@ def test_a_value_that_escapes_vmap_is_refused_afterwards():
         kept[0] * 2
     assert isinstance(info.value, mf.TransformError)
     assert mf.vmap(torch.sin)(torch.zeros(2)).tolist() == [0.0, 0.0]  # the next call works
+
+
+def test_anomaly_detection_without_the_nan_check_lets_nan_gradients_through():
+    # torch's tracers (AOTAutograd under torch.compile) enter detect_anomaly(check_nan=False):
+    # the NaN check (NOTE [Anomaly detection]) stays off there, as in torch
+    x = torch.zeros(3) - 1
+    with torch.autograd.detect_anomaly(check_nan=False):
+        ours = mf.vmap(mf.grad(lambda a: a.sqrt().sum()))(x)
+        theirs = tf.vmap(tf.grad(lambda a: a.sqrt().sum()))(x)
+    torch.testing.assert_close(ours, theirs, equal_nan=True)

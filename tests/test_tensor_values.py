@@ -412,3 +412,11 @@ def test_a_dim_out_of_range_raises_torchs_index_error():
         with pytest.raises(IndexError, match=r"Dimension out of range \(expected to be in "
                                              r"range of \[-1, 0\], but got"):
             mf.vmap(lambda t: torch.squeeze(t, dim=dim))(xs)
+
+
+def test_the_transpose_of_numbers_is_the_input_itself():
+    # torch.func's one exception to views being fresh tensors (its transpose batching rule)
+    x = torch.rand(7)
+    for api in (mf, tf):
+        assert api.vmap(lambda t: torch.transpose(t, 0, -1))(x) is x
+        assert api.vmap(torch.squeeze)(x) is not x
