@@ -85,9 +85,9 @@ def _check_for_nan(call, entry, input_cts):
         if bool(torch.isnan(plain).any()):
             name = "".join(part.capitalize() for part in entry.prim.name.split("_"))
             raise AnomalyError(
-                f"{call}: Function '{name}Backward0' returned nan values in its {position}th output "
-                f"(the vjp rule of {entry.prim.name}, for the value {entry.output}). Fix: find "
-                "where the forward pass leaves the function's domain (sqrt or log of a "
+                f"{call}: Function '{name}Backward0' returned nan values in its {position}th "
+                f"output (the vjp rule of {entry.prim.name}, for the value {entry.output}). Fix: "
+                "find where the forward pass leaves the function's domain (sqrt or log of a "
                 "negative number, 0/0); torch.autograd.set_detect_anomaly(False) turns the "
                 "check off.")
 

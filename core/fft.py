@@ -14,13 +14,14 @@ are in NOTE [Derivatives of the FFTs] below.
 """
 import torch
 
-from . import aten_api, ops
+from . import aten_api, ops, torch_api
 from . import primitives as P
 from .autograd import vjp_rules
-from .batching import batching_rules, move_bdim
+from .batching import Batched, batching_rules, move_bdim
 from .dispatch import complex_ready
 from .forward import jvp_rules
-from .values import bind
+from .tensor import call_with_tensors
+from .values import Value, bind, top_dispatcher
 
 aten = torch.ops.aten
 
@@ -141,3 +142,21 @@ def fft_c2c(x, dim, normalization, forward):
 def fft_c2r(x, dim, normalization, last_dim_size):
     return bind(fft_c2r_p, x, dim=tuple(dim), normalization=normalization,
                 last_dim_size=last_dim_size)
+
+
+# NOTE [istft under vmap: example by example]
+# torch's istft (a composite of the FFT kernels above) checks the window's overlap-add with
+# ``aten.equal`` on numbers it computed from the window: with a window batched by vmap those
+# numbers are batched too, and Python cannot read one answer from them. torch.func runs istft
+# example by example (its per-example fallback), so that each example makes its own check;
+# so does this vmap, and the fallback report lists it. Under grad, jvp, or a vmap with no
+# batched value here, torch's composite runs as before (the op declines the call).
+@torch_api.register(torch.istft, torch.Tensor.istft)
+def istft(x, *args, **kwargs):
+    top = top_dispatcher([v for v in (x, *args, *kwargs.values()) if isinstance(v, Value)])
+    if not isinstance(top, Batched):
+        return NotImplemented
+
+    def run(lowered, lowered_kwargs):
+        return call_with_tensors(torch.istft, *lowered, **lowered_kwargs)
+    return top.unknown_op(str(aten.istft.default), run, [x, *args], kwargs)

@@ -575,6 +575,8 @@ def call_function(func, args, kwargs):
             shape, dtype, device = out.metadata()
             result = _make_wrapper(FuncTensor, shape, dtype=dtype, device=device)
             result.value = out
+        elif out is NotImplemented:  # the op declines this call: torch lowers it instead
+            return _back_door(func, args, kwargs)
         else:
             result = _wrap_result(out)
         is_view = _VIEWS.get(func)
@@ -604,7 +606,11 @@ def call_function(func, args, kwargs):
     refusal = torch_api.REFUSED.get(func)
     if refusal is not None:
         raise _refusal(func, refusal)
-    # the back door: torch lowers the call to aten ops, which reach __torch_dispatch__
+    return _back_door(func, args, kwargs)
+
+
+def _back_door(func, args, kwargs):
+    """torch lowers the call to aten ops, which reach __torch_dispatch__."""
     with torch._C.DisableTorchFunctionSubclass():
         if vmap_running is not None and vmap_running():
             with _FactoryDraws():

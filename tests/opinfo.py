@@ -500,6 +500,7 @@ class Outcome:
     variant: str = ""
     detail: str = ""           # the error or difference, one line
     fallbacks: tuple = ()      # aten ops that took vmap's per-example fallback
+    their_fallbacks: tuple = ()  # aten ops that took torch.func's fallback (its warning)
     we_refuse_too: bool = False  # for "tf refuses": did ours raise as well?
     described: str = ""        # the sample's arguments, for messages
 
@@ -556,11 +557,22 @@ def _second_opinion(outcome, s, in_dims, ours, theirs, values):
         outcome.detail = f"torch.func is off, ours agrees with the per-example loop: {theirs_off}"
 
 
-def _theirs(run, args):
-    try:
-        return run(tf, *args), None
-    except Exception as e:  # noqa: BLE001 - torch.func's refusals are recorded
-        return None, e
+_THEIR_FALLBACK = re.compile(r"not yet implemented the batching rule for (aten::\w+)")
+
+
+def _theirs(run, args, fallbacks=None):
+    """torch.func's result (or exception); the aten ops its vmap ran through its own
+    per-example fallback are added to ``fallbacks`` (torch.func warns about each)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = run(tf, *args), None
+        except Exception as e:  # noqa: BLE001 - torch.func's refusals are recorded
+            result = None, e
+    if fallbacks is not None:
+        for warning in caught:
+            fallbacks.update(_THEIR_FALLBACK.findall(str(warning.message)))
+    return result
 
 
 def check(s, transform, variant=None):
@@ -588,12 +600,13 @@ def check(s, transform, variant=None):
             return outcome
         args = (s, s.floats)
         run = run_vjp if transform == "vjp" else run_jvp
+    their_fallbacks = set()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs, their_error = _theirs(run, args)
+        theirs, their_error = _theirs(run, args, their_fallbacks)
         if transform == "vmap" and "randomness error mode" in str(their_error or ""):
             run = run_vmap_different
-            theirs, their_error = _theirs(run, args)
+            theirs, their_error = _theirs(run, args, their_fallbacks)
             outcome.variant += ", randomness='different'"
         if their_error is not None and transform != "vmap":
             other = reference_jvp_by_jacrev if transform == "jvp" else reference_vjp_by_jacfwd
@@ -625,6 +638,7 @@ def check(s, transform, variant=None):
                 outcome.variant = "w.r.t. the input only"
         ours, error, used, left = _ours(run, *args)
     outcome.fallbacks = used
+    outcome.their_fallbacks = tuple(sorted(their_fallbacks))
     if their_error is not None:
         outcome.kind = "tf refuses"
         outcome.detail = describe_error(their_error)

@@ -136,3 +136,31 @@ def test_angle_and_conj_physical_of_real_tensors_differentiate_as_torch_func(f):
     scalar = lambda a: (f(a) * a).sum()  # noqa: E731
     torch.testing.assert_close(mf.grad(scalar)(x), tf.grad(scalar)(x))
     torch.testing.assert_close(mf.jvp(f, (x,), (x,)), tf.jvp(f, (x,), (x,)))
+
+
+@pytest.mark.parametrize("window_batched", [False, True])
+def test_istft_under_vmap_runs_example_by_example(window_batched):
+    # NOTE [istft under vmap: example by example]: torch's istft checks its window with
+    # aten.equal, so a batched window needs each example's own call, as in torch.func
+    torch.manual_seed(0)
+    spectra = torch.randn(3, 6, 5, dtype=torch.complex64)
+    windows = torch.rand(3, 10) + 0.5 if window_batched else torch.rand(10) + 0.5
+    in_dims = (0, 0 if window_batched else None)
+    f = lambda s, w: torch.istft(s, 10, window=w, center=True, onesided=True)  # noqa: E731
+    with mf.capture_fallbacks() as used:
+        ours = mf.vmap(f, in_dims)(spectra, windows)
+    torch.testing.assert_close(ours, tf.vmap(f, in_dims)(spectra, windows))
+    assert used.get("aten.istft.default") == 1
+    # a window of zeros fails torch's check, example by example
+    bad = windows.clone() if window_batched else torch.stack([windows] * 3)
+    bad[1] = 0
+    with pytest.raises(RuntimeError, match="window overlap add min"):
+        mf.vmap(f, (0, 0))(spectra, bad)
+    # under grad (inside or outside the vmap) torch's composite runs, differentiably
+    loss = lambda s, w: f(s, w).pow(2).sum()  # noqa: E731
+    def batch_loss(api):
+        return lambda s: api.vmap(f, in_dims)(s, windows).pow(2).sum()
+    torch.testing.assert_close(mf.grad(batch_loss(mf))(spectra), tf.grad(batch_loss(tf))(spectra))
+    if not window_batched:
+        torch.testing.assert_close(mf.vmap(mf.grad(loss), in_dims)(spectra, windows),
+                                   tf.vmap(tf.grad(loss), in_dims)(spectra, windows))

@@ -202,17 +202,27 @@ def render(rows, cap, left_out, dtype_name="float32"):
     w("")
     w("## The per-example fallback")
     w("")
-    w("The aten ops that vmap ran example by example (no batching rule), and how many "
-      "entries each affects (all samples, including those with other failures):")
+    w("The aten ops that vmap ran example by example (no batching rule), how many entries "
+      "each affects (all samples, including those with other failures), and what torch.func "
+      "does with them: its own per-example fallback (it warns so), or a refusal, or a batching "
+      "rule (the issue's criterion: no op that torch.func batches natively may be here):")
     w("")
     all_fallbacks = collections.Counter()
+    theirs = collections.defaultdict(set)
     for _, res, _ in rows:
-        for name in {f for t in TRANSFORMS for o in res[t].outcomes for f in o.fallbacks}:
+        outcomes = [o for t in TRANSFORMS for o in res[t].outcomes]
+        for name in {f for o in outcomes for f in o.fallbacks}:
             all_fallbacks[name] += 1
-    w("| aten op | entries |")
-    w("|---|---:|")
+            for o in outcomes:  # (on the samples where ours took it)
+                if o.fallbacks and name in o.fallbacks:
+                    theirs[name].add(
+                        f"its fallback too ({', '.join(o.their_fallbacks)})"
+                        if o.their_fallbacks else
+                        "refuses" if o.kind == "tf refuses" else "batches it")
+    w("| aten op | entries | torch.func |")
+    w("|---|---:|---|")
     for name, k in sorted(all_fallbacks.items(), key=lambda kv: (-kv[1], kv[0])):
-        w(f"| `{name}` | {k} |")
+        w(f"| `{name}` | {k} | {', '.join(sorted(theirs[name]))} |")
     w("")
     w("## Causes")
     w("")
