@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from . import ops
+from . import ops, torch_api
 from . import primitives as P
 from .dispatch import Dispatcher, name_of, no_concrete_value
 from .errors import (
@@ -50,6 +50,15 @@ class BatchedValue(Value):
         bdim = self.bdim
         return (shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:],
                 payload.dtype, payload.device)
+
+
+def batched_level(value):
+    """The innermost vmap level in a value's payload chain (None if it is batched nowhere)."""
+    while isinstance(value, Value):
+        if isinstance(value, BatchedValue):
+            return value.dispatcher
+        value = value.payload
+    return None
 
 
 class Batched(Dispatcher):
@@ -562,3 +571,28 @@ def scatter_add_batch(values, bdims, *, dim, shape):
     out = bind(P.scatter_add_p, x, index, dim=1, shape=(size,) + (shape or (1,)))
     return (out if shape else ops.squeeze(out, 1)), 0
 batching_rules[P.scatter_add_p] = scatter_add_batch
+
+
+# --- .data ---------------------------------------------------------------------------------------
+@torch_api.register(torch.Tensor.data.__get__)
+def data(x):
+    """``x.data`` is ``x.detach()``, as under torch.func's grad; under vmap torch.func refuses
+    it (a batched value has no single ``data`` to show), and so do we."""
+    level = batched_level(x)
+    if level is not None:
+        raise UnsupportedOperationError(
+            f"{level.call}: Tensor.data: accessing `data` under vmap transform is not allowed: "
+            "the value holds every example of the batch. Fix: use x.detach().")
+    return ops.detach(x)
+
+
+@torch_api.register(torch.Tensor.data.__set__)
+def set_data(x, new_data):
+    """``x.data = t`` would swap the tensor under a transform's value: torch.func refuses it."""
+    level = batched_level(x)
+    where = "under vmap transform" if level is not None else "inside functorch transform"
+    level = level or getattr(x, "dispatcher", None)
+    call = f"{level.call}: " if level is not None else ""
+    raise UnsupportedOperationError(
+        f"{call}Tensor.data = ...: mutating directly with `.data` {where} is not allowed. Fix: "
+        "compute the new value out of place and use it (or x.copy_(t) to write in place).")

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from . import aten_api, ops, torch_api
 from . import primitives as P
 from .autograd import refuse_write_to_recorded, sum_to_size, vjp_rules, wants_cotangent
-from .batching import BatchedValue, batch_size, batching_rules, move_bdim, to_front
+from .batching import (BatchedValue, batch_size, batched_level, batching_rules, move_bdim,
+                       to_front)
 from .elementwise import logical_and
 from .dispatch import complex_ready
 from .errors import (InvalidOptionError, MissingRuleError, ShapeMismatchError,
@@ -65,15 +66,6 @@ def _constant(value, like, dtype=None):
     return torch.tensor(value, dtype=dtype or like.dtype, device=like.device)
 
 
-def _batched_level(value):
-    """The first vmap level in a value's payload chain (None if it is batched nowhere)."""
-    while isinstance(value, Value):
-        if isinstance(value, BatchedValue):
-            return value.dispatcher
-        value = value.payload
-    return None
-
-
 def _refuse_batched(what, *values):
     """NOTE [Shapes that depend on the data]
     ``nonzero``, ``unique``, ``x[mask]`` and ``masked_select`` return as many elements as
@@ -82,7 +74,7 @@ def _refuse_batched(what, *values):
     raises too). The same op on a batched tensor but an unbatched mask is fine: the count
     is the same for every example."""
     for value in values:
-        level = _batched_level(value)
+        level = batched_level(value)
         if level is not None:
             raise UnsupportedOperationError(
                 f"{level.call}: vmap: We do not support batching operators that can output "

@@ -2109,16 +2109,6 @@ for _prim in _BN_KINDS:
 
 
 # --- batch norm: the doors -----------------------------------------------------------------------
-def _batched_level(value):
-    """The vmap level that batches ``value`` (or a value under it), if any."""
-    from .batching import BatchedValue
-    while isinstance(value, Value):
-        if isinstance(value, BatchedValue):
-            return value.dispatcher
-        value = value.payload
-    return None
-
-
 def _update_running_stats(op, x, running_mean, running_var, momentum, eps):
     """NOTE [Running statistics]
     In training mode batch norm also updates its running statistics in place:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ops
-from .errors import TransformUsageError, UnsupportedOperationError
+from .errors import TransformUsageError
 from .values import Value
 
 TORCH_FUNCTIONS: dict = {}
@@ -239,36 +239,3 @@ def qualified_name(func):
         return f"Tensor.{name}"
     return f"{module}.{name}"
 
-
-# --- .data ---------------------------------------------------------------------------------------
-def _batching_level(x):
-    """The vmap level of a value batched by one (the innermost), or None."""
-    while isinstance(x, Value):
-        if hasattr(x, "bdim"):
-            return x.dispatcher
-        x = x.payload
-    return None
-
-
-@register(torch.Tensor.data.__get__)
-def data(x):
-    """``x.data`` is ``x.detach()``, as under torch.func's grad; under vmap torch.func refuses
-    it (a batched value has no single ``data`` to show), and so do we."""
-    level = _batching_level(x)
-    if level is not None:
-        raise UnsupportedOperationError(
-            f"{level.call}: Tensor.data: accessing `data` under vmap transform is not allowed: "
-            "the value holds every example of the batch. Fix: use x.detach().")
-    return ops.detach(x)
-
-
-@register(torch.Tensor.data.__set__)
-def set_data(x, new_data):
-    """``x.data = t`` would swap the tensor under a transform's value: torch.func refuses it."""
-    level = _batching_level(x)
-    where = "under vmap transform" if level is not None else "inside functorch transform"
-    level = level or getattr(x, "dispatcher", None)
-    call = f"{level.call}: " if level is not None else ""
-    raise UnsupportedOperationError(
-        f"{call}Tensor.data = ...: mutating directly with `.data` {where} is not allowed. Fix: "
-        "compute the new value out of place and use it (or x.copy_(t) to write in place).")
