@@ -20,7 +20,7 @@ from .autograd import vjp_rules
 from .batching import Batched, batching_rules, move_bdim
 from .dispatch import complex_ready
 from .forward import jvp_rules
-from .tensor import call_with_tensors
+from .tensor import runner
 from .values import Value, bind, top_dispatcher
 
 aten = torch.ops.aten
@@ -156,7 +156,4 @@ def istft(x, *args, **kwargs):
     top = top_dispatcher([v for v in (x, *args, *kwargs.values()) if isinstance(v, Value)])
     if not isinstance(top, Batched):
         return NotImplemented
-
-    def run(lowered, lowered_kwargs):
-        return call_with_tensors(torch.istft, *lowered, **lowered_kwargs)
-    return top.unknown_op(str(aten.istft.default), run, [x, *args], kwargs)
+    return top.unknown_op(str(aten.istft.default), runner(torch.istft), [x, *args], kwargs)

@@ -40,7 +40,7 @@ from .dispatch import complex_ready
 from .errors import (InvalidOptionError, MissingRuleError, ShapeMismatchError,
                      TransformUsageError, UnsupportedOperationError)
 from .forward import add_tangents, jvp_rules, linear_jvp
-from .tensor import call_with_tensors, unwrap
+from .tensor import call_with_tensors, runner, unwrap
 from .values import Value, bind, bottom_tensor, top_dispatcher
 
 aten = torch.ops.aten
@@ -1272,12 +1272,9 @@ def _data_dependent(func, what):
     def op(*values, **kwargs):
         _refuse_batched(what, *values)
         top = top_dispatcher([v for v in values if isinstance(v, Value)])
-
-        def run(lowered, lowered_kwargs):
-            return call_with_tensors(func, *lowered, **lowered_kwargs)
         if top is None:  # (a value no level owns, such as a comparison's mask)
-            return run(list(values), kwargs)
-        return top.unknown_op(str(func), run, list(values), kwargs)
+            return call_with_tensors(func, *values, **kwargs)
+        return top.unknown_op(str(func), runner(func), list(values), kwargs)
     return op
 
 
@@ -1323,10 +1320,7 @@ def argwhere(x):
     if not isinstance(x, BatchedValue):  # a level that is not vmap's runs it one level down
         top = top_dispatcher([x] if isinstance(x, Value) else [])
         if top is not None:
-            return top.unknown_op(str(aten.argwhere.default),
-                                  lambda lowered, kw: call_with_tensors(torch.argwhere,
-                                                                        *lowered),
-                                  [x], {})
+            return top.unknown_op(str(aten.argwhere.default), runner(torch.argwhere), [x], {})
         return torch.argwhere(x)
     return _data_dependent(aten.argwhere.default, "argwhere")(x)
 

@@ -711,7 +711,7 @@ def _call_aten(func, args, kwargs):
         if op is not None:
             result = _wrap_result(op(*values, **kw))
         elif aten_api.is_random_generator(func):
-            result = _wrap_result(top.random_op(str(func), _runner(func), values, kw))
+            result = _wrap_result(top.random_op(str(func), runner(func), values, kw))
         else:
             decomposition = aten_api.decomposition(func)
             if decomposition is not None:
@@ -722,20 +722,19 @@ def _call_aten(func, args, kwargs):
                     out = decomposition(*args, **kwargs)
                 result = _wrap_result(unwrap_tree(out))
             elif torch.Tag.nondeterministic_seeded in func.tags and top.draws_random_numbers:
-                result = _wrap_result(top.random_op(str(func), _runner(func), values, kw))
+                result = _wrap_result(top.random_op(str(func), runner(func), values, kw))
             else:
-                result = _wrap_result(top.unknown_op(str(func), _runner(func), values, kw))
+                result = _wrap_result(top.unknown_op(str(func), runner(func), values, kw))
     if aten_api.is_view(func) and args and type(args[0]) is FuncTensor:
         _record_views(result, args[0], func, args[1:], kwargs)
     return result
 
 
-def _runner(func):
-    """``run(values, kwargs)``: the aten op on values of a lower level (as FuncTensors, so that
-    their own levels interpret it), for a level's ``unknown_op`` and ``random_op``."""
+def runner(func):
+    """``run(values, kwargs)``: ``func`` (an aten op or a torch function) on values of a lower
+    level, through call_with_tensors, for a level's ``unknown_op`` and ``random_op``."""
     def run(values, kwargs):
-        with engine_code():
-            return unwrap_tree(func(*as_tensors(values), **as_tensors(kwargs)))
+        return call_with_tensors(func, *values, **kwargs)
     return run
 
 
