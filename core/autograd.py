@@ -213,6 +213,7 @@ class Tape:
         return gradients
 
     def _propagate(self, seeds, record_steps):
+        check_nan = torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled()
         gradients = dict(seeds)
         steps = [BackwardStep(None, None, None, [(n, ct, ct) for n, ct in seeds.items()])]
         for index in range(len(self.entries) - 1, -1, -1):
@@ -229,7 +230,7 @@ class Tape:
                 f"the vjp rule of {entry.prim.name} returned {len(input_cts)} cotangents for "
                 f"{len(entry.inputs)} arguments"
             )
-            if torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled():
+            if check_nan:
                 _check_for_nan(self.call, entry, input_cts)
             contributions = []
             for name, input_ct in zip(entry.inputs, input_cts):

@@ -91,7 +91,7 @@ def draw(func, args, kwargs):
     >>> torch.equal(shared, torch.rand(2).expand(3, 2))   # one draw, shared
     True
     """
-    levels = [level for level in transform_levels() if isinstance(level, Batched)]
+    levels = _vmap_levels()
     if not levels:
         return NotImplemented
     kind, name = _KINDS[func]
@@ -488,11 +488,13 @@ def _aten_kinds():
     return kinds
 
 
-def _vmap_running():
-    return any(isinstance(level, Batched) for level in transform_levels())
+def _vmap_levels():
+    """The vmap levels running now in this thread, outermost first."""
+    return [level for level in transform_levels() if isinstance(level, Batched)]
 
 
-tensor_module.vmap_running = _vmap_running  # NOTE [Random draws inside torch's own Python code]
+# NOTE [Random draws inside torch's own Python code] (tensor.py)
+tensor_module.vmap_running = lambda: bool(_vmap_levels())
 
 
 # --- the table --------------------------------------------------------------------------------
