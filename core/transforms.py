@@ -236,9 +236,9 @@ def _write_back(shown, originals, lower, call):
                 if reshaped:
                     raise UnsupportedOperationError(
                         f"{call}: an in-place op that changes an input's shape (squeeze_, "
-                        "unsqueeze_, t_, "
-                        f"...) inside nested transforms is not supported: the input of shape "
-                        f"{tuple(original.shape)} would become {tuple(new_value.shape)}. Fix: "
+                        "unsqueeze_, t_, ...) inside nested transforms is not supported: the "
+                        f"input of shape {tuple(original.shape)} would become "
+                        f"{tuple(new_value.shape)}. Fix: "
                         "use the out-of-place op (x = x.squeeze()).")
                 # a value of an enclosing transform: its grad levels record the write
                 # (under no_grad they would not: NOTE [Grad modes and transform levels])
@@ -286,8 +286,9 @@ def _run_reverse(f, args, kwargs, argnums, call):
     # (a hook would see the engine's values, not what torch's autograd saves); so do we, with
     # its words, for hooks active at the call and for hooks entered inside f
     hooks_message = (f"{call}: torch.func.{{grad, vjp, jacrev, hessian}} don't yet support "
-                     "saved tensor hooks. Fix: leave the hooks' context (torch.autograd.graph.save_on_cpu, "
-                     "saved_tensors_hooks) around the transform, or apply it outside.")
+                     "saved tensor hooks. Fix: leave the hooks' context "
+                     "(torch.autograd.graph.save_on_cpu, saved_tensors_hooks) around the "
+                     "transform, or apply it outside.")
     if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
         raise SavedTensorHooksError(hooks_message)
     level = new_level(Autograd, name="Autograd", record_steps=False, call=call)

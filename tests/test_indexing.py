@@ -678,5 +678,5 @@ def test_checks_over_the_whole_batch_give_one_unbatched_answer(check):
         assert seen[mf].shape == () and seen[mf].item() == seen[tf].item()
     with pytest.raises(RuntimeError, match="Test message for TORCH_CHECK_TENSOR_ALL"):
         mf.vmap(lambda t: torch._test_check_tensor(t >= 0))(torch.tensor([[1.0], [-1.0]]))
-    torch.testing.assert_close(mf.vmap(lambda t: torch._test_check_tensor(t >= 0))(torch.ones(2, 3)),
-                               torch.ones(2, 3, dtype=torch.bool))
+    checked = mf.vmap(lambda t: torch._test_check_tensor(t >= 0))(torch.ones(2, 3))
+    torch.testing.assert_close(checked, torch.ones(2, 3, dtype=torch.bool))
