@@ -416,12 +416,12 @@ class Autograd(Dispatcher):
         name = out.name
         if name in inputs:  # a rule returned its input unchanged: keep names distinct
             name = out._name = fresh_name()
-        dtype = out.dtype
+        out_shape, dtype, _ = out.metadata()
         if dtype.is_complex:
             if not complex_ok:
                 raise complex_not_supported(self, prim)
             backward = real_cotangents_of(payloads, inputs, backward)
-        self.tape.record(TapeEntry(prim, params, inputs, labels, args, name, out.shape,
+        self.tape.record(TapeEntry(prim, params, inputs, labels, args, name, out_shape,
                                    dtype, backward))
         return out
 

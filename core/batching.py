@@ -93,6 +93,8 @@ class Batched(Dispatcher):
                 payload = x.payload
                 if type(payload) is torch.Tensor:  # the bottom level: torch computes it
                     out = prim.impl(payload, *args[1:], **params)
+                elif isinstance(payload, Value):  # the only value here: its level is the top
+                    out = payload.dispatcher.apply(prim, payload, *args[1:], **params)
                 else:
                     out = bind(prim, payload, *args[1:], **params)
                 return BatchedValue(self, out, x.bdim)

@@ -38,6 +38,10 @@ class TracerValue(Value):
     def device(self):
         return self.dispatcher.device
 
+    def metadata(self):
+        payload = self.payload  # a meta tensor: the device is the program's
+        return payload.shape, payload.dtype, self.dispatcher.device
+
 
 class Tracing(Dispatcher):
     """The level that builds a Program: one equation per primitive that reaches it."""

@@ -87,8 +87,15 @@ class Value:
         return self.dtype.is_floating_point
 
     def metadata(self):
-        """(shape, dtype, device) in one call: what a FuncTensor showing this value needs."""
-        return self.shape, self.dtype, self.device
+        """(shape, dtype, device) in one call: what a FuncTensor showing this value needs.
+
+        A level whose values look like their payloads asks the payload once, where the three
+        properties would each walk down the payload chain (this is the hot path). A value
+        type that overrides ``shape``, ``dtype`` or ``device`` overrides this too."""
+        payload = self.payload
+        if isinstance(payload, Value):
+            return payload.metadata()
+        return payload.shape, payload.dtype, payload.device
 
     def concrete(self):
         """The concrete tensor behind this value, for Python control flow.
