@@ -537,8 +537,11 @@ def real_cotangents_of(payloads, inputs, backward):
 
 def conj(v):
     """The complex conjugate; a real tensor (or number) is returned as it is."""
-    if isinstance(v, complex) or (getattr(v, "dtype", None) is not None and v.dtype.is_complex):
-        return ops.conj(v) if not isinstance(v, complex) else v.conjugate()
+    if isinstance(v, complex):
+        return v.conjugate()
+    dtype = getattr(v, "dtype", None)
+    if dtype is not None and dtype.is_complex:
+        return ops.conj(v)
     return v
 
 

@@ -104,6 +104,30 @@ def test_a_batched_tensor_with_an_unbatched_tensor_broadcasts_and_promotes_per_e
         torch.testing.assert_close(ours, theirs)
 
 
+@pytest.mark.parametrize("shapes", [((), ()), ((3,), (3,)), ((2, 3), (2, 3)), ((2, 3), (3,)),
+                                    ((3,), ()), ((1, 3), (2, 1))])
+@pytest.mark.parametrize("in_dims", [(0, 0), (1, 1), (0, 1)])
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.int64, torch.float32),
+                                    (torch.float32, torch.float32)])
+def test_two_batched_operands_broadcast_and_promote_per_example(shapes, in_dims, dtypes):
+    """Batched.apply computes an elementwise op on two batched values itself when their batch
+    dims line up (NOTE [The commonest cases, written out]); every other layout goes through
+    the rule. Both must match torch.func, 0-d examples included (they promote together)."""
+    def batch_of(shape, in_dim, dtype, seed):
+        gen = torch.Generator().manual_seed(seed)
+        values = (torch.randn(4, *shape, generator=gen) * 3).to(dtype)
+        return values.movedim(0, in_dim) if in_dim < len(shape) + 1 else values
+    in_dims = tuple(d if d <= len(s) else 0 for d, s in zip(in_dims, shapes))
+    xs = batch_of(shapes[0], in_dims[0], dtypes[0], 0)
+    ys = batch_of(shapes[1], in_dims[1], dtypes[1], 1)
+    for f in (torch.mul, torch.add, torch.maximum, torch.atan2 if dtypes[0].is_floating_point
+              and dtypes[1].is_floating_point else torch.sub):
+        ours = mf.vmap(f, in_dims=in_dims)(xs, ys)
+        theirs = tf.vmap(f, in_dims=in_dims)(xs, ys)
+        assert ours.dtype == theirs.dtype, (f, ours.dtype, theirs.dtype)
+        torch.testing.assert_close(ours, theirs)
+
+
 @pytest.mark.parametrize("like", [torch.ones_like, torch.zeros_like,
                                   lambda v, dtype: torch.full_like(v, 3, dtype=dtype)])
 def test_like_functions_keep_their_dtype_under_vmap(like):
