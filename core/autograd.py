@@ -389,8 +389,9 @@ class Autograd(Dispatcher):
         for a in args:
             if type(a) is AutogradValue and a.dispatcher is self:
                 payloads.append(a.payload)
-                inputs.append(a.name)
-                labels.append(a.name)
+                name = a.name
+                inputs.append(name)
+                labels.append(name)
             else:
                 payloads.append(a)
                 inputs.append(None)
