@@ -11,13 +11,16 @@ one that happened to run last. The per-block times of all rounds are pooled; tab
 their median and interquartile range, and ratios are medians divided by torch.func's median
 from the same run.
 """
+import atexit
 import cProfile
 import dataclasses
 import io
 import os
 import platform
 import pstats
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -370,7 +373,28 @@ def _git_revision() -> str:
         return "unknown"
 
 
-def environment(*, device: str, threads: int, min_run_time: float, rounds: int) -> dict:
+# NOTE [A fresh inductor cache per run]
+# torch.compile keeps what it built in a cache on disk (TORCHINDUCTOR_CACHE_DIR, by default
+# /tmp/torchinductor_<user>) and reuses it across processes. A run would then time code
+# built by some earlier process, under whatever that process found: an artifact compiled
+# when inductor's CPU check failed is plain scalar C++, and stays so on every later hit (a
+# stale cache on this machine held S2's compiled program at 2x the time of a fresh build).
+# Its "build + first call" column would also show a cache hit, not a build. So each run
+# compiles into a fresh directory of its own, unless TORCHINDUCTOR_CACHE_DIR is set.
+def use_fresh_inductor_cache() -> str:
+    """Point torch.compile at a new empty cache directory (unless the caller chose one);
+    returns the directory, for the report."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen:
+        return f"{chosen} (TORCHINDUCTOR_CACHE_DIR, as set)"
+    directory = tempfile.mkdtemp(prefix="minifunctorch-bench-inductor-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+    return "a fresh directory for this run (NOTE [A fresh inductor cache per run])"
+
+
+def environment(*, device: str, threads: int, min_run_time: float, rounds: int,
+                inductor_cache: str) -> dict:
     """What the results depend on, recorded with them."""
     info = {
         "platform": platform.platform(),
@@ -389,6 +413,7 @@ def environment(*, device: str, threads: int, min_run_time: float, rounds: int) 
         "threads (torch.set_num_threads)": str(threads),
         "MALLOC_MMAP_MAX_": os.environ.get("MALLOC_MMAP_MAX_", "unset"),
         "MALLOC_TRIM_THRESHOLD_": os.environ.get("MALLOC_TRIM_THRESHOLD_", "unset"),
+        "torch.compile cache": inductor_cache,
         "timer": f"torch.utils.benchmark.Timer.blocked_autorange(min_run_time={min_run_time})"
                  f" x {rounds} interleaved rounds",
         "date (UTC)": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),

@@ -44,8 +44,10 @@ def run(*, quick=False, device="cpu", threads=1, extra_threads=2, out_dir=None,
     started = time.perf_counter()
     torch.set_num_threads(threads)
     sizes = cases.QUICK if quick else cases.FULL
+    inductor_cache = (harness.use_fresh_inductor_cache() if sizes.inductor else
+                      "not used (the quick sizes build no inductor contender)")
     env = harness.environment(device=device, threads=threads, min_run_time=min_run_time,
-                              rounds=rounds)
+                              rounds=rounds, inductor_cache=inductor_cache)
     suite = report.Suite(env=env, quick=quick, groups={}, s1_ops=sizes.s1_ops,
                          threads=threads)
 
