@@ -175,3 +175,18 @@ def test_the_dispatch_floor_script_measures_every_row():
         "plain torch call", "floor: subclass, unwrap-call-wrap",
         "floor: subclass + mode on the stack"]
     assert len(rows) == 7 and all(isinstance(t, float) for _, t in rows)
+
+
+def test_a_full_run_compiles_into_a_fresh_inductor_cache(monkeypatch):
+    """NOTE [A fresh inductor cache per run]: unless the caller chose a cache, the run gets a
+    new empty directory (a stale cache could hold code built under other conditions), and the
+    report says which; a directory the caller set is kept."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    described = harness.use_fresh_inductor_cache()
+    directory = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert os.path.isdir(directory) and not os.listdir(directory)
+    assert "fresh directory" in described
+    assert harness.use_fresh_inductor_cache() == f"{directory} (TORCHINDUCTOR_CACHE_DIR, as set)"
+    env = harness.environment(device="cpu", threads=1, min_run_time=0.1, rounds=1,
+                              inductor_cache=described)
+    assert env["torch.compile cache"] == described
