@@ -37,7 +37,9 @@ class Wrapped(torch.Tensor):
 
     @staticmethod
     def of(tensor):
-        out = _make_wrapper(Wrapped, tensor.size(), dtype=tensor.dtype, device=tensor.device)
+        # positional, the cheapest call (NOTE [Wrappers made with positional arguments])
+        out = _make_wrapper(Wrapped, tensor.size(), None, None, None, tensor.dtype,
+                            torch.strided, tensor.device)
         out.inner = tensor
         return out
 
