@@ -45,11 +45,14 @@ class BatchedValue(Value):
 
     def metadata(self):
         payload = self.payload
-        # size() is a little cheaper than .shape on a plain tensor (the hot path)
-        shape = payload.size() if type(payload) is torch.Tensor else payload.shape
+        # size() is a little cheaper than .shape on a plain tensor (the hot path); a value
+        # payload (nested vmaps) answers all three at once (Value.metadata)
+        if isinstance(payload, Value):
+            shape, dtype, device = payload.metadata()
+        else:
+            shape, dtype, device = payload.size(), payload.dtype, payload.device
         bdim = self.bdim
-        return (shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:],
-                payload.dtype, payload.device)
+        return shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:], dtype, device
 
 
 def batched_level(value):
