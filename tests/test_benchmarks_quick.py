@@ -190,3 +190,25 @@ def test_a_full_run_compiles_into_a_fresh_inductor_cache(monkeypatch):
     env = harness.environment(device="cpu", threads=1, min_run_time=0.1, rounds=1,
                               inductor_cache=described)
     assert env["torch.compile cache"] == described
+
+
+def test_instruction_counts_are_read_from_callgrind_dumps(tmp_path):
+    """benchmarks.instructions (NOTE [Counting instructions instead of time]) reads one dump
+    per counted region and gives per op = (I(long) - I(short)) / (ops * calls). The run itself
+    needs valgrind, which CI does not have; this checks the reading and the arithmetic."""
+    from benchmarks import instructions
+
+    def dump(n, label, summary):
+        (tmp_path / f"callgrind.out.{n}").write_text(
+            f"version: 1\ndesc: Trigger: Client Request: {label}\nevents: Ir\n"
+            f"summary: {summary}\ntotals: {summary + 7}\n")
+    dump(1, "start", 999)  # the first region, before any level: ignored
+    dump(2, "minifunctorch|vmap|0", 1_000)
+    dump(3, "minifunctorch|vmap|10", 41_000)
+    dump(4, "torch.func|vmap|0", 1_000)
+    dump(5, "torch.func|vmap|10", 21_000)
+    (tmp_path / "callgrind.out").write_text("desc: Trigger: Program termination\nsummary: 5\n")
+    counts = instructions.read_dumps(tmp_path)
+    assert counts == {("minifunctorch", "vmap", 0): 1_000, ("minifunctorch", "vmap", 10): 41_000,
+                      ("torch.func", "vmap", 0): 1_000, ("torch.func", "vmap", 10): 21_000}
+    assert instructions.per_op(counts, ["vmap"], calls=2, ops=10) == [("vmap", 2000, 1000, 2.0)]

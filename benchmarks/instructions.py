@@ -1,0 +1,164 @@
+"""``python -m benchmarks.instructions [--levels grad,vmap] [--calls N] [--ops N]``: S1's cost
+per op and level counted in CPU instructions, for minifunctorch and torch.func in one process.
+
+NOTE [Counting instructions instead of time]
+On a shared or virtual machine the time of a small op swings by 10-50% from run to run (steal
+time, other processes), more than most changes to the engine's per-op work. The number of
+instructions a call executes does not depend on the load. This script runs itself under
+valgrind's callgrind and, per level of S1 (``benchmarks/cases.py``: the elementwise chain on
+a 10x10 tensor) and per engine, zeroes the counters, makes ``--calls`` calls, and dumps them:
+per op = (I(chain of ops + 1) - I(1-op function)) / (ops * calls), as S1 does with time. A
+small helper, compiled at the start from valgrind's ``callgrind.h``, sends those requests.
+The cyclic garbage collector is off while a region is counted, as ``timeit`` turns it off: a
+collection walks the whole heap (torch's modules included), millions of instructions that
+fall into whichever region it happens to start in.
+
+Instructions are not time: a kernel's memory traffic or a cache miss costs more than its
+count says. They measure the interpreter's and dispatcher's work per op, which is what S1's
+per-op overhead is, and they tell two versions of the engine apart where time cannot (run it
+in each checkout). Under callgrind a run takes a few minutes. It prints a table; nothing is
+written. It needs valgrind with its headers and a C compiler.
+"""
+import argparse
+import ctypes
+import gc
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINES = ("minifunctorch", "torch.func")
+HELPER_SOURCE = r"""
+#include <valgrind/callgrind.h>
+void zero_counts(void) { CALLGRIND_ZERO_STATS; }
+void dump_counts(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
+int under_valgrind(void) { return RUNNING_ON_VALGRIND; }
+"""
+
+
+def build_helper(directory) -> str:
+    """Compile the helper library that sends callgrind's client requests; its path."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or shutil.which("valgrind") is None:
+        raise SystemExit("benchmarks.instructions: needs valgrind and a C compiler (cc) on the "
+                         "PATH. Fix: install valgrind (Debian: apt-get install valgrind).")
+    source, library = os.path.join(directory, "helper.c"), os.path.join(directory, "helper.so")
+    with open(source, "w") as f:
+        f.write(HELPER_SOURCE)
+    built = subprocess.run([compiler, "-shared", "-fPIC", "-O1", source, "-o", library],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        raise SystemExit("benchmarks.instructions: could not compile the helper against "
+                         f"valgrind/callgrind.h:\n{built.stderr.strip()}\nFix: install "
+                         "valgrind's headers (Debian: apt-get install valgrind).")
+    return library
+
+
+def _transformed(engine, level, f):
+    from . import cases
+    api = torch.func if engine == "torch.func" else __import__("minifunctorch.core",
+                                                                   fromlist=["core"])
+    _, transform, takes_tangent = cases.S1_LEVELS[level]
+    return transform(api, f), takes_tangent
+
+
+def child(helper, levels, calls, ops):
+    """Inside callgrind: one counted region per (engine, level, chain length)."""
+    from . import cases
+    requests = ctypes.CDLL(helper)
+    requests.dump_counts.argtypes = [ctypes.c_char_p]
+    if not requests.under_valgrind():
+        raise SystemExit("benchmarks.instructions --child runs under callgrind only.")
+    torch.set_num_threads(1)
+    x = torch.randn(10, 10, generator=torch.Generator().manual_seed(1))
+    t = torch.randn(10, 10, generator=torch.Generator().manual_seed(2))
+    requests.zero_counts()  # callgrind's first dump also holds what ran before its zero
+    requests.dump_counts(b"start")
+    for engine in ENGINES:
+        for level in levels:
+            for n_ops in (0, ops):
+                f, takes_tangent = _transformed(engine, level, cases.chain(n_ops))
+                args = (x, t) if takes_tangent else (x,)
+                for _ in range(3):  # warm up: first-call work is not per-op cost
+                    f(*args)
+                gc.collect()
+                gc.disable()  # as timeit does: a collection's cost depends on the whole heap
+                try:
+                    requests.zero_counts()
+                    for _ in range(calls):
+                        f(*args)
+                    requests.dump_counts(f"{engine}|{level}|{n_ops}".encode())
+                finally:
+                    gc.enable()
+
+
+def read_dumps(directory) -> dict:
+    """(engine, level, ops) -> instructions, from callgrind's dump files in ``directory``."""
+    counts = {}
+    for path in glob.glob(os.path.join(directory, "callgrind.out*")):
+        text = Path(path).read_text(errors="replace")
+        label = re.search(r"^desc: Trigger: Client Request: (.+)$", text, re.M)
+        total = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+        if label and total and "|" in label.group(1):
+            engine, level, n_ops = label.group(1).strip().split("|")
+            counts[(engine, level, int(n_ops))] = int(total.group(1))
+    return counts
+
+
+def per_op(counts, levels, calls, ops) -> list:
+    """Rows (level, minifunctorch per op, torch.func per op, ratio)."""
+    rows = []
+    for level in levels:
+        ours, theirs = ((counts[(e, level, ops)] - counts[(e, level, 0)]) / (ops * calls)
+                        for e in ENGINES)
+        rows.append((level, ours, theirs, ours / theirs))
+    return rows
+
+
+def main(argv=None):
+    from . import cases
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", default=",".join(lv for lv in cases.S1_LEVELS if lv != "none"),
+                        help="S1 levels, comma-separated (default: every transformed level)")
+    parser.add_argument("--calls", type=int, default=20, help="calls counted per region")
+    parser.add_argument("--ops", type=int, default=100, help="ops in the long chain")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    levels = [lv.strip() for lv in options.levels.split(",") if lv.strip()]
+    unknown = [lv for lv in levels if lv not in cases.S1_LEVELS]
+    if unknown:
+        raise SystemExit(f"benchmarks.instructions --levels: no level {', '.join(unknown)}; "
+                         f"the levels are {', '.join(cases.S1_LEVELS)}.")
+    if options.child:
+        return child(options.child, levels, options.calls, options.ops)
+    with tempfile.TemporaryDirectory(prefix="minifunctorch-instructions-") as directory:
+        helper = build_helper(directory)
+        command = ["valgrind", "--tool=callgrind", "--dump-instr=no",
+                   f"--callgrind-out-file={directory}/callgrind.out",
+                   sys.executable, "-m", "benchmarks.instructions", "--child", helper,
+                   "--levels", ",".join(levels), "--calls", str(options.calls),
+                   "--ops", str(options.ops)]
+        print(f"running S1 under callgrind ({len(levels)} levels, 2 engines; a few minutes) ...",
+              flush=True)
+        ran = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if ran.returncode != 0:
+            raise SystemExit(f"benchmarks.instructions: the run under callgrind failed:\n"
+                             f"{ran.stderr[-2000:]}")
+        rows = per_op(read_dumps(directory), levels, options.calls, options.ops)
+    print(f"instructions per op of S1's chain on a 10x10 tensor ({options.ops} ops, "
+          f"{options.calls} calls per count)")
+    print(f"{'level':12s} {'minifunctorch':>14s} {'torch.func':>11s} {'ratio':>6s}")
+    for level, ours, theirs, ratio in rows:
+        print(f"{level:12s} {ours:14,.0f} {theirs:11,.0f} {ratio:6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
