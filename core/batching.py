@@ -44,13 +44,7 @@ class BatchedValue(Value):
         return shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:]
 
     def metadata(self):
-        payload = self.payload
-        # size() is a little cheaper than .shape on a plain tensor (the hot path); a value
-        # payload (nested vmaps) answers all three at once (Value.metadata)
-        if isinstance(payload, Value):
-            shape, dtype, device = payload.metadata()
-        else:
-            shape, dtype, device = payload.size(), payload.dtype, payload.device
+        shape, dtype, device = Value.metadata(self)  # the payload's
         bdim = self.bdim
         return shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:], dtype, device
 
@@ -97,12 +91,10 @@ class Batched(Dispatcher):
                 return bind(prim, *args, **params)
             if prim in _KEEPS_BDIM:
                 payload = x.payload
-                if type(payload) is torch.Tensor:  # the bottom level: torch computes it
-                    out = prim.impl(payload, *args[1:], **params)
-                elif isinstance(payload, Value):  # the only value here: its level is the top
+                if isinstance(payload, Value):  # the only value here: its level is the top
                     out = payload.dispatcher.apply(prim, payload, *args[1:], **params)
-                else:
-                    out = bind(prim, payload, *args[1:], **params)
+                else:  # the bottom level: torch computes it
+                    out = prim.impl(payload, *args[1:], **params)
                 return BatchedValue(self, out, x.bdim)
         elif n == 2 and prim in _KEEPS_BDIM:
             x, y = args
@@ -288,8 +280,9 @@ def physical_dim(dim, bdim):
     return dim if dim < bdim else dim + 1
 
 
-# primitives whose rule keeps a lone batched operand's batch dim in place (with at most a
-# number beside it): Batched.apply applies them directly (NOTE [The commonest cases, written out])
+# elementwise primitives, whose rule keeps the batch dim in place when the operands line up
+# (one batched value and a number, or two batched values with the same bdim and rank):
+# Batched.apply applies them directly then (NOTE [The commonest cases, written out])
 _KEEPS_BDIM: set = set()
 
 
