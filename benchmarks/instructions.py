@@ -32,6 +32,11 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.func
+
+import minifunctorch.core as mft
+
+from .cases import S1_LEVELS, chain
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = ("minifunctorch", "torch.func")
@@ -62,16 +67,12 @@ def build_helper(directory) -> str:
 
 
 def _transformed(engine, level, f):
-    from . import cases
-    api = torch.func if engine == "torch.func" else __import__("minifunctorch.core",
-                                                                   fromlist=["core"])
-    _, transform, takes_tangent = cases.S1_LEVELS[level]
-    return transform(api, f), takes_tangent
+    _, transform, takes_tangent = S1_LEVELS[level]
+    return transform(torch.func if engine == "torch.func" else mft, f), takes_tangent
 
 
 def child(helper, levels, calls, ops):
     """Inside callgrind: one counted region per (engine, level, chain length)."""
-    from . import cases
     requests = ctypes.CDLL(helper)
     requests.dump_counts.argtypes = [ctypes.c_char_p]
     if not requests.under_valgrind():
@@ -84,7 +85,7 @@ def child(helper, levels, calls, ops):
     for engine in ENGINES:
         for level in levels:
             for n_ops in (0, ops):
-                f, takes_tangent = _transformed(engine, level, cases.chain(n_ops))
+                f, takes_tangent = _transformed(engine, level, chain(n_ops))
                 args = (x, t) if takes_tangent else (x,)
                 for _ in range(3):  # warm up: first-call work is not per-op cost
                     f(*args)
@@ -123,19 +124,18 @@ def per_op(counts, levels, calls, ops) -> list:
 
 
 def main(argv=None):
-    from . import cases
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--levels", default=",".join(lv for lv in cases.S1_LEVELS if lv != "none"),
+    parser.add_argument("--levels", default=",".join(lv for lv in S1_LEVELS if lv != "none"),
                         help="S1 levels, comma-separated (default: every transformed level)")
     parser.add_argument("--calls", type=int, default=20, help="calls counted per region")
     parser.add_argument("--ops", type=int, default=100, help="ops in the long chain")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     levels = [lv.strip() for lv in options.levels.split(",") if lv.strip()]
-    unknown = [lv for lv in levels if lv not in cases.S1_LEVELS]
+    unknown = [lv for lv in levels if lv not in S1_LEVELS]
     if unknown:
         raise SystemExit(f"benchmarks.instructions --levels: no level {', '.join(unknown)}; "
-                         f"the levels are {', '.join(cases.S1_LEVELS)}.")
+                         f"the levels are {', '.join(S1_LEVELS)}.")
     if options.child:
         return child(options.child, levels, options.calls, options.ops)
     with tempfile.TemporaryDirectory(prefix="minifunctorch-instructions-") as directory:
