@@ -492,7 +492,9 @@ jvp_rules[conv_backward_bias_p] = linear_jvp(conv_backward_bias_p)
 # channels on that side of the weight.
 # When a batch joins a channel axis of a grouped convolution, it must stay inside each group:
 # channels are laid out (group, example, channel in group), so that the g groups stay g
-# contiguous blocks.
+# contiguous blocks. With one group that is (example, channel): the helpers below then skip
+# the group axis, which saves a reshape or a permute per operand (each one a bind per level
+# under nested vmaps, as in vmap(jacrev) of the NTK).
 def _conv_weight_dim(axis, transposed):
     """Which dim of the weight carries the channels of ``axis`` ('in' or 'out'): a convolution's
     weight is (C_out, C_in/g, ...), a transposed one's (C_in, C_out/g, ...)."""
@@ -502,8 +504,11 @@ def _conv_weight_dim(axis, transposed):
 def _fold_channels(x, groups):
     """Activations (B, N, C, *sp) -> (N, B*C, *sp), channels laid out (group, example, c)."""
     b, n, c, *spatial = shape_of(x)
+    rest = tuple(range(3, 3 + len(spatial)))
+    if groups == 1:  # (example, c): no group axis to split off
+        return ops.reshape(ops.permute(x, 1, 0, 2, *rest), n, b * c, *spatial)
     x = ops.reshape(x, b, n, groups, c // groups, *spatial)
-    x = ops.permute(x, 1, 2, 0, 3, *range(4, 4 + len(spatial)))
+    x = ops.permute(x, 1, 2, 0, 3, *(d + 1 for d in rest))
     return ops.reshape(x, n, b * c, *spatial)
 
 
@@ -522,6 +527,11 @@ def _fold_weight(w, dim, groups):
     """A batched weight (B, w0, w1, *k) with the batch joined to weight dim ``dim``, inside
     each group: dim 0 -> (B*w0, w1, *k), dim 1 -> (w0, B*w1, *k)."""
     b, w0, w1, *kernel = shape_of(w)
+    if groups == 1:  # (example, channel): no group axis to split off
+        if dim == 0:
+            return ops.reshape(w, b * w0, w1, *kernel)  # a view
+        w = ops.permute(w, 1, 0, 2, *range(3, 3 + len(kernel)))
+        return ops.reshape(w, w0, b * w1, *kernel)
     w = ops.reshape(w, b, groups, w0 // groups, w1, *kernel)
     rest = tuple(range(4, 4 + len(kernel)))
     if dim == 0:
@@ -534,6 +544,11 @@ def _fold_weight(w, dim, groups):
 def _unfold_weight(w, dim, b, groups):
     """The inverse of ``_fold_weight``: a payload with the batch dim in front."""
     w0, w1, *kernel = shape_of(w)
+    if groups == 1:  # (example, channel): no group axis
+        if dim == 0:
+            return ops.reshape(w, b, w0 // b, w1, *kernel)  # a view
+        w = ops.reshape(w, w0, b, w1 // b, *kernel)
+        return ops.permute(w, 1, 0, 2, *range(3, 3 + len(kernel)))
     rest = tuple(range(4, 4 + len(kernel)))
     if dim == 0:
         w0 //= b
@@ -556,7 +571,8 @@ def _fold_bias(bias, bdim, b, groups):
     else:
         bias = _front(bias, bdim)
     c = shape_of(bias)[1]
-    bias = ops.permute(ops.reshape(bias, b, groups, c // groups), 1, 0, 2)
+    if groups > 1:
+        bias = ops.permute(ops.reshape(bias, b, groups, c // groups), 1, 0, 2)
     return ops.reshape(bias, b * c)
 
 

@@ -318,6 +318,8 @@ def bmm(x, y):
 
 # --- shape ---------------------------------------------------------------------------------
 def permute(x, *dims):
+    if type(x) is torch.Tensor:  # NOTE [Plain tensors skip the checks]
+        return x.permute(_shape_arg(dims))
     dims = _shape_arg(dims)
     rank = _rank(x)
     if len(dims) != rank:
@@ -371,7 +373,7 @@ def _infer_shape(shape, numel, op, old_shape):
 
 
 # NOTE [Plain tensors skip the checks]
-# The batching rules call reshape, unsqueeze and expand on payloads, which are plain tensors
+# The batching rules call reshape, permute, unsqueeze and expand on payloads, which are plain tensors
 # at the bottom level. There no level records anything and torch checks the arguments
 # itself, so these ops call torch's own method: the checks and bind here cost three times
 # the view they make. A value of a level (what user code reaches through the transforms)
