@@ -2596,7 +2596,9 @@ def _nll_loss(log_probs, target, weight, ignore_index, reduction, op="nll_loss")
     weights, safe = _target_weights(target, weight, ignore_index, log_probs.dtype)
     picked = ops.squeeze(ops.gather(log_probs, class_dim, ops.unsqueeze(safe, class_dim)),
                          class_dim)
-    return _weighted_reduce(ops.mul(ops.neg(picked), weights), weights, reduction, op)
+    # -picked * w as picked * -w (the same bits): the negation falls on the weights, which
+    # carry no derivative, so a gradient transform records and propagates one op less
+    return _weighted_reduce(ops.mul(picked, ops.neg(weights)), weights, reduction, op)
 
 
 @torch_api.register(F.nll_loss)
