@@ -35,6 +35,7 @@ class BatchedValue(Value):
         self.dispatcher = dispatcher  # (Value.__init__ written out: this is the hot path)
         self.payload = payload
         self._name = name
+        self._metadata = None
         self.bdim = bdim
 
     @property
@@ -43,8 +44,8 @@ class BatchedValue(Value):
         bdim = self.bdim
         return shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:]
 
-    def metadata(self):
-        shape, dtype, device = Value.metadata(self)  # the payload's
+    def _own_metadata(self):
+        shape, dtype, device = Value._own_metadata(self)  # the payload's
         bdim = self.bdim
         return shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:], dtype, device
 

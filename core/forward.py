@@ -31,6 +31,7 @@ class ForwardValue(Value):
         self.dispatcher = dispatcher  # (Value.__init__ written out: this is the hot path)
         self.payload = primal
         self._name = name
+        self._metadata = None
         self.tangent = tangent
 
 

@@ -38,7 +38,7 @@ class TracerValue(Value):
     def device(self):
         return self.dispatcher.device
 
-    def metadata(self):
+    def _own_metadata(self):
         payload = self.payload  # a meta tensor: the device is the program's
         return payload.shape, payload.dtype, self.dispatcher.device
 

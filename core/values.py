@@ -39,12 +39,13 @@ class Value:
     (torch.Size([2, 3]), torch.float32)
     """
 
-    __slots__ = ("dispatcher", "payload", "_name")
+    __slots__ = ("dispatcher", "payload", "_name", "_metadata")
 
     def __init__(self, dispatcher, payload, name=None):
         self.dispatcher = dispatcher
         self.payload = payload
         self._name = name
+        self._metadata = None
 
     @property
     def name(self) -> str:
@@ -91,7 +92,15 @@ class Value:
 
         A level whose values look like their payloads asks the payload once, where the three
         properties would each walk down the payload chain (this is the hot path). A value
-        type that overrides ``shape``, ``dtype`` or ``device`` overrides this too."""
+        never changes its payload (a write makes a new value), so the answer is kept: under
+        grad both the tape entry and the FuncTensor of an op's result ask for it. A value type
+        that overrides ``shape``, ``dtype`` or ``device`` overrides ``_own_metadata``."""
+        metadata = self._metadata
+        if metadata is None:
+            metadata = self._metadata = self._own_metadata()
+        return metadata
+
+    def _own_metadata(self):
         payload = self.payload
         if isinstance(payload, Value):
             return payload.metadata()
