@@ -1,5 +1,7 @@
-"""``python -m benchmarks.instructions [--levels grad,vmap] [--calls N] [--ops N]``: S1's cost
-per op and level counted in CPU instructions, for minifunctorch and torch.func in one process.
+"""``python -m benchmarks.instructions [--levels grad,vmap] [--calls N] [--ops N] [--programs]``:
+S1's cost per op and level counted in CPU instructions, for minifunctorch and torch.func in one
+process; with ``--programs``, the cost per call of each part of the tutorial-style programs
+(``benchmarks/programs.py``) instead.
 
 NOTE [Counting instructions instead of time]
 On a shared or virtual machine the time of a small op swings by 10-50% from run to run (steal
@@ -18,9 +20,14 @@ count says. They measure the interpreter's and dispatcher's work per op, which i
 per-op overhead is, and they tell two versions of the engine apart where time cannot (run it
 in each checkout). Under callgrind a run takes a few minutes. It prints a table; nothing is
 written. It needs valgrind with its headers and a C compiler.
+
+``--programs`` counts each program part's whole call (per call = I(calls) / calls), both
+engines on the same inputs: the programs' ratios are per-call overhead at the tests' small
+sizes, which this tells apart from the machine's noise.
 """
 import argparse
 import ctypes
+import functools
 import gc
 import glob
 import os
@@ -71,33 +78,50 @@ def _transformed(engine, level, f):
     return transform(torch.func if engine == "torch.func" else mft, f), takes_tangent
 
 
-def child(helper, levels, calls, ops):
-    """Inside callgrind: one counted region per (engine, level, chain length)."""
+def _s1_regions(levels, ops):
+    """(engine, level, chain length, call) per counted region of S1."""
+    x = torch.randn(10, 10, generator=torch.Generator().manual_seed(1))
+    t = torch.randn(10, 10, generator=torch.Generator().manual_seed(2))
+    for engine in ENGINES:
+        for level in levels:
+            for n_ops in (0, ops):
+                f, takes_tangent = _transformed(engine, level, chain(n_ops))
+                yield engine, level, n_ops, functools.partial(f, *((x, t) if takes_tangent
+                                                                   else (x,)))
+
+
+def _program_regions():
+    """(engine, part key, 1, call) per part of the tutorial-style programs."""
+    from .programs import parts  # it imports tests/test_tutorials.py, only for this mode
+    for engine in ENGINES:
+        api = torch.func if engine == "torch.func" else mft
+        for i, part in enumerate(parts()):
+            yield engine, f"part{i}", 1, functools.partial(part.call, api)
+
+
+def child(helper, levels, calls, ops, programs=False):
+    """Inside callgrind: one counted region per (engine, level, chain length), or per
+    (engine, program part)."""
     requests = ctypes.CDLL(helper)
     requests.dump_counts.argtypes = [ctypes.c_char_p]
     if not requests.under_valgrind():
         raise SystemExit("benchmarks.instructions --child runs under callgrind only.")
     torch.set_num_threads(1)
-    x = torch.randn(10, 10, generator=torch.Generator().manual_seed(1))
-    t = torch.randn(10, 10, generator=torch.Generator().manual_seed(2))
+    regions = _program_regions() if programs else _s1_regions(levels, ops)
     requests.zero_counts()  # callgrind's first dump also holds what ran before its zero
     requests.dump_counts(b"start")
-    for engine in ENGINES:
-        for level in levels:
-            for n_ops in (0, ops):
-                f, takes_tangent = _transformed(engine, level, chain(n_ops))
-                args = (x, t) if takes_tangent else (x,)
-                for _ in range(3):  # warm up: first-call work is not per-op cost
-                    f(*args)
-                gc.collect()
-                gc.disable()  # as timeit does: a collection's cost depends on the whole heap
-                try:
-                    requests.zero_counts()
-                    for _ in range(calls):
-                        f(*args)
-                    requests.dump_counts(f"{engine}|{level}|{n_ops}".encode())
-                finally:
-                    gc.enable()
+    for engine, key, n_ops, call in regions:
+        for _ in range(3):  # warm up: first-call work is not per-op cost
+            call()
+        gc.collect()
+        gc.disable()  # as timeit does: a collection's cost depends on the whole heap
+        try:
+            requests.zero_counts()
+            for _ in range(calls):
+                call()
+            requests.dump_counts(f"{engine}|{key}|{n_ops}".encode())
+        finally:
+            gc.enable()
 
 
 def read_dumps(directory) -> dict:
@@ -111,6 +135,15 @@ def read_dumps(directory) -> dict:
             engine, level, n_ops = label.group(1).strip().split("|")
             counts[(engine, level, int(n_ops))] = int(total.group(1))
     return counts
+
+
+def per_call(counts, keys, calls) -> list:
+    """Rows (key, minifunctorch per call, torch.func per call, ratio) of ``--programs``."""
+    rows = []
+    for key in keys:
+        ours, theirs = (counts[(e, key, 1)] / calls for e in ENGINES)
+        rows.append((key, ours, theirs, ours / theirs))
+    return rows
 
 
 def per_op(counts, levels, calls, ops) -> list:
@@ -127,37 +160,56 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default=",".join(lv for lv in S1_LEVELS if lv != "none"),
                         help="S1 levels, comma-separated (default: every transformed level)")
-    parser.add_argument("--calls", type=int, default=20, help="calls counted per region")
+    parser.add_argument("--calls", type=int, default=None,
+                        help="calls counted per region (default 20, or 5 with --programs)")
     parser.add_argument("--ops", type=int, default=100, help="ops in the long chain")
+    parser.add_argument("--programs", action="store_true",
+                        help="count a call of each tutorial-style program part instead of S1")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
+    if options.calls is None:
+        options.calls = 5 if options.programs else 20
     levels = [lv.strip() for lv in options.levels.split(",") if lv.strip()]
     unknown = [lv for lv in levels if lv not in S1_LEVELS]
     if unknown:
         raise SystemExit(f"benchmarks.instructions --levels: no level {', '.join(unknown)}; "
                          f"the levels are {', '.join(S1_LEVELS)}.")
     if options.child:
-        return child(options.child, levels, options.calls, options.ops)
+        return child(options.child, levels, options.calls, options.ops, options.programs)
     with tempfile.TemporaryDirectory(prefix="minifunctorch-instructions-") as directory:
         helper = build_helper(directory)
         command = ["valgrind", "--tool=callgrind", "--dump-instr=no",
                    f"--callgrind-out-file={directory}/callgrind.out",
                    sys.executable, "-m", "benchmarks.instructions", "--child", helper,
                    "--levels", ",".join(levels), "--calls", str(options.calls),
-                   "--ops", str(options.ops)]
-        print(f"running S1 under callgrind ({len(levels)} levels, 2 engines; a few minutes) ...",
-              flush=True)
+                   "--ops", str(options.ops), *(["--programs"] if options.programs else [])]
+        what = "the tutorial-style programs" if options.programs else f"S1 at {len(levels)} levels"
+        print(f"running {what}, 2 engines, under callgrind (a few minutes) ...", flush=True)
         ran = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if ran.returncode != 0:
             raise SystemExit(f"benchmarks.instructions: the run under callgrind failed:\n"
                              f"{ran.stderr[-2000:]}")
-        rows = per_op(read_dumps(directory), levels, options.calls, options.ops)
+        counts = read_dumps(directory)
+    if options.programs:
+        _print_programs(counts, options.calls)
+        return 0
+    rows = per_op(counts, levels, options.calls, options.ops)
     print(f"instructions per op of S1's chain on a 10x10 tensor ({options.ops} ops, "
           f"{options.calls} calls per count)")
     print(f"{'level':12s} {'minifunctorch':>14s} {'torch.func':>11s} {'ratio':>6s}")
     for level, ours, theirs, ratio in rows:
         print(f"{level:12s} {ours:14,.0f} {theirs:11,.0f} {ratio:6.2f}")
     return 0
+
+
+def _print_programs(counts, calls):
+    from .programs import parts
+    names = [f"{part.program}: {part.part}" for part in parts()]
+    rows = per_call(counts, [f"part{i}" for i in range(len(names))], calls)
+    print(f"instructions per call of the tutorial-style programs ({calls} calls per count)")
+    print(f"{'minifunctorch':>14s} {'torch.func':>14s} {'ratio':>6s}  program: part")
+    for name, (_, ours, theirs, ratio) in zip(names, rows):
+        print(f"{ours:14,.0f} {theirs:14,.0f} {ratio:6.2f}  {name}")
 
 
 if __name__ == "__main__":

@@ -212,3 +212,18 @@ def test_instruction_counts_are_read_from_callgrind_dumps(tmp_path):
     assert counts == {("minifunctorch", "vmap", 0): 1_000, ("minifunctorch", "vmap", 10): 41_000,
                       ("torch.func", "vmap", 0): 1_000, ("torch.func", "vmap", 10): 21_000}
     assert instructions.per_op(counts, ["vmap"], calls=2, ops=10) == [("vmap", 2000, 1000, 2.0)]
+
+
+def test_instruction_counts_per_program_call(tmp_path):
+    """``--programs`` counts one region per (engine, program part): per call = I / calls."""
+    from benchmarks import instructions
+
+    for n, (label, summary) in enumerate([("start", 5), ("minifunctorch|part0|1", 3_000),
+                                          ("torch.func|part0|1", 2_000),
+                                          ("minifunctorch|part1|1", 900),
+                                          ("torch.func|part1|1", 1_200)]):
+        (tmp_path / f"callgrind.out.{n}").write_text(
+            f"desc: Trigger: Client Request: {label}\nsummary: {summary}\n")
+    counts = instructions.read_dumps(tmp_path)
+    assert instructions.per_call(counts, ["part0", "part1"], calls=3) == [
+        ("part0", 1000, 2000 / 3, 1.5), ("part1", 300, 400, 0.75)]
