@@ -504,11 +504,11 @@ def _conv_weight_dim(axis, transposed):
 def _fold_channels(x, groups):
     """Activations (B, N, C, *sp) -> (N, B*C, *sp), channels laid out (group, example, c)."""
     b, n, c, *spatial = shape_of(x)
-    rest = tuple(range(3, 3 + len(spatial)))
     if groups == 1:  # (example, c): no group axis to split off
-        return ops.reshape(ops.permute(x, 1, 0, 2, *rest), n, b * c, *spatial)
+        x = ops.permute(x, 1, 0, 2, *range(3, 3 + len(spatial)))
+        return ops.reshape(x, n, b * c, *spatial)
     x = ops.reshape(x, b, n, groups, c // groups, *spatial)
-    x = ops.permute(x, 1, 2, 0, 3, *(d + 1 for d in rest))
+    x = ops.permute(x, 1, 2, 0, 3, *range(4, 4 + len(spatial)))
     return ops.reshape(x, n, b * c, *spatial)
 
 

@@ -373,11 +373,11 @@ def _infer_shape(shape, numel, op, old_shape):
 
 
 # NOTE [Plain tensors skip the checks]
-# The batching rules call reshape, permute, unsqueeze and expand on payloads, which are plain tensors
-# at the bottom level. There no level records anything and torch checks the arguments
-# itself, so these ops call torch's own method: the checks and bind here cost three times
-# the view they make. A value of a level (what user code reaches through the transforms)
-# always takes the checked path.
+# The batching rules call reshape, permute, unsqueeze and expand on payloads, which are plain
+# tensors at the bottom level. There no level records anything and torch checks the
+# arguments itself, so these ops call torch's own method: the checks and bind here cost
+# three times the view they make. A value of a level (what user code reaches through the
+# transforms) always takes the checked path.
 def reshape(x, *shape):
     if type(x) is torch.Tensor:
         return x.reshape(_shape_arg(shape))
