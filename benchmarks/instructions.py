@@ -86,8 +86,8 @@ def _s1_regions(levels, ops):
         for level in levels:
             for n_ops in (0, ops):
                 f, takes_tangent = _transformed(engine, level, chain(n_ops))
-                yield engine, level, n_ops, functools.partial(f, *((x, t) if takes_tangent
-                                                                   else (x,)))
+                args = (x, t) if takes_tangent else (x,)
+                yield engine, level, n_ops, functools.partial(f, *args)
 
 
 def _program_regions():
