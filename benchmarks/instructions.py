@@ -1,7 +1,8 @@
-"""``python -m benchmarks.instructions [--levels grad,vmap] [--calls N] [--ops N] [--programs]``:
-S1's cost per op and level counted in CPU instructions, for minifunctorch and torch.func in one
-process; with ``--programs``, the cost per call of each part of the tutorial-style programs
-(``benchmarks/programs.py``) instead.
+"""``python -m benchmarks.instructions [--levels grad,vmap] [--calls N] [--ops N]``: S1's cost
+per op and level counted in CPU instructions, for minifunctorch and torch.func in one process.
+``--programs`` counts a call of each part of the tutorial-style programs
+(``benchmarks/programs.py``) instead, and ``--cases S7,S9 [--quick]`` a call of each case of
+those benchmark groups (``benchmarks/cases.py``, at full or quick sizes).
 
 NOTE [Counting instructions instead of time]
 On a shared or virtual machine the time of a small op swings by 10-50% from run to run (steal
@@ -21,12 +22,14 @@ per-op overhead is, and they tell two versions of the engine apart where time ca
 in each checkout). Under callgrind a run takes a few minutes. It prints a table; nothing is
 written. It needs valgrind with its headers and a C compiler.
 
-``--programs`` counts each program part's whole call (per call = I(calls) / calls), both
-engines on the same inputs: the programs' ratios are per-call overhead at the tests' small
-sizes, which this tells apart from the machine's noise.
+``--programs`` and ``--cases`` count whole calls (per call = I(calls) / calls), both engines
+on the same inputs. The programs' ratios are per-call overhead at the tests' small sizes,
+which this tells apart from the machine's noise; at the cases' full sizes the count includes
+the kernels' instructions, not what their memory traffic costs.
 """
 import argparse
 import ctypes
+import dataclasses
 import functools
 import gc
 import glob
@@ -73,9 +76,13 @@ def build_helper(directory) -> str:
     return library
 
 
+def _api(engine):
+    return torch.func if engine == "torch.func" else mft
+
+
 def _transformed(engine, level, f):
     _, transform, takes_tangent = S1_LEVELS[level]
-    return transform(torch.func if engine == "torch.func" else mft, f), takes_tangent
+    return transform(_api(engine), f), takes_tangent
 
 
 def _s1_regions(levels, ops):
@@ -90,24 +97,45 @@ def _s1_regions(levels, ops):
                 yield engine, level, n_ops, functools.partial(f, *args)
 
 
-def _program_regions():
-    """(engine, part key, 1, call) per part of the tutorial-style programs."""
-    from .programs import parts  # it imports tests/test_tutorials.py, only for this mode
+def whole_calls(programs, groups, quick) -> list:
+    """(name, {engine: a function that builds the call}) per program part (``programs``) or
+    per case of the benchmark ``groups``."""
+    if programs:
+        from .programs import parts  # it imports tests/test_tutorials.py, only for this mode
+        return [(f"{part.program}: {part.part}",
+                 {engine: functools.partial(_bound_call, part.call, _api(engine))
+                  for engine in ENGINES})
+                for part in parts()]
+    from . import cases
+    from .harness import MFT, TORCH_FUNC
+    sizes = dataclasses.replace(cases.QUICK if quick else cases.FULL, inductor=False)
+    builders = dict(zip(ENGINES, (MFT, TORCH_FUNC)))
+    return [(f"{group} {case.name}", {e: case.builders[key] for e, key in builders.items()})
+            for group, measured in cases.all_cases(sizes, "cpu", groups).items()
+            for together in measured for case in together]
+
+
+def _bound_call(program, api):
+    """What a program part's builder gives: its call with ``api``."""
+    return functools.partial(program, api)
+
+
+def _whole_call_regions(calls):
+    """(engine, key, 1, call) per whole call, the key numbering ``whole_calls``."""
     for engine in ENGINES:
-        api = torch.func if engine == "torch.func" else mft
-        for i, part in enumerate(parts()):
-            yield engine, f"part{i}", 1, functools.partial(part.call, api)
+        for i, (_, build) in enumerate(calls):
+            yield engine, f"call{i}", 1, build[engine]()
 
 
-def child(helper, levels, calls, ops, programs=False):
+def child(helper, levels, calls, ops, whole=None):
     """Inside callgrind: one counted region per (engine, level, chain length), or per
-    (engine, program part)."""
+    (engine, whole call) when ``whole`` lists them."""
     requests = ctypes.CDLL(helper)
     requests.dump_counts.argtypes = [ctypes.c_char_p]
     if not requests.under_valgrind():
         raise SystemExit("benchmarks.instructions --child runs under callgrind only.")
     torch.set_num_threads(1)
-    regions = _program_regions() if programs else _s1_regions(levels, ops)
+    regions = _whole_call_regions(whole) if whole is not None else _s1_regions(levels, ops)
     requests.zero_counts()  # callgrind's first dump also holds what ran before its zero
     requests.dump_counts(b"start")
     for engine, key, n_ops, call in regions:
@@ -138,7 +166,7 @@ def read_dumps(directory) -> dict:
 
 
 def per_call(counts, keys, calls) -> list:
-    """Rows (key, minifunctorch per call, torch.func per call, ratio) of ``--programs``."""
+    """Rows (key, minifunctorch per call, torch.func per call, ratio) of whole calls."""
     rows = []
     for key in keys:
         ours, theirs = (counts[(e, key, 1)] / calls for e in ENGINES)
@@ -161,37 +189,49 @@ def main(argv=None):
     parser.add_argument("--levels", default=",".join(lv for lv in S1_LEVELS if lv != "none"),
                         help="S1 levels, comma-separated (default: every transformed level)")
     parser.add_argument("--calls", type=int, default=None,
-                        help="calls counted per region (default 20, or 5 with --programs)")
+                        help="calls counted per region (default 20, or 5 for whole calls)")
     parser.add_argument("--ops", type=int, default=100, help="ops in the long chain")
     parser.add_argument("--programs", action="store_true",
                         help="count a call of each tutorial-style program part instead of S1")
+    parser.add_argument("--cases", default=None,
+                        help="count a call of each case of these groups instead (e.g. S7,S9)")
+    parser.add_argument("--quick", action="store_true", help="the cases at their quick sizes")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
+    groups = [g.strip() for g in (options.cases or "").split(",") if g.strip()]
+    whole = options.programs or bool(groups)
     if options.calls is None:
-        options.calls = 5 if options.programs else 20
+        options.calls = 5 if whole else 20
     levels = [lv.strip() for lv in options.levels.split(",") if lv.strip()]
     unknown = [lv for lv in levels if lv not in S1_LEVELS]
     if unknown:
         raise SystemExit(f"benchmarks.instructions --levels: no level {', '.join(unknown)}; "
                          f"the levels are {', '.join(S1_LEVELS)}.")
+    _check_whole_call_options(options, groups)
+    calls = whole_calls(options.programs, groups, options.quick) if whole else None
     if options.child:
-        return child(options.child, levels, options.calls, options.ops, options.programs)
+        return child(options.child, levels, options.calls, options.ops, calls)
     with tempfile.TemporaryDirectory(prefix="minifunctorch-instructions-") as directory:
         helper = build_helper(directory)
+        mode = (["--programs"] if options.programs else
+                ["--cases", ",".join(groups), *(["--quick"] if options.quick else [])]
+                if groups else [])
         command = ["valgrind", "--tool=callgrind", "--dump-instr=no",
                    f"--callgrind-out-file={directory}/callgrind.out",
                    sys.executable, "-m", "benchmarks.instructions", "--child", helper,
                    "--levels", ",".join(levels), "--calls", str(options.calls),
-                   "--ops", str(options.ops), *(["--programs"] if options.programs else [])]
-        what = "the tutorial-style programs" if options.programs else f"S1 at {len(levels)} levels"
-        print(f"running {what}, 2 engines, under callgrind (a few minutes) ...", flush=True)
+                   "--ops", str(options.ops), *mode]
+        what = ("the tutorial-style programs" if options.programs else
+                f"{len(calls)} cases of {', '.join(groups)}" if groups else
+                f"S1 at {len(levels)} levels")
+        print(f"running {what}, 2 engines, under callgrind (minutes) ...", flush=True)
         ran = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if ran.returncode != 0:
             raise SystemExit(f"benchmarks.instructions: the run under callgrind failed:\n"
                              f"{ran.stderr[-2000:]}")
         counts = read_dumps(directory)
-    if options.programs:
-        _print_programs(counts, options.calls)
+    if whole:
+        _print_whole_calls(counts, calls, options.calls)
         return 0
     rows = per_op(counts, levels, options.calls, options.ops)
     print(f"instructions per op of S1's chain on a 10x10 tensor ({options.ops} ops, "
@@ -202,13 +242,26 @@ def main(argv=None):
     return 0
 
 
-def _print_programs(counts, calls):
-    from .programs import parts
-    names = [f"{part.program}: {part.part}" for part in parts()]
-    rows = per_call(counts, [f"part{i}" for i in range(len(names))], calls)
-    print(f"instructions per call of the tutorial-style programs ({calls} calls per count)")
-    print(f"{'minifunctorch':>14s} {'torch.func':>14s} {'ratio':>6s}  program: part")
-    for name, (_, ours, theirs, ratio) in zip(names, rows):
+def _check_whole_call_options(options, groups):
+    from .cases import GROUPS
+    if options.programs and groups:
+        raise SystemExit("benchmarks.instructions: --programs and --cases count different "
+                         "calls. Fix: give one of them per run.")
+    if options.quick and not groups:
+        raise SystemExit("benchmarks.instructions --quick: only the cases have quick sizes. "
+                         "Fix: add --cases S7,S9 (for example).")
+    wrong = [g for g in groups if g not in GROUPS or g == "S1"]
+    if wrong:
+        raise SystemExit(f"benchmarks.instructions --cases: no group {', '.join(wrong)} here; "
+                         f"the groups are {', '.join(g for g in GROUPS if g != 'S1')} (S1 is "
+                         "counted per op without --cases, S6 is a first call's time).")
+
+
+def _print_whole_calls(counts, calls, n_calls):
+    rows = per_call(counts, [f"call{i}" for i in range(len(calls))], n_calls)
+    print(f"instructions per call (counted over {n_calls} call{'s' if n_calls != 1 else ''})")
+    print(f"{'minifunctorch':>14s} {'torch.func':>14s} {'ratio':>6s}  call")
+    for (name, _), (_, ours, theirs, ratio) in zip(calls, rows):
         print(f"{ours:14,.0f} {theirs:14,.0f} {ratio:6.2f}  {name}")
 
 

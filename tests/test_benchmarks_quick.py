@@ -227,3 +227,26 @@ def test_instruction_counts_per_program_call(tmp_path):
     counts = instructions.read_dumps(tmp_path)
     assert instructions.per_call(counts, ["part0", "part1"], calls=3) == [
         ("part0", 1000, 2000 / 3, 1.5), ("part1", 300, 400, 0.75)]
+
+
+def test_instruction_counts_of_whole_calls_name_what_they_count():
+    """``--cases`` counts a call of each case of the groups named (both engines' builders);
+    ``--programs`` one of each program part; options that cannot go together are refused
+    before anything runs under valgrind."""
+    from benchmarks import instructions
+
+    calls = instructions.whole_calls(False, ["S7", "S9"], quick=True)
+    assert [name for name, _ in calls] == ["S7 CNN 2-3 on 1×10×10, B=4",
+                                           "S9 CNN 2-3 on 2×7×7, N=3, M=2"]
+    for _, build in calls:
+        ours, theirs = (build[engine]()() for engine in instructions.ENGINES)
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+    programs = instructions.whole_calls(True, [], quick=False)
+    assert programs[0][0] == "1. per-sample gradients of a CNN: vmap(grad) through " \
+        "functional_call, B=8"
+    for argv, words in [(["--cases", "S1"], "no group S1"),
+                        (["--cases", "S11"], "no group S11"),
+                        (["--quick"], "only the cases have quick sizes"),
+                        (["--programs", "--cases", "S7"], "give one of them per run")]:
+        with pytest.raises(SystemExit, match=words):
+            instructions.main(argv)
