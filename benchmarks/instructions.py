@@ -100,24 +100,19 @@ def _s1_regions(levels, ops):
 def whole_calls(programs, groups, quick) -> list:
     """(name, {engine: a function that builds the call}) per program part (``programs``) or
     per case of the benchmark ``groups``."""
-    if programs:
-        from .programs import parts  # it imports tests/test_tutorials.py, only for this mode
-        return [(f"{part.program}: {part.part}",
-                 {engine: functools.partial(_bound_call, part.call, _api(engine))
-                  for engine in ENGINES})
-                for part in parts()]
-    from . import cases
     from .harness import MFT, TORCH_FUNC
-    sizes = dataclasses.replace(cases.QUICK if quick else cases.FULL, inductor=False)
+    if programs:
+        from .programs import case_of, parts  # tests/test_tutorials.py, only for this mode
+        named = [(f"{part.program}: {part.part}", case_of(part)) for part in parts()]
+    else:
+        from . import cases
+        sizes = dataclasses.replace(cases.QUICK if quick else cases.FULL, inductor=False)
+        named = [(f"{group} {case.name}", case)
+                 for group, measured in cases.all_cases(sizes, "cpu", groups).items()
+                 for together in measured for case in together]
     builders = dict(zip(ENGINES, (MFT, TORCH_FUNC)))
-    return [(f"{group} {case.name}", {e: case.builders[key] for e, key in builders.items()})
-            for group, measured in cases.all_cases(sizes, "cpu", groups).items()
-            for together in measured for case in together]
-
-
-def _bound_call(program, api):
-    """What a program part's builder gives: its call with ``api``."""
-    return functools.partial(program, api)
+    return [(name, {e: case.builders[key] for e, key in builders.items()})
+            for name, case in named]
 
 
 def _whole_call_regions(calls):
