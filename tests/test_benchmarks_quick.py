@@ -181,7 +181,10 @@ def test_a_full_run_compiles_into_a_fresh_inductor_cache(monkeypatch):
     """NOTE [A fresh inductor cache per run]: unless the caller chose a cache, the run gets a
     new empty directory (a stale cache could hold code built under other conditions), and the
     report says which; a directory the caller set is kept."""
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    # setenv first, so that teardown restores the variable's first state even when it was
+    # unset (delenv of an unset variable records nothing, and the run sets it)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "set by this test")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     described = harness.use_fresh_inductor_cache()
     directory = os.environ["TORCHINDUCTOR_CACHE_DIR"]
     assert os.path.isdir(directory) and not os.listdir(directory)
@@ -215,18 +218,19 @@ def test_instruction_counts_are_read_from_callgrind_dumps(tmp_path):
 
 
 def test_instruction_counts_per_program_call(tmp_path):
-    """``--programs`` counts one region per (engine, program part): per call = I / calls."""
+    """Whole calls (``--programs``, ``--cases``) count one region per (engine, call), keyed
+    ``call<i>``: per call = I / calls."""
     from benchmarks import instructions
 
-    for n, (label, summary) in enumerate([("start", 5), ("minifunctorch|part0|1", 3_000),
-                                          ("torch.func|part0|1", 2_000),
-                                          ("minifunctorch|part1|1", 900),
-                                          ("torch.func|part1|1", 1_200)]):
+    for n, (label, summary) in enumerate([("start", 5), ("minifunctorch|call0|1", 3_000),
+                                          ("torch.func|call0|1", 2_000),
+                                          ("minifunctorch|call1|1", 900),
+                                          ("torch.func|call1|1", 1_200)]):
         (tmp_path / f"callgrind.out.{n}").write_text(
             f"desc: Trigger: Client Request: {label}\nsummary: {summary}\n")
     counts = instructions.read_dumps(tmp_path)
-    assert instructions.per_call(counts, ["part0", "part1"], calls=3) == [
-        ("part0", 1000, 2000 / 3, 1.5), ("part1", 300, 400, 0.75)]
+    assert instructions.per_call(counts, ["call0", "call1"], calls=3) == [
+        ("call0", 1000, 2000 / 3, 1.5), ("call1", 300, 400, 0.75)]
 
 
 def test_instruction_counts_of_whole_calls_name_what_they_count():
