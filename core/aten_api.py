@@ -21,6 +21,8 @@ import torch._decomp
 import torch._refs  # noqa: F401  (registers torch.ops.prims, which the refs decompose to)
 
 from . import ops
+from . import primitives as P
+from .values import bind
 
 aten = torch.ops.aten
 
@@ -176,6 +178,21 @@ register(aten.amin.default)(lambda x, dim=(), keepdim=False: ops.amin(x, dim, ke
 register(aten.logsumexp.default)(lambda x, dim, keepdim=False: ops.logsumexp(x, dim, keepdim))
 register(aten._softmax.default)(lambda x, dim, half_to_float: ops.softmax(x, dim))
 register(aten._log_softmax.default)(lambda x, dim, half_to_float: ops.log_softmax(x, dim))
+
+
+def _softmax_backward_data(prim):
+    """aten's softmax kernels' vjps (torch's own backward graphs call them): the primitive, in
+    the dtype of the forward's input."""
+    def rule(ct, out, dim, input_dtype):
+        dim = ops.normalize_dim(dim, len(ops.shape_of(out)), op=prim.name)
+        result = bind(prim, ct, out, dim=dim)
+        return result if input_dtype == result.dtype else ops.convert(result, input_dtype)
+    return rule
+
+
+register(aten._softmax_backward_data.default)(_softmax_backward_data(P.softmax_backward_p))
+register(aten._log_softmax_backward_data.default)(
+    _softmax_backward_data(P.log_softmax_backward_p))
 
 # linear algebra
 register(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default,

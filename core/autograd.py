@@ -757,23 +757,60 @@ def logsumexp_vjp(x, *, dim, keepdim):
 vjp_rules[P.logsumexp_p] = logsumexp_vjp
 
 
+def _in_dtype_of(ct, out):
+    """A cotangent in the dtype of the output it belongs to, which the softmax kernels require
+    (a float64 factor downstream makes a float64 cotangent; torch's autograd engine casts it
+    the same way before calling a node's backward)."""
+    return ct if ct.dtype == out.dtype else ops.convert(ct, out.dtype)
+
+
 def softmax_vjp(x, *, dim):
     out = bind(P.softmax_p, x, dim=dim)
-
-    def backward(ct):
-        inner = ops.sum(ops.mul(ct, out), dim, keepdim=True)
-        return (ops.mul(out, ops.sub(ct, inner)),)
-    return out, backward
+    # out * (ct - sum(ct * out)), torch's one kernel (NOTE [Softmax derivatives are torch's
+    # fused kernels] in primitives.py)
+    return out, lambda ct: (bind(P.softmax_backward_p, _in_dtype_of(ct, out), out, dim=dim),)
 vjp_rules[P.softmax_p] = softmax_vjp
 
 
 def log_softmax_vjp(x, *, dim):
     out = bind(P.log_softmax_p, x, dim=dim)
-
-    def backward(ct):
-        return (ops.sub(ct, ops.mul(ops.exp(out), ops.sum(ct, dim, keepdim=True))),)
-    return out, backward
+    # ct - exp(out) * sum(ct), torch's one kernel
+    return out, lambda ct: (bind(P.log_softmax_backward_p, _in_dtype_of(ct, out), out,
+                                 dim=dim),)
 vjp_rules[P.log_softmax_p] = log_softmax_vjp
+
+
+def softmax_backward_vjp(ct, out, *, dim):
+    """y = out * ct - out * sum(out * ct): linear in ct, whose cotangent is the same kernel;
+    derivatives.yaml's softmax_double_backward for out."""
+    y = bind(P.softmax_backward_p, ct, out, dim=dim)
+
+    def backward(g):
+        g_ct = g_out = None
+        if needs_input_grad(0):
+            g_ct = bind(P.softmax_backward_p, _in_dtype_of(g, out), out, dim=dim)
+        if needs_input_grad(1):
+            g_out = ops.sub(ops.sub(ops.mul(ct, g),
+                                    ops.mul(ops.sum(ops.mul(out, ct), dim, keepdim=True), g)),
+                            ops.mul(ct, ops.sum(ops.mul(out, g), dim, keepdim=True)))
+        return g_ct, g_out
+    return y, backward
+vjp_rules[P.softmax_backward_p] = softmax_backward_vjp
+
+
+def log_softmax_backward_vjp(ct, out, *, dim):
+    """y = ct - exp(out) * sum(ct), in derivatives.yaml's order of operations."""
+    y = bind(P.log_softmax_backward_p, ct, out, dim=dim)
+
+    def backward(g):
+        g_ct = g_out = None
+        if needs_input_grad(0):
+            g_ct = ops.sub(g, ops.sum(ops.mul(g, ops.exp(out)), dim, keepdim=True))
+        if needs_input_grad(1):
+            g_out = ops.mul(ops.mul(ops.neg(ops.sum(ct, dim, keepdim=True)), ops.exp(out)), g)
+        return g_ct, g_out
+    return y, backward
+vjp_rules[P.log_softmax_backward_p] = log_softmax_backward_vjp
 
 
 # --- linear algebra ----------------------------------------------------------------------------

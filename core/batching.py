@@ -424,6 +424,22 @@ batching_rules[P.softmax_p] = softmax_like_batch(P.softmax_p)
 batching_rules[P.log_softmax_p] = softmax_like_batch(P.log_softmax_p)
 
 
+def softmax_backward_batch(prim):
+    """The kernel takes a cotangent and an output of one shape: as in torch.func, both batch
+    dims move to the front and an unbatched operand is expanded along the batch."""
+    def rule(values, bdims, *, dim):
+        ct, out = to_front(values, bdims, expand_unbatched=True)
+        if len(ops.shape_of(ct)) == 1:  # 0-d examples, as in softmax_like_batch
+            return ops.squeeze(bind(prim, ops.unsqueeze(ct, 1), ops.unsqueeze(out, 1), dim=1),
+                               1), 0
+        return bind(prim, ct, out, dim=dim + 1), 0
+    return rule
+
+
+batching_rules[P.softmax_backward_p] = softmax_backward_batch(P.softmax_backward_p)
+batching_rules[P.log_softmax_backward_p] = softmax_backward_batch(P.log_softmax_backward_p)
+
+
 # --- linear algebra ----------------------------------------------------------------------------
 def matmul_batch(values, bdims):
     """Batched matmul with torch.matmul's vector and broadcasting semantics.

@@ -332,6 +332,37 @@ def log_softmax_jvp(primals, tangents, *, dim):
 jvp_rules[P.log_softmax_p] = log_softmax_jvp
 
 
+def softmax_kernel_vjp_jvp(prim, through_out):
+    """The jvp of a softmax kernel's vjp, y = prim(ct, out): linear in ct, so the same kernel
+    of ct_dot, plus ``through_out(ct, out, out_dot, dim)``, the derivative through out."""
+    def jvp(primals, tangents, *, dim):
+        (ct, out), (ct_dot, out_dot) = primals, tangents
+        y = bind(prim, ct, out, dim=dim)
+        y_dot = None if ct_dot is None else bind(prim, ct_dot, out, dim=dim)
+        if out_dot is not None:
+            y_dot = add_tangents(y_dot, through_out(ct, out, out_dot, dim))
+        return y, ops.zeros_like(y) if y_dot is None else y_dot
+    return jvp
+
+
+def _softmax_backward_through_out(ct, out, out_dot, dim):
+    # y = out * (ct - sum(ct * out)): out_dot * (ct - sum(ct * out)) - out * sum(ct * out_dot)
+    inner = ops.sum(ops.mul(ct, out), dim, keepdim=True)
+    return ops.sub(ops.mul(out_dot, ops.sub(ct, inner)),
+                   ops.mul(out, ops.sum(ops.mul(ct, out_dot), dim, keepdim=True)))
+
+
+def _log_softmax_backward_through_out(ct, out, out_dot, dim):
+    # y = ct - exp(out) * sum(ct): -out_dot * exp(out) * sum(ct)
+    return ops.neg(ops.mul(ops.mul(out_dot, ops.exp(out)), ops.sum(ct, dim, keepdim=True)))
+
+
+jvp_rules[P.softmax_backward_p] = softmax_kernel_vjp_jvp(P.softmax_backward_p,
+                                                         _softmax_backward_through_out)
+jvp_rules[P.log_softmax_backward_p] = softmax_kernel_vjp_jvp(P.log_softmax_backward_p,
+                                                             _log_softmax_backward_through_out)
+
+
 # --- linear algebra and concatenation ----------------------------------------------------------
 def matmul_jvp(primals, tangents):
     (x, y), (x_dot, y_dot) = primals, tangents

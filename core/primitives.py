@@ -110,6 +110,28 @@ logsumexp_p = primitive(
 softmax_p = primitive("softmax", lambda x, *, dim: torch.softmax(x, dim))
 log_softmax_p = primitive("log_softmax", lambda x, *, dim: torch.log_softmax(x, dim))
 
+
+# NOTE [Softmax derivatives are torch's fused kernels]
+# The vjp of softmax and log_softmax is one kernel call in torch (``_softmax_backward_data``,
+# ``_log_softmax_backward_data``), of the cotangent and the forward's output. torch.func uses
+# these kernels, under vmap too (it moves the batch dims to the front and calls the kernel),
+# so rules that call them are bit-exact with it, and each backward is one op at every level
+# where the formula written with ops was four. Each kernel is a primitive of its own with its
+# own rules, so that second derivatives go through it (derivatives.yaml states the same
+# formulas for these two ops).
+def softmax_backward(ct, out, *, dim):
+    """``out * (ct - sum(ct * out, dim))``, torch's kernel (rounds as torch.func does)."""
+    return torch._softmax_backward_data(ct, out, dim, out.dtype)
+
+
+def log_softmax_backward(ct, out, *, dim):
+    """``ct - exp(out) * sum(ct, dim)``, torch's kernel (rounds as torch.func does)."""
+    return torch._log_softmax_backward_data(ct, out, dim, out.dtype)
+
+
+softmax_backward_p = primitive("softmax_backward", softmax_backward)
+log_softmax_backward_p = primitive("log_softmax_backward", log_softmax_backward)
+
 # --- linear algebra -------------------------------------------------------------------------
 matmul_p = primitive("matmul", torch.matmul)
 

@@ -268,6 +268,15 @@ OPS: list[OpCase] = [
           lambda g: (normal(g, 4, 3), torch.softmax(normal(g, 4, 3), 1)), diff=(0, 1)),
     _case("nll_loss", lambda x, t: F.nll_loss(F.log_softmax(x, 1), t),
           lambda g: (normal(g, 4, 3), indices(g, 3, 4))),
+    # the softmax vjps, torch's kernels, as torch's own backward graphs call them (aten door)
+    _case("softmax_backward_data",
+          lambda ct, x: torch.ops.aten._softmax_backward_data(ct, torch.softmax(x, 1), 1,
+                                                                x.dtype),
+          lambda g: (normal(g, 2, 3), normal(g, 2, 3)), diff=(0, 1), hessian=True),
+    _case("log_softmax_backward_data",
+          lambda ct, x: torch.ops.aten._log_softmax_backward_data(
+              ct, torch.log_softmax(x, 0), 0, x.dtype),
+          lambda g: (normal(g, 2, 3), normal(g, 2, 3)), diff=(0, 1), hessian=True),
     # mixed with plain tensors, bools and ints; shapes read in Python
     _unary("plain_tensor_left",
            lambda x: torch.arange(3.0, dtype=DTYPE) * x - torch.ones(3, dtype=DTYPE),

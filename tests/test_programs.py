@@ -176,6 +176,7 @@ CASES = [
          lambda s: (rand(s, 4, 3), torch.randint(0, 3, (4,),
                                                  generator=torch.Generator().manual_seed(s)))),
     unary("grad_trace", grad(lambda x: torch.sin(torch.trace(x))), (3, 3)),
+    unary("grad_softmax", grad(lambda x: (torch.softmax(x, dim=-1) * x).sum())),
 ]
 CONSTANT = torch.linspace(-1.0, 1.0, 3)
 

@@ -25,6 +25,8 @@ SAMPLES = {
     **{name: ((x23,), {"dim": (1,), "keepdim": False})
        for name in ("sum", "mean", "amax", "amin", "logsumexp")},
     "softmax": ((x23,), {"dim": 1}), "log_softmax": ((x23,), {"dim": 1}),
+    "softmax_backward": ((x23, torch.softmax(x23, 1)), {"dim": 1}),
+    "log_softmax_backward": ((x23, torch.log_softmax(x23, 1)), {"dim": 1}),
     "matmul": ((x23, torch.ones(3, 4, dtype=torch.float64)), {}),
     "permute": ((x23,), {"dims": (1, 0)}), "reshape": ((x23,), {"shape": (3, 2)}),
     "unsqueeze": ((x23,), {"dim": 0}), "squeeze": ((x23[:1],), {"dim": (0,)}),
