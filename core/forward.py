@@ -7,6 +7,8 @@ primitive runs on the primals alone, one level down). In JAX this is ``JVPTrace`
 A rule takes the primals and the tangents as tuples and returns ``(out, out_dot)``.
 """
 
+import math
+
 import torch
 
 from . import ops
@@ -301,34 +303,45 @@ jvp_rules[P.amax_p] = _extremum_jvp(P.amax_p)
 jvp_rules[P.amin_p] = _extremum_jvp(P.amin_p)
 
 
+def logsumexp_tangent(x, x_dot, dim, keepdim):
+    """NOTE [The tangent of logsumexp, as PyTorch computes it]
+    d logsumexp(x) = sum(x_dot * w) / sum(w), with w = exp(x - m) and m the largest (real
+    part of an) entry along dim: FunctionsManual.cpp's logsumexp_jvp, which torch's forward
+    formulas of softmax and log_softmax use too. Written this way, and not as
+    sum(x_dot * softmax), it rounds as torch.func does: a tangent constant along dim gives a
+    log_softmax tangent of exactly 0 (its sum(w) / sum(w) is 1), where exp(out) sums to
+    1 +- an ulp. On complex numbers exp(x - out) would also lose the phase where |Im x| is
+    large (out's imaginary part is wrapped into (-pi, pi], and x - out rounds it). m cancels,
+    so it is held constant."""
+    if x.dtype.is_complex:
+        m = ops.amax(ops.real(x), dim, keepdim=True)
+    elif ops.shape_of(x) and math.prod(ops.shape_of(x)) == 0:
+        m = None  # amax of nothing fails; the sums are empty either way
+    else:
+        m = ops.amax(x, dim, keepdim=True)
+    weights = ops.exp(x if m is None else ops.sub(x, ops.detach(m)))
+    return ops.div(ops.sum(ops.mul(weights, x_dot), dim, keepdim=keepdim),
+                   ops.sum(weights, dim, keepdim=keepdim))
+
+
 def logsumexp_jvp(primals, tangents, *, dim, keepdim):
     (x,), (x_dot,) = primals, tangents
-    out = bind(P.logsumexp_p, x, dim=dim, keepdim=keepdim)
-    if x.dtype.is_complex:
-        # as PyTorch's logsumexp_jvp: exp(x - m) / sum(exp(x - m)) with m the largest real
-        # part. exp(x - out) loses the phase where |Im x| is large (out's imaginary part is
-        # wrapped into (-pi, pi], and x - out rounds it)
-        m = ops.detach(ops.amax(ops.real(x), dim, keepdim=True))
-        weights = ops.exp(ops.sub(x, m))
-        return out, ops.div(ops.sum(ops.mul(x_dot, weights), dim, keepdim=keepdim),
-                            ops.sum(weights, dim, keepdim=keepdim))
-    softmax = ops.exp(ops.sub(x, ops.reshape(out, *ops.keepdim_shape(ops.shape_of(x), dim))))
-    return out, ops.sum(ops.mul(x_dot, softmax), dim, keepdim=keepdim)
+    return (bind(P.logsumexp_p, x, dim=dim, keepdim=keepdim),
+            logsumexp_tangent(x, x_dot, dim, keepdim))
 jvp_rules[P.logsumexp_p] = logsumexp_jvp
 
 
 def softmax_jvp(primals, tangents, *, dim):
     (x,), (x_dot,) = primals, tangents
     out = bind(P.softmax_p, x, dim=dim)
-    inner = ops.sum(ops.mul(x_dot, out), dim, keepdim=True)
-    return out, ops.mul(out, ops.sub(x_dot, inner))
+    return out, ops.mul(out, ops.sub(x_dot, logsumexp_tangent(x, x_dot, (dim,), True)))
 jvp_rules[P.softmax_p] = softmax_jvp
 
 
 def log_softmax_jvp(primals, tangents, *, dim):
     (x,), (x_dot,) = primals, tangents
     out = bind(P.log_softmax_p, x, dim=dim)
-    return out, ops.sub(x_dot, ops.sum(ops.mul(x_dot, ops.exp(out)), dim, keepdim=True))
+    return out, ops.sub(x_dot, logsumexp_tangent(x, x_dot, (dim,), True))
 jvp_rules[P.log_softmax_p] = log_softmax_jvp
 
 

@@ -190,6 +190,17 @@ def test_softmax_backward_is_bit_exact_with_torch_func():
         assert torch.equal(mf.vmap(mf.grad(f))(x), tf.vmap(tf.grad(f))(x))
 
 
+def test_softmax_tangents_are_bit_exact_with_torch_func():
+    # forward mode follows PyTorch's logsumexp_jvp: sum(x_dot * w) / sum(w), w = exp(x - max);
+    # a tangent constant along the dim then gives a log_softmax tangent of exactly 0
+    x, t = torch.randn(16, 10), torch.randn(16, 10)
+    for f in (lambda v: torch.softmax(v, 1), lambda v: torch.log_softmax(v, -1),
+              lambda v: torch.logsumexp(v, 1)):
+        assert torch.equal(mf.jvp(f, (x,), (t,))[1], tf.jvp(f, (x,), (t,))[1])
+    shifted = mf.jvp(lambda v: torch.log_softmax(v, -1), (x,), (torch.ones_like(x),))[1]
+    assert torch.equal(shifted, torch.zeros_like(x))
+
+
 def test_in_place_on_tensors_created_inside_the_function():
     def f(x):
         buf = torch.zeros(3, dtype=x.dtype)
