@@ -6,6 +6,8 @@ Derandomized (hypothesis' ``derandomize=True``), so CI sees the same programs ev
 What it asserts: where torch.func returns, we return the same values, shapes and dtypes;
 where torch.func raises, we raise a TransformError.
 """
+import re
+
 import pytest
 import torch
 import torch.func as tf
@@ -22,6 +24,9 @@ BODIES = {
     "x ** 2 / (1 + y ** 2)": lambda x, y: x ** 2 / (1 + y ** 2),
     "mean of x times y": lambda x, y: x.mean() * y,
     "where(x > 0, x, y)": lambda x, y: torch.where(x > 0, x, y),
+    "log_softmax(x) * softmax(y)": lambda x, y: (torch.log_softmax(x, -1) * torch.softmax(y, -1)
+                                                 if x.dim() else x * y),
+    "softmax(x * y) over dim 0": lambda x, y: torch.softmax(x * y, 0) if x.dim() else x * y,
 }
 SHAPES = [(), (1,), (3,), (0,), (2, 3), (1, 2)]
 STEPS = ["vmap", "grad", "vjp", "jvp", "jacrev", "jacfwd"]
@@ -94,6 +99,10 @@ def inputs(shape, dtypes, steps, seed):
     return tuple(torch.randn(s, generator=generator, dtype=d) for s, d in zip(shapes, dtypes))
 
 
+# torch.func's garbage batch size (below) in the words of an op that then meets it
+_GARBAGE_SIZE = re.compile(r"size of the tensor \((\d{10,})\)")
+
+
 def run(api, body, steps, args):
     try:
         return build(api, body, steps)(*args), None
@@ -115,13 +124,17 @@ def test_random_programs_agree_with_torch_func(program):
         if our_error is None and any(a.numel() == 0 for a in args) and \
                 isinstance(their_error, IndexError):
             return  # torch.func's jacfwd/jacrev index into an empty basis (its bug); we return
+        if our_error is None and _GARBAGE_SIZE.search(str(their_error)):
+            return  # the same bug of torch.func's as below, met inside a transform above it
         assert our_error is not None, f"{where}: torch.func raises {their_error!r}; we return"
         assert isinstance(our_error, mf.TransformError), f"{where}: {our_error!r}"
         return
     assert our_error is None, f"{where}: we raise {our_error!r}; torch.func returns"
-    if theirs.numel() > 10 ** 6:
-        return  # torch.func's bug: a zero second derivative under vmap comes back with a
-        # garbage batch size (e.g. 34359738368); ours has the right shape
+    if any(size >= 2 ** 32 for size in theirs.shape):
+        return  # torch.func's bug: an output that does not depend on the mapped inputs (a zero
+        # second derivative), under vmap with a negative out_dims, comes back with a garbage
+        # batch size, e.g. vmap(lambda x, y: y * 2, in_dims=(0, None), out_dims=-1) gives
+        # (34359738369, 3) for x (2, 3) and y (3,); ours has the right shape, (3, 2)
     assert type(ours) is torch.Tensor, f"{where}: got {type(ours).__name__}"
     assert ours.shape == theirs.shape, f"{where}: {tuple(ours.shape)} vs {tuple(theirs.shape)}"
     if dtypes[0] != dtypes[1] and any(step[0] in FORWARD_MODE for step in steps):
