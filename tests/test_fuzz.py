@@ -99,8 +99,9 @@ def inputs(shape, dtypes, steps, seed):
     return tuple(torch.randn(s, generator=generator, dtype=d) for s, d in zip(shapes, dtypes))
 
 
-# torch.func's garbage batch size (below) in the words of an op that then meets it
-_GARBAGE_SIZE = re.compile(r"size of the tensor \((\d{10,})\)")
+# torch.func's garbage batch size (below) in the words of an op, or of the allocator, that
+# then meets it
+_GARBAGE_SIZE = re.compile(r"size of the tensor \(\d{10,}\)|tried to allocate \d{11,} bytes")
 
 
 def run(api, body, steps, args):
