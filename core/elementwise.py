@@ -15,7 +15,9 @@ So each primitive here is one line: a name and a derivative formula written with
 (and so itself differentiable: second derivatives come free). This is how PyTorch's
 ``derivatives.yaml`` works: one formula per input, from which autograd's backward and its
 forward-mode rules are generated. A formula of ``None`` means a zero derivative (``floor``,
-``sign``, comparisons): the primitive is not differentiable.
+``sign``, comparisons): the primitive is not differentiable. Where derivatives.yaml divides
+(``atan``: ``grad / (self * self + 1)``), the line gives the divisor, ``Over(...)``, and the
+rules divide: ``ct * (1 / d)`` would round twice, and differ from torch.func in the last bit.
 
 Most formulas are the ones derivatives.yaml states; ``tanh`` and ``sigmoid`` differentiate
 with torch's own fused ``tanh_backward`` and ``sigmoid_backward`` kernels, which round once,
@@ -62,21 +64,42 @@ def _refuse_complex(prim, *args):
 
 
 # --- one input -----------------------------------------------------------------------------------
+class Over:
+    """A derivative written as 1 / ``denominator(x, out)``: the rules then divide the
+    cotangent (or tangent) by it, as derivatives.yaml's ``grad / (...)`` formulas do, where
+    multiplying by its reciprocal would round twice (``log1p``: ``grad / (self + 1)``)."""
+
+    def __init__(self, denominator):
+        self.denominator = denominator
+
+
 def unary_rules(prim, derivative):
     """Register the vjp, jvp and batching rules of an elementwise primitive of one input,
-    from ``derivative(x, out, **params)``, the derivative of its output."""
+    from ``derivative(x, out, **params)``, the derivative of its output (or ``Over``)."""
     if derivative is None:
         batching_rules[prim] = elementwise_batch(prim)
         return  # not differentiable: the rules of primitives.py say so
 
-    def vjp(x, **params):
-        out = bind(prim, x, **params)
-        return out, lambda ct: (ops.mul(ct, conj(derivative(x, out, **params))),)
+    if isinstance(derivative, Over):
+        denominator = derivative.denominator
 
-    def jvp(primals, tangents, **params):
-        (x,), (x_dot,) = primals, tangents
-        out = bind(prim, x, **params)
-        return out, ops.mul(x_dot, derivative(x, out, **params))
+        def vjp(x, **params):
+            out = bind(prim, x, **params)
+            return out, lambda ct: (ops.div(ct, conj(denominator(x, out, **params))),)
+
+        def jvp(primals, tangents, **params):
+            (x,), (x_dot,) = primals, tangents
+            out = bind(prim, x, **params)
+            return out, ops.div(x_dot, denominator(x, out, **params))
+    else:
+        def vjp(x, **params):
+            out = bind(prim, x, **params)
+            return out, lambda ct: (ops.mul(ct, conj(derivative(x, out, **params))),)
+
+        def jvp(primals, tangents, **params):
+            (x,), (x_dot,) = primals, tangents
+            out = bind(prim, x, **params)
+            return out, ops.mul(x_dot, derivative(x, out, **params))
 
     vjp_rules[prim] = vjp
     jvp_rules[prim] = jvp
@@ -115,11 +138,12 @@ def one_minus_square(v):
 
 
 # One line per primitive: its name and d out / d x as a function of the input x and the
-# output out (derivatives.yaml's formula); None: not differentiable.
+# output out (derivatives.yaml's formula); Over(...): the formula divides by it, as
+# derivatives.yaml's does; None: not differentiable.
 tan = unary("tan", lambda x, out: add(square(out), 1))
 asin = unary("asin", lambda x, out: rsqrt(one_minus_square(x)))
 acos = unary("acos", lambda x, out: neg(rsqrt(one_minus_square(x))))
-atan = unary("atan", lambda x, out: reciprocal(add(square(x), 1)))
+atan = unary("atan", Over(lambda x, out: add(square(x), 1)))
 sinh = unary("sinh", lambda x, out: cosh(x))
 cosh = unary("cosh", lambda x, out: sinh(x))
 asinh = unary("asinh", lambda x, out: rsqrt(add(square(x), 1)))
@@ -127,12 +151,12 @@ asinh = unary("asinh", lambda x, out: rsqrt(add(square(x), 1)))
 # 1/(sqrt(x + 1) sqrt(x - 1)) is the derivative there)
 acosh = unary("acosh", lambda x, out: mul(rsqrt(add(x, 1)), rsqrt(sub(x, 1)))
               if x.dtype.is_complex else rsqrt(sub(square(x), 1)))
-atanh = unary("atanh", lambda x, out: reciprocal(one_minus_square(x)))
+atanh = unary("atanh", Over(lambda x, out: one_minus_square(x)))
 exp2 = unary("exp2", lambda x, out: mul(out, math.log(2.0)))
 expm1 = unary("expm1", lambda x, out: add(out, 1))
-log2 = unary("log2", lambda x, out: reciprocal(mul(x, math.log(2.0))))
-log10 = unary("log10", lambda x, out: reciprocal(mul(x, math.log(10.0))))
-log1p = unary("log1p", lambda x, out: reciprocal(add(x, 1)))
+log2 = unary("log2", Over(lambda x, out: mul(x, math.log(2.0))))
+log10 = unary("log10", Over(lambda x, out: mul(x, math.log(10.0))))
+log1p = unary("log1p", Over(lambda x, out: add(x, 1)))
 rsqrt = unary("rsqrt", lambda x, out: mul(pow(out, 3), -0.5))
 reciprocal = unary("reciprocal", lambda x, out: neg(square(out)))
 erf = unary("erf", lambda x, out: mul(exp(neg(square(x))), 2 / _SQRT_PI))
