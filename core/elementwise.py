@@ -80,26 +80,18 @@ def unary_rules(prim, derivative):
         batching_rules[prim] = elementwise_batch(prim)
         return  # not differentiable: the rules of primitives.py say so
 
-    if isinstance(derivative, Over):
-        denominator = derivative.denominator
+    # ct * d, or ct / divisor for a formula given as Over(divisor)
+    combine, formula = ((ops.div, derivative.denominator) if isinstance(derivative, Over)
+                        else (ops.mul, derivative))
 
-        def vjp(x, **params):
-            out = bind(prim, x, **params)
-            return out, lambda ct: (ops.div(ct, conj(denominator(x, out, **params))),)
+    def vjp(x, **params):
+        out = bind(prim, x, **params)
+        return out, lambda ct: (combine(ct, conj(formula(x, out, **params))),)
 
-        def jvp(primals, tangents, **params):
-            (x,), (x_dot,) = primals, tangents
-            out = bind(prim, x, **params)
-            return out, ops.div(x_dot, denominator(x, out, **params))
-    else:
-        def vjp(x, **params):
-            out = bind(prim, x, **params)
-            return out, lambda ct: (ops.mul(ct, conj(derivative(x, out, **params))),)
-
-        def jvp(primals, tangents, **params):
-            (x,), (x_dot,) = primals, tangents
-            out = bind(prim, x, **params)
-            return out, ops.mul(x_dot, derivative(x, out, **params))
+    def jvp(primals, tangents, **params):
+        (x,), (x_dot,) = primals, tangents
+        out = bind(prim, x, **params)
+        return out, combine(x_dot, formula(x, out, **params))
 
     vjp_rules[prim] = vjp
     jvp_rules[prim] = jvp
