@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from . import aten_api, ops, torch_api
 from . import primitives as P
 from .autograd import conj, sum_to_size, vjp_rules, wants_cotangent
-from .batching import batching_rules, broadcasting_batch, elementwise_batch
+from .batching import batching_rules, broadcasting_batch, elementwise_batch, to_front
 from .dispatch import complex_ready
 from .errors import MissingRuleError, TransformUsageError
 from .forward import add_tangents, broadcast_tangent, jvp_rules
@@ -256,7 +256,11 @@ def parametrized(name, impl, derivative):
     signature matches torch's."""
     prim = P.primitive(name, impl, differentiable=derivative is not None)
     unary_rules(prim, derivative)
-    return lambda x, **params: bind(prim, x, **params)
+
+    def op(x, **params):
+        return bind(prim, x, **params)
+    op.prim = prim  # (for rules registered later: gelu's fused backward kernel)
+    return op
 
 
 _polygamma = parametrized("polygamma", lambda x, *, n: torch.polygamma(n, x),
@@ -444,6 +448,20 @@ def _gelu_derivative(x, out, *, approximate):
     cdf = mul(add(erf(mul(x, math.sqrt(0.5))), 1), 0.5)
     pdf = div(exp(mul(square(x), -0.5)), _SQRT_2PI)
     return add(cdf, mul(x, pdf))
+
+
+def _gelu_second_derivative(x, *, approximate):
+    if approximate == "tanh":
+        # (1 - t^2) (u' - x t u'^2 + x u'' / 2), with u = k (x + 0.044715 x^3), t = tanh(u)
+        k = math.sqrt(2 / math.pi)
+        t = ops.tanh(mul(add(x, mul(pow(x, 3), 0.044715)), k))
+        u1 = mul(add(mul(square(x), 3 * 0.044715), 1), k)
+        u2 = mul(x, 6 * 0.044715 * k)
+        return mul(one_minus_square(t),
+                   add(sub(u1, mul(mul(x, t), square(u1))), mul(mul(x, u2), 0.5)))
+    # pdf(x) (2 - x^2)
+    pdf = div(exp(mul(square(x), -0.5)), _SQRT_2PI)
+    return mul(pdf, sub(2, square(x)))
 
 
 _gelu = parametrized("gelu", lambda x, *, approximate: F.gelu(x, approximate=approximate),
@@ -770,4 +788,54 @@ aten_api.register(aten.threshold_backward.default)(
 
 
 fused_backward_rules(P.relu_p, threshold_backward_p, threshold=0)
+
+
+# NOTE [gelu differentiates with torch's kernel]
+# gelu's backward is torch's fused kernel ``gelu_backward(ct, x)``, as in derivatives.yaml and
+# so in torch.func: one op per backward, rounded once, where the formula written with ops
+# (eight of them) differed from torch.func's gradient in the last bit. The kernel is a
+# primitive of its own, linear in ct: its derivative in ct is gelu's derivative, and in x, ct
+# times the second derivative (derivatives.yaml's gelu_double_backward). The jvp is the same
+# kernel of the tangent, as derivatives.yaml's auto_element_wise makes it. (silu and mish are
+# not done so: with grad mode on, which it is inside torch.func's transforms, derivatives.yaml
+# picks their infinitely differentiable formulas, not the kernels.)
+def fused_backward_of_input_rules(prim, backward_prim):
+    """vjp and jvp of an activation whose derivative torch computes with a fused kernel of the
+    cotangent (or tangent) and the input, ``backward_prim(ct, x, **params)``. (Complex inputs
+    never reach it: the levels refuse them for a primitive not marked complex_ready.)"""
+    def in_dtype_of(v, x):  # the kernel wants one dtype; torch's engine casts cotangents so
+        return v if v.dtype == x.dtype else ops.convert(v, x.dtype)
+
+    def vjp(x, **params):
+        out = bind(prim, x, **params)
+        return out, lambda ct: (bind(backward_prim, in_dtype_of(ct, x), x, **params),)
+
+    def jvp(primals, tangents, **params):
+        (x,), (x_dot,) = primals, tangents
+        return bind(prim, x, **params), bind(backward_prim, in_dtype_of(x_dot, x), x, **params)
+
+    vjp_rules[prim] = vjp
+    jvp_rules[prim] = jvp
+
+
+gelu_backward_p = P.primitive(
+    "gelu_backward",
+    lambda ct, x, *, approximate: aten.gelu_backward(ct, x, approximate=approximate))
+binary_rules(gelu_backward_p,
+             lambda ct, x, out, *, approximate: _gelu_derivative(x, None, approximate=approximate),
+             lambda ct, x, out, *, approximate: mul(ct, _gelu_second_derivative(
+                 x, approximate=approximate)))
+fused_backward_of_input_rules(_gelu.prim, gelu_backward_p)
+
+
+def _gelu_backward_batch(values, bdims, *, approximate):
+    # the CPU kernel (oneDNN, for float32) does not broadcast: an unbatched operand is
+    # expanded along the batch, as torch.func does for its binary kernels
+    ct, x = to_front(values, bdims, expand_unbatched=True)
+    return bind(gelu_backward_p, ct, x, approximate=approximate), 0
+
+
+batching_rules[gelu_backward_p] = _gelu_backward_batch
+aten_api.register(aten.gelu_backward.default)(
+    lambda ct, x, approximate="none": bind(gelu_backward_p, ct, x, approximate=approximate))
 

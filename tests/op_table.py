@@ -273,6 +273,14 @@ OPS: list[OpCase] = [
           lambda ct, x: torch.ops.aten._softmax_backward_data(ct, torch.softmax(x, 1), 1,
                                                                 x.dtype),
           lambda g: (normal(g, 2, 3), normal(g, 2, 3)), diff=(0, 1), hessian=True),
+    # gelu's vjp, torch's kernel (its second derivatives are the engine's formulas)
+    _case("gelu_backward", lambda ct, x: torch.ops.aten.gelu_backward(ct, x),
+          lambda g: (normal(g, 2, 3), normal(g, 2, 3)), diff=(0, 1), hessian=True),
+    _case("gelu_backward_tanh",
+          lambda ct, x: torch.ops.aten.gelu_backward(ct, x, approximate="tanh"),
+          lambda g: (normal(g, 2, 3), normal(g, 2, 3)), diff=(0, 1), hessian=True),
+    _unary("gelu", F.gelu),
+    _unary("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")),
     _case("log_softmax_backward_data",
           lambda ct, x: torch.ops.aten._log_softmax_backward_data(
               ct, torch.log_softmax(x, 0), 0, x.dtype),

@@ -225,6 +225,35 @@ def test_elementwise_derivatives_are_bit_exact_with_torch_func(name):
     assert torch.equal(mf.jvp(f, (x,), (t,))[1], tf.jvp(f, (x,), (t,))[1])
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_derivatives_are_bit_exact_with_torch_func(approximate):
+    # torch's gelu_backward kernel, as derivatives.yaml (NOTE [gelu differentiates with
+    # torch's kernel]); the eight-op formula differed by up to 5e-7
+    x = torch.randn(64, 33)
+    f = lambda v: F.gelu(v, approximate=approximate)  # noqa: E731
+    loss = lambda v: (f(v) * 1.5).sum()  # noqa: E731
+    assert torch.equal(mf.grad(loss)(x), tf.grad(loss)(x))
+    assert torch.equal(mf.vmap(mf.grad(loss))(x), tf.vmap(tf.grad(loss))(x))
+    assert torch.equal(mf.jvp(f, (x,), (x,))[1], tf.jvp(f, (x,), (x,))[1])
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_kernel_under_nested_transforms_in_float32(approximate):
+    # torch's CPU kernel for float32 (oneDNN) neither broadcasts nor mixes dtypes: a tangent
+    # batched by jacfwd against an unbatched input, or a float64 cotangent, must not reach it
+    x, y = torch.randn(4, 5), torch.randn(5, dtype=torch.float64)
+    f = lambda v: (F.gelu(v, approximate=approximate) * y).sum()  # noqa: E731
+    assert torch.equal(mf.grad(f)(x), tf.grad(f)(x))
+    torch.testing.assert_close(mf.hessian(f)(x), tf.hessian(f)(x))
+    torch.testing.assert_close(mf.vmap(mf.hessian(f))(torch.stack([x, -x])),
+                               tf.vmap(tf.hessian(f))(torch.stack([x, -x])))
+    kernel = lambda ct, v: torch.ops.aten.gelu_backward(ct, v, approximate=approximate)  # noqa: E731
+    for in_dims in ((0, None), (None, 0)):
+        args = (x, x[0]) if in_dims == (0, None) else (x[0], x)
+        torch.testing.assert_close(mf.vmap(kernel, in_dims=in_dims)(*args),
+                                   tf.vmap(kernel, in_dims=in_dims)(*args))
+
+
 def test_in_place_on_tensors_created_inside_the_function():
     def f(x):
         buf = torch.zeros(3, dtype=x.dtype)
