@@ -757,25 +757,20 @@ def logsumexp_vjp(x, *, dim, keepdim):
 vjp_rules[P.logsumexp_p] = logsumexp_vjp
 
 
-def _in_dtype_of(ct, out):
-    """A cotangent in the dtype of the output it belongs to, which the softmax kernels require
-    (a float64 factor downstream makes a float64 cotangent; torch's autograd engine casts it
-    the same way before calling a node's backward)."""
-    return ct if ct.dtype == out.dtype else ops.convert(ct, out.dtype)
-
-
 def softmax_vjp(x, *, dim):
     out = bind(P.softmax_p, x, dim=dim)
     # out * (ct - sum(ct * out)), torch's one kernel (NOTE [Softmax derivatives are torch's
-    # fused kernels] in primitives.py)
-    return out, lambda ct: (bind(P.softmax_backward_p, _in_dtype_of(ct, out), out, dim=dim),)
+    # fused kernels] in primitives.py). The kernel wants the cotangent in the output's dtype
+    # (a float64 factor downstream makes it float64); torch's engine casts it so too.
+    return out, lambda ct: (bind(P.softmax_backward_p, ops.convert(ct, out.dtype), out,
+                                 dim=dim),)
 vjp_rules[P.softmax_p] = softmax_vjp
 
 
 def log_softmax_vjp(x, *, dim):
     out = bind(P.log_softmax_p, x, dim=dim)
     # ct - exp(out) * sum(ct), torch's one kernel
-    return out, lambda ct: (bind(P.log_softmax_backward_p, _in_dtype_of(ct, out), out,
+    return out, lambda ct: (bind(P.log_softmax_backward_p, ops.convert(ct, out.dtype), out,
                                  dim=dim),)
 vjp_rules[P.log_softmax_p] = log_softmax_vjp
 
@@ -788,7 +783,7 @@ def softmax_backward_vjp(ct, out, *, dim):
     def backward(g):
         g_ct = g_out = None
         if needs_input_grad(0):
-            g_ct = bind(P.softmax_backward_p, _in_dtype_of(g, out), out, dim=dim)
+            g_ct = bind(P.softmax_backward_p, ops.convert(g, out.dtype), out, dim=dim)
         if needs_input_grad(1):
             g_out = ops.sub(ops.sub(ops.mul(ct, g),
                                     ops.mul(ops.sum(ops.mul(out, ct), dim, keepdim=True), g)),

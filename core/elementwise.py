@@ -803,16 +803,15 @@ def fused_backward_of_input_rules(prim, backward_prim):
     """vjp and jvp of an activation whose derivative torch computes with a fused kernel of the
     cotangent (or tangent) and the input, ``backward_prim(ct, x, **params)``. (Complex inputs
     never reach it: the levels refuse them for a primitive not marked complex_ready.)"""
-    def in_dtype_of(v, x):  # the kernel wants one dtype; torch's engine casts cotangents so
-        return v if v.dtype == x.dtype else ops.convert(v, x.dtype)
-
+    # (the kernel wants one dtype: a cotangent is cast as torch's engine casts it)
     def vjp(x, **params):
         out = bind(prim, x, **params)
-        return out, lambda ct: (bind(backward_prim, in_dtype_of(ct, x), x, **params),)
+        return out, lambda ct: (bind(backward_prim, ops.convert(ct, x.dtype), x, **params),)
 
     def jvp(primals, tangents, **params):
         (x,), (x_dot,) = primals, tangents
-        return bind(prim, x, **params), bind(backward_prim, in_dtype_of(x_dot, x), x, **params)
+        return (bind(prim, x, **params),
+                bind(backward_prim, ops.convert(x_dot, x.dtype), x, **params))
 
     vjp_rules[prim] = vjp
     jvp_rules[prim] = jvp

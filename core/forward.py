@@ -351,9 +351,8 @@ def softmax_kernel_vjp_jvp(prim, through_out):
     def jvp(primals, tangents, *, dim):
         (ct, out), (ct_dot, out_dot) = primals, tangents
         y = bind(prim, ct, out, dim=dim)
-        if ct_dot is not None and ct_dot.dtype != out.dtype:  # the kernel wants one dtype
-            ct_dot = ops.convert(ct_dot, out.dtype)
-        y_dot = None if ct_dot is None else bind(prim, ct_dot, out, dim=dim)
+        y_dot = None if ct_dot is None else bind(  # (the kernel wants one dtype)
+            prim, ops.convert(ct_dot, out.dtype), out, dim=dim)
         if out_dot is not None:
             y_dot = add_tangents(y_dot, through_out(ct, out, out_dot, dim))
         return y, ops.zeros_like(y) if y_dot is None else y_dot
