@@ -276,6 +276,15 @@ def to_front(values, bdims, *, expand_unbatched=False):
     return moved
 
 
+def same_shape_batch(prim):
+    """Rule of a primitive whose tensor arguments have one shape (an identity-like op with a
+    side tensor of its input's rank; a kernel that does not broadcast, as gelu_backward):
+    every argument gets the batch dim in front, and an unbatched one is expanded along it."""
+    def rule(values, bdims, **params):
+        return bind(prim, *to_front(values, bdims, expand_unbatched=True), **params), 0
+    return rule
+
+
 def physical_dim(dim, bdim):
     """Where logical dim ``dim`` of one example lives in a payload batched at ``bdim``."""
     return dim if dim < bdim else dim + 1

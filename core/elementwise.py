@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from . import aten_api, ops, torch_api
 from . import primitives as P
 from .autograd import conj, sum_to_size, vjp_rules, wants_cotangent
-from .batching import batching_rules, broadcasting_batch, elementwise_batch, to_front
+from .batching import batching_rules, broadcasting_batch, elementwise_batch, same_shape_batch
 from .dispatch import complex_ready
 from .errors import MissingRuleError, TransformUsageError
 from .forward import add_tangents, broadcast_tangent, jvp_rules
@@ -256,11 +256,7 @@ def parametrized(name, impl, derivative):
     signature matches torch's."""
     prim = P.primitive(name, impl, differentiable=derivative is not None)
     unary_rules(prim, derivative)
-
-    def op(x, **params):
-        return bind(prim, x, **params)
-    op.prim = prim  # (for rules registered later: gelu's fused backward kernel)
-    return op
+    return lambda x, **params: bind(prim, x, **params)
 
 
 _polygamma = parametrized("polygamma", lambda x, *, n: torch.polygamma(n, x),
@@ -824,17 +820,9 @@ binary_rules(gelu_backward_p,
              lambda ct, x, out, *, approximate: _gelu_derivative(x, None, approximate=approximate),
              lambda ct, x, out, *, approximate: mul(ct, _gelu_second_derivative(
                  x, approximate=approximate)))
-fused_backward_of_input_rules(_gelu.prim, gelu_backward_p)
-
-
-def _gelu_backward_batch(values, bdims, *, approximate):
-    # the CPU kernel (oneDNN, for float32) does not broadcast: an unbatched operand is
-    # expanded along the batch, as torch.func does for its binary kernels
-    ct, x = to_front(values, bdims, expand_unbatched=True)
-    return bind(gelu_backward_p, ct, x, approximate=approximate), 0
-
-
-batching_rules[gelu_backward_p] = _gelu_backward_batch
+fused_backward_of_input_rules(P.PRIMITIVES["gelu"], gelu_backward_p)
+# the CPU kernel (oneDNN, for float32) does not broadcast: an unbatched operand is expanded
+batching_rules[gelu_backward_p] = same_shape_batch(gelu_backward_p)
 aten_api.register(aten.gelu_backward.default)(
     lambda ct, x, approximate="none": bind(gelu_backward_p, ct, x, approximate=approximate))
 

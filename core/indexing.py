@@ -34,7 +34,7 @@ from . import aten_api, ops, torch_api
 from . import primitives as P
 from .autograd import refuse_write_to_recorded, sum_to_size, vjp_rules, wants_cotangent
 from .batching import (BatchedValue, batch_size, batched_level, batching_rules, move_bdim,
-                       to_front)
+                       same_shape_batch, to_front)
 from .elementwise import logical_and
 from .dispatch import complex_ready
 from .errors import (InvalidOptionError, MissingRuleError, ShapeMismatchError,
@@ -616,16 +616,7 @@ def guard_jvp(primals, tangents, *, message, check):
 jvp_rules[guard_p] = guard_jvp
 
 
-def _same_shape_batch(prim):
-    """Rule of an identity-like primitive with a side tensor of its input's rank: both get
-    the batch dim in front (the input is expanded if it is unbatched, so that each example's
-    output exists)."""
-    def rule(values, bdims, **params):
-        return bind(prim, *to_front(values, bdims, expand_unbatched=True), **params), 0
-    return rule
-
-
-batching_rules[guard_p] = _same_shape_batch(guard_p)
+batching_rules[guard_p] = same_shape_batch(guard_p)
 
 
 def _scatter_reduce_partials(x, index, src, out, dim, reduce, include_self):
@@ -1378,7 +1369,7 @@ vjp_rules[scale_grad_p] = scale_grad_vjp
 def scale_grad_jvp(primals, tangents):
     return bind(scale_grad_p, *primals), tangents[0]
 jvp_rules[scale_grad_p] = scale_grad_jvp
-batching_rules[scale_grad_p] = _same_shape_batch(scale_grad_p)
+batching_rules[scale_grad_p] = same_shape_batch(scale_grad_p)
 
 
 def _refuse_sparse(sparse, op):
@@ -1607,7 +1598,7 @@ def scale_derivatives_jvp(primals, tangents):
     out = bind(scale_derivatives_p, x, scale)
     return out, None if x_dot is None else ops.mul(x_dot, scale)
 jvp_rules[scale_derivatives_p] = scale_derivatives_jvp
-batching_rules[scale_derivatives_p] = _same_shape_batch(scale_derivatives_p)
+batching_rules[scale_derivatives_p] = same_shape_batch(scale_derivatives_p)
 
 
 def _bag_frequency_scale(input, rows, weight):
