@@ -668,7 +668,9 @@ def div_vjp(x, y):
         x_bar = sum_to_size(ops.div(ct, conj(y)), ops.shape_of(x)) if wants_cotangent(0, x) else None
         y_bar = None
         if wants_cotangent(1, y):
-            y_bar = sum_to_size(ops.neg(ops.div(ops.mul(ct, conj(x)), conj(ops.mul(y, y)))),
+            # derivatives.yaml's -grad * ((self / other) / other).conj(), in its order: the
+            # same bits as torch.func (-(ct * x) / (y * y) rounds differently)
+            y_bar = sum_to_size(ops.mul(ops.neg(ct), conj(ops.div(ops.div(x, y), y))),
                                 ops.shape_of(y))
         return x_bar, y_bar
     return ops.div(x, y), backward

@@ -38,7 +38,7 @@ from .batching import batching_rules, broadcasting_batch, elementwise_batch, sam
 from .dispatch import complex_ready
 from .errors import MissingRuleError, TransformUsageError
 from .forward import add_tangents, broadcast_tangent, jvp_rules
-from .values import Value, bind
+from .values import NUMBERS, Value, bind
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -151,6 +151,21 @@ log10 = unary("log10", Over(lambda x, out: mul(x, math.log(10.0))))
 log1p = unary("log1p", Over(lambda x, out: add(x, 1)))
 rsqrt = unary("rsqrt", lambda x, out: mul(pow(out, 3), -0.5))
 reciprocal = unary("reciprocal", lambda x, out: neg(square(out)))
+
+
+def _number_over(y, x):
+    """``y / x`` reached through Tensor.__rtruediv__. For a number ``y`` torch computes
+    reciprocal(x) * y (_tensor.py), which rounds twice and differs from div(y, x) in the last
+    bit; torch.func runs that Python body, and so does this, for the same bits and the same
+    derivatives. A tensor ``y`` gets here only because a subclass's reflected operator goes
+    first (Python's rule): torch.func, whose tensors are no subclass, divides."""
+    if isinstance(y, NUMBERS):
+        return mul(reciprocal(x), y)
+    return div(y, x)
+
+
+torch_api.register(torch.Tensor.__rtruediv__, torch.Tensor.__rdiv__)(
+    torch_api.reflected("__rtruediv__", _number_over))
 erf = unary("erf", lambda x, out: mul(exp(neg(square(x))), 2 / _SQRT_PI))
 erfc = unary("erfc", lambda x, out: mul(exp(neg(square(x))), -2 / _SQRT_PI))
 erfinv = unary("erfinv", lambda x, out: mul(exp(square(out)), _SQRT_PI / 2),

@@ -39,7 +39,9 @@ def program_to_fx(program) -> torch.fx.GraphModule:
     for equation in program.equations:
         args = [operand(o) for o in equation.inputs]
         prim, params = equation.prim, equation.params
-        if prim in INFIX_FUNCTIONS:
+        if prim is P.div_p and isinstance(equation.inputs[0], Literal):
+            node = graph.call_function(torch.div, tuple(args))  # (as emit_call says)
+        elif prim in INFIX_FUNCTIONS:
             node = graph.call_function(INFIX_FUNCTIONS[prim], tuple(args))
         elif prim is P.getitem_p:
             node = graph.call_function(operator.getitem, (args[0], params["index"]))

@@ -255,10 +255,13 @@ jvp_rules[P.mul_p] = mul_jvp
 def div_jvp(primals, tangents):
     (x, y), (x_dot, y_dot) = primals, tangents
     out = ops.div(x, y)
-    out_dot = add_tangents(
-        None if x_dot is None else ops.div(x_dot, y),
-        None if y_dot is None else ops.neg(ops.div(ops.mul(y_dot, out), y)),
-    )
+    # derivatives.yaml's (self_t - other_t * result) / other, rounded as torch.func rounds it
+    if y_dot is None:
+        out_dot = ops.div(x_dot, y)
+    elif x_dot is None:
+        out_dot = ops.neg(ops.div(ops.mul(y_dot, out), y))
+    else:
+        out_dot = ops.div(ops.sub(x_dot, ops.mul(y_dot, out)), y)
     return out, broadcast_tangent(out_dot, ops.shape_of(out))
 jvp_rules[P.div_p] = div_jvp
 

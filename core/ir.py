@@ -114,6 +114,10 @@ def emit_call(prim, operands, params, globals_, *, reserved=()) -> str:
     callables)."""
     if prim is P.pow_p and operands[0].startswith("-"):
         operands = [f"({operands[0]})", operands[1]]  # -2 ** a is -(2 ** a)
+    if prim is P.div_p and not operands[0].isidentifier():
+        # a number over a tensor: Python would run Tensor.__rtruediv__, reciprocal(a) * 2,
+        # whose bits differ from div's (the primitive's own torch call)
+        return f"torch.div({operands[0]}, {operands[1]})"
     if prim in INFIX:
         return f"{operands[0]} {INFIX[prim]} {operands[1]}"
     if prim is P.getitem_p:

@@ -103,7 +103,7 @@ _FUNCTIONAL = {
     "nll_loss": ops.nll_loss, "mse_loss": ops.mse_loss,
 }
 # Operators reached when a plain tensor is on the left: Tensor.__sub__(plain, wrapped).
-def _reflected(name, op):
+def reflected(name, op):
     """``Tensor.__rsub__(self, other)`` is ``other - self``; ``self`` is the tensor (called
     unbound with a number as ``self``, torch fails on it, and so does this; not __rpow__,
     whose body torch runs as it is)."""
@@ -119,14 +119,13 @@ def _reflected(name, op):
 
 
 _OPERATORS = {
-    "__add__": ops.add, "__radd__": _reflected("__radd__", ops.add),
-    "__sub__": ops.sub, "__rsub__": _reflected("__rsub__", ops.sub),
-    "__mul__": ops.mul, "__rmul__": _reflected("__rmul__", ops.mul),
-    "__truediv__": ops.div, "__rtruediv__": _reflected("__rtruediv__", ops.div),
-    "__div__": ops.div, "__rdiv__": _reflected("__rdiv__", ops.div),
+    "__add__": ops.add, "__radd__": reflected("__radd__", ops.add),
+    "__sub__": ops.sub, "__rsub__": reflected("__rsub__", ops.sub),
+    "__mul__": ops.mul, "__rmul__": reflected("__rmul__", ops.mul),
+    "__truediv__": ops.div, "__div__": ops.div,  # (__rtruediv__: in elementwise.py)
     # (torch's __rpow__ is pow(other, self) whatever self is: Tensor.__rpow__(2.0, t) is t**2)
     "__pow__": ops.pow, "__rpow__": lambda x, y: ops.pow(y, x),
-    "__matmul__": ops.matmul, "__rmatmul__": _reflected("__rmatmul__", ops.matmul),
+    "__matmul__": ops.matmul, "__rmatmul__": reflected("__rmatmul__", ops.matmul),
     "__neg__": ops.neg, "__eq__": ops.eq, "__ne__": ops.ne, "__lt__": ops.lt,
     "__le__": ops.le, "__gt__": ops.gt, "__ge__": ops.ge,
 }

@@ -2,6 +2,8 @@
 and the silent wrong answers and crashes of the old wrappers (each a regression test)."""
 import math
 
+import optree
+
 import pytest
 import torch
 import torch.func as tf
@@ -252,6 +254,35 @@ def test_gelu_kernel_under_nested_transforms_in_float32(approximate):
         args = (x, x[0]) if in_dims == (0, None) else (x[0], x)
         torch.testing.assert_close(mf.vmap(kernel, in_dims=in_dims)(*args),
                                    tf.vmap(kernel, in_dims=in_dims)(*args))
+
+
+_DIVISIONS = {
+    "tensor / tensor": lambda x, y: x / y,
+    "number / tensor": lambda x, y: 1.1 / x + y,  # Tensor.__rtruediv__: reciprocal(x) * 1.1
+    "plain tensor / tensor": lambda x, y: torch.linspace(1, 2, 9) / x + y,
+    "torch.div(number, tensor)": lambda x, y: torch.div(2.5, x) + y,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DIVISIONS))
+def test_divisions_are_bit_exact_with_torch_func(name):
+    # torch computes `1.1 / x` as reciprocal(x) * 1.1, and differentiates div as
+    # derivatives.yaml says (-grad * ((x / y) / y), (x_dot - y_dot * out) / y); a div(1.1, x)
+    # and -(ct * x) / (y * y) differed in the last bit
+    f = _DIVISIONS[name]
+    generator = torch.Generator().manual_seed(0)
+    x, y, t, u, ct = (torch.rand(4, 9, generator=generator) + 0.5 for _ in range(5))
+    assert torch.equal(mf.vmap(f)(x, y), tf.vmap(f)(x, y))
+    for argnums in (0, 1, (0, 1)):
+        loss = lambda x, y: (f(x, y) * ct).sum()  # noqa: E731
+        for got, want in zip(optree.tree_leaves(mf.grad(loss, argnums=argnums)(x, y)),
+                             optree.tree_leaves(tf.grad(loss, argnums=argnums)(x, y))):
+            assert torch.equal(got, want)
+    for tangents in ((t, u), (t, torch.zeros_like(u)), (torch.zeros_like(t), u)):
+        assert torch.equal(mf.jvp(f, (x, y), tangents)[1], tf.jvp(f, (x, y), tangents)[1])
+    for g in (lambda x: f(x, y), lambda y: f(x, y)):  # one tangent: the other is a constant
+        assert torch.equal(mf.jvp(g, (x,), (t,))[1], tf.jvp(g, (x,), (t,))[1])
+    assert torch.equal(mf.jit(f)(x, y), f(x, y))
 
 
 def test_in_place_on_tensors_created_inside_the_function():
