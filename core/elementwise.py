@@ -35,6 +35,7 @@ from . import aten_api, ops, torch_api
 from . import primitives as P
 from .autograd import conj, sum_to_size, vjp_rules, wants_cotangent
 from .batching import batching_rules, broadcasting_batch, elementwise_batch, same_shape_batch
+from .fast_code import register_fresh, register_inplace
 from .dispatch import complex_ready
 from .errors import MissingRuleError, TransformUsageError
 from .forward import add_tangents, broadcast_tangent, jvp_rules
@@ -103,6 +104,7 @@ def unary(name, derivative, *, impl=None, functions=None, aten_ops=None):
     impl = impl or getattr(torch, name)
     prim = P.primitive(name, impl, differentiable=derivative is not None)
     unary_rules(prim, derivative)
+    register_inplace(prim)
 
     def op(x):
         return bind(prim, x)
@@ -653,6 +655,7 @@ def binary(name, dx, dy, *, impl=None, functions=None, aten_ops=None):
     impl = impl or getattr(torch, name)
     prim = P.primitive(name, impl, differentiable=dx is not None or dy is not None)
     binary_rules(prim, dx, dy)
+    register_inplace(prim)
 
     def op(x, y):
         return bind(prim, x, y)
@@ -799,6 +802,7 @@ aten_api.register(aten.threshold_backward.default)(
 
 
 fused_backward_rules(P.relu_p, threshold_backward_p, threshold=0)
+register_fresh(tanh_backward_p, sigmoid_backward_p, threshold_backward_p)  # (fast_code.py)
 
 
 # NOTE [gelu differentiates with torch's kernel]
@@ -836,6 +840,7 @@ binary_rules(gelu_backward_p,
              lambda ct, x, out, *, approximate: mul(ct, _gelu_second_derivative(
                  x, approximate=approximate)))
 fused_backward_of_input_rules(P.PRIMITIVES["gelu"], gelu_backward_p)
+register_fresh(gelu_backward_p)
 # the CPU kernel (oneDNN, for float32) does not broadcast: an unbatched operand is expanded
 batching_rules[gelu_backward_p] = same_shape_batch(gelu_backward_p)
 aten_api.register(aten.gelu_backward.default)(

@@ -4,6 +4,7 @@ Each equation becomes one ``call_function`` node whose target is the plain torch
 (``torch.sin``, ``operator.mul``, ...), so ``GraphModule.code`` reads like hand-written code.
 The transposes of gather and diagonal are written as torch's own scatters into fresh zeros.
 """
+import cmath
 import operator
 
 import torch
@@ -34,7 +35,12 @@ def program_to_fx(program) -> torch.fx.GraphModule:
         nodes[var] = graph.get_attr(names[var])
 
     def operand(o):
-        return o.value if isinstance(o, Literal) else nodes[o]
+        if not isinstance(o, Literal):
+            return nodes[o]
+        if isinstance(o.value, complex) and not cmath.isfinite(o.value):
+            # FX writes such a literal as (1+infj), which is no Python: build it at run time
+            return graph.call_function(complex, (o.value.real, o.value.imag))
+        return o.value
 
     for equation in program.equations:
         args = [operand(o) for o in equation.inputs]

@@ -1,6 +1,7 @@
 """The data of programs (variables, literals, equations), and how an equation is written as
 Python: the vocabulary that programs (program.py) and their torch.fx export (export.py) share.
 """
+import cmath
 import math
 import operator
 
@@ -135,6 +136,8 @@ def literal_source(value):
     """A number as Python source: ``repr``, except that inf and nan are not names."""
     if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
         return f"float('{value!r}')"
+    if isinstance(value, complex) and not cmath.isfinite(value):  # repr gives (1+infj)
+        return f"complex({literal_source(value.real)}, {literal_source(value.imag)})"
     return repr(value)
 
 

@@ -27,6 +27,7 @@ import functools
 import optree
 import torch
 
+from .fast_code import reusable_equations, unless_recorded
 from .tensor import as_tensor, engine_code, unwrap
 from .values import Value
 from .errors import TransformUsageError
@@ -67,7 +68,13 @@ class _Compiled:
         if self.has_transformed_constants:
             self.run = None
         elif backend is None:
-            self.run = program.compile_python()
+            # the same bits, faster: NOTE [Number operands as tensors] and NOTE [Buffer
+            # reuse in generated code] in fast_code.py
+            self.run = program.compile_python(number_tensors=True)
+            if reusable_equations(program):
+                self.run = unless_recorded(
+                    program.compile_python(reuse_buffers=True, number_tensors=True), self.run,
+                    program.constants)
         elif backend == "inductor":
             graph_module = program.to_fx()
             self.run = torch.compile(graph_module, backend="inductor", dynamic=False)

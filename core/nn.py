@@ -49,6 +49,7 @@ from .autograd import conj, vjp_rules, wants_cotangent
 from .batching import batch_size, batching_rules, move_bdim
 from .dispatch import complex_ready
 from .errors import InPlaceError, MissingRuleError, ShapeMismatchError, TransformUsageError
+from .fast_code import register_fresh
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import as_tensor, unwrap_tree
 from .values import Value, bind, bottom_tensor
@@ -345,6 +346,8 @@ convolution_p = P.primitive("convolution", _convolution)
 conv_backward_input_p = P.primitive("convolution_backward_input", _conv_backward_input)
 conv_backward_weight_p = P.primitive("convolution_backward_weight", _conv_backward_weight)
 conv_backward_bias_p = P.primitive("convolution_backward_bias", _conv_backward_bias)
+register_fresh(linear_p, convolution_p, conv_backward_input_p, conv_backward_weight_p,
+               conv_backward_bias_p)  # (fast_code.py: jit's code may write over their results)
 
 
 def _conv(x, weight, bias=None, **params):

@@ -17,6 +17,7 @@ import operator
 import optree
 import torch
 
+from .fast_code import INPLACE_METHODS, number_operand_tensor, reusable_equations
 from .errors import TransformUsageError, TypecheckError
 from .ir import Literal, Var, emit_call, identifier, literal_source
 from .printing import format_param, type_string
@@ -32,6 +33,14 @@ def _letters(index: int) -> str:
         index //= 26
         if index == 0:
             return name
+
+
+def _global_name(prefix, globals_, reserved):
+    """The first of prefix0, prefix1, ... that names nothing yet."""
+    index = 0
+    while f"{prefix}{index}" in globals_ or f"{prefix}{index}" in reserved:
+        index += 1
+    return f"{prefix}{index}"
 
 
 class Program:
@@ -232,11 +241,18 @@ class Program:
         return optree.tree_unflatten(self.out_treedef, outputs)
 
     # --- exports ---------------------------------------------------------------------------
-    def python_source(self, function_name=None) -> tuple[str, dict]:
+    def python_source(self, function_name=None, *, reuse_buffers=False,
+                      number_tensors=False) -> tuple[str, dict]:
         """Straight-line Python for the program, and the globals it needs.
 
         Constants are globals of the generated function: bound once, not looked up per call.
+        jit asks for two rewrites that give the same bits faster (fast_code.py):
+        ``reuse_buffers``: an elementwise equation whose first operand is a dead intermediate
+        writes into it (``c = b.sin_()``), code that must not run where torch's autograd
+        records; ``number_tensors``: a number operand is a 0-d tensor bound once
+        (``c = b * _number0``).
         """
+        reusable = reusable_equations(self) if reuse_buffers else ()
         names = self.names()
         globals_ = {"torch": torch, "operator": operator}
         for var, value in self.constants:
@@ -247,20 +263,30 @@ class Program:
         # the generated function's own name and its locals are never reused for a callable
         # (a custom function called `b` would be shadowed by the local `b`)
         reserved = {function_name, *names.values()}
-        for equation in self.equations:
+        for index, equation in enumerate(self.equations):
             operands = [literal_source(o.value) if isinstance(o, Literal) else names[o]
                         for o in equation.inputs]
-            expression = emit_call(equation.prim, operands, equation.params, globals_,
-                                   reserved=reserved)
+            number = number_operand_tensor(equation) if number_tensors else None
+            if number is not None:
+                operands[1] = _global_name("_number", globals_, reserved)
+                globals_[operands[1]] = number
+            if index in reusable:
+                method = INPLACE_METHODS[equation.prim]
+                expression = f"{operands[0]}.{method}({', '.join(operands[1:])})"
+            else:
+                expression = emit_call(equation.prim, operands, equation.params, globals_,
+                                       reserved=reserved)
             lines.append(f"    {names[equation.out]} = {expression}")
         outputs = ", ".join(literal_source(o.value) if isinstance(o, Literal) else names[o]
                             for o in self.outputs)
         lines.append(f"    return ({outputs}{',' if len(self.outputs) == 1 else ''})")
         return "\n".join(lines) + "\n", globals_
 
-    def compile_python(self):
-        """The program as a Python function of its flat inputs, returning flat outputs."""
-        source, globals_ = self.python_source("compiled_program")
+    def compile_python(self, *, reuse_buffers=False, number_tensors=False):
+        """The program as a Python function of its flat inputs, returning flat outputs
+        (the keywords: as in ``python_source``)."""
+        source, globals_ = self.python_source("compiled_program", reuse_buffers=reuse_buffers,
+                                              number_tensors=number_tensors)
         code = compile(source, f"<minifunctorch program {self.name}>", "exec")
         exec(code, globals_)
         return globals_["compiled_program"]

@@ -22,7 +22,7 @@ from .errors import TransformError, TransformUsageError
 from .ir import Equation, Literal, Var
 from .program import Program
 from .tensor import as_tensor, engine_code, unwrap, unwrap_tree, user_code
-from .values import Value
+from .values import NUMBERS, Value
 
 
 class TracerValue(Value):
@@ -64,7 +64,7 @@ class Tracing(Dispatcher):
     def _operand(self, value):
         if isinstance(value, TracerValue) and value.dispatcher is self:
             return value.var
-        if isinstance(value, (bool, int, float)):
+        if isinstance(value, NUMBERS):
             return Literal(value)
         if isinstance(value, (torch.Tensor, Value)):
             return self._constant(value)

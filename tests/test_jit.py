@@ -1,6 +1,7 @@
 """jit (issue 3): trace once per input signature, replay generated code; same numbers as
 eager, under and over the other transforms."""
 import importlib
+import re
 import shutil
 
 import pytest
@@ -279,3 +280,114 @@ def test_inductor_backend():
     assert_close(jf(x), torch.sin(x) * 2 + x.sum())
     assert jf.cache_size() == 1
     assert repr(jf) == "jit(<lambda>, backend='inductor')"
+
+
+# --- the generated code's rewrites: the same bits, faster (fast_code.py) ------------------------
+def _reused(f, *args):
+    """The source lines of f's program whose equations write into a dead operand."""
+    from minifunctorch.core.fast_code import reusable_equations
+    program = trace(f)(*args)
+    names = program.names()
+    return [names[program.equations[i].out] for i in sorted(reusable_equations(program))]
+
+
+def test_buffer_reuse_takes_only_dead_fresh_intermediates():
+    x, row = rand(0, 3, 4), rand(1, 4)
+    # sin writes a fresh buffer; mul and exp may reuse it, never x's (the caller's)
+    assert _reused(lambda x: (x.sin() * 2).exp(), x) == ["c", "d"]
+    # each mul reuses its sin's buffer, and the add the first mul's
+    assert _reused(lambda x: x.sin() * 2 + x.sin() * 3, x) == ["c", "e", "f"]
+    # b is read again by the add: the mul may not overwrite it (the add may overwrite c)
+    assert _reused(lambda x: (lambda y: y * 2 + y)(x.sin()), x) == ["d"]
+    # an output is never overwritten, nor is an operand read twice by the same equation
+    assert _reused(lambda x: (lambda y: (y, y.cos()))(x.sin()), x) == []
+    assert _reused(lambda x: (lambda y: y * y)(x.sin()), x) == []
+    # a view of the intermediate may still be read: no reuse once one is taken
+    assert _reused(lambda x: (lambda y: (y.reshape(12), y.cos()))(x.sin()), x) == []
+    # broadcasting up or promoting: the result does not fit the operand
+    assert _reused(lambda x, row: row.sin() + x, x, row) == []
+    assert _reused(lambda x: x.sin() * torch.ones(3, 4, dtype=torch.float64), x) == []
+    # an op with static parameters is left alone; so is one with no in-place method, and
+    # its result is not known to be memory of its own
+    assert _reused(lambda x: torch.special.xlogy(x.sin(), x).exp(), x) == ["c", "d"]
+    assert _reused(lambda x: torch.clamp(x.sin(), min=0.0), x) == []
+    assert _reused(lambda x: torch.maximum(x.sin(), x).exp(), x) == []
+
+
+def test_number_operands_become_tensors_only_where_the_bits_are_the_same():
+    from minifunctorch.core.fast_code import number_operand_tensor
+
+    def numbered(f, x):
+        return [number_operand_tensor(eq) for eq in trace(f)(x).equations]
+
+    x = rand(0, 5)
+    # x * 1.5 | reciprocal x | (that) * 2 | div(2, x) | x ** 3.0
+    mul, _, rdiv, div, power = numbered(lambda x: [x * 1.5, 2 / x, torch.div(2, x), x ** 3.0], x)
+    assert mul.dtype == torch.float32 and mul.item() == 1.5 and rdiv.item() == 2
+    assert div is None and power is None  # a number first; pow's own kernel for a number
+    for dtype in (torch.float16, torch.bfloat16, torch.int64):  # computed with a float32 number
+        assert numbered(lambda x: x * 3, x.to(dtype)) == [None]
+    assert numbered(lambda x: x * 2 ** 62, x.double())[0].item() == 2.0 ** 62
+    complex_x = torch.complex(x, x)
+    assert numbered(lambda x: x * 1j, complex_x)[0].dtype == torch.complex64
+
+
+_REWRITTEN_CASES = {
+    "S1 chain under vmap": (lambda x: vmap(lambda r: _chain(r))(x), (rand(0, 10, 10),)),
+    "S1 chain under grad": (lambda x: grad(lambda v: _chain(v))(x), (rand(1, 10, 10),)),
+    "vmap of grad of an MLP": (
+        lambda w, x: vmap(grad(lambda w, x: torch.tanh(x @ w).sum() / 3), in_dims=(None, 0))(w, x),
+        (rand(2, 4, 3), rand(3, 5, 4))),
+    "numbers on both sides": (lambda x: (1.5 - x * 2) / 3 + 2 / (x + 4) - x ** 2.0,
+                              (rand(4, 7, dtype=torch.float64),)),
+    "complex": (lambda x: (x * 1j + 2).exp() * 0.5, (torch.complex(rand(5, 6), rand(6, 6)),)),
+}
+
+
+def _chain(x):
+    for _ in range(5):
+        x = torch.tanh(torch.sin(x) * 1.1) + 0.1
+    return x.sum()
+
+
+@pytest.mark.parametrize("name", sorted(_REWRITTEN_CASES))
+def test_rewritten_code_gives_the_same_bits_and_leaves_inputs_alone(name):
+    f, args = _REWRITTEN_CASES[name]
+    program = trace(f)(*args)
+    source, _ = program.python_source(reuse_buffers=True, number_tensors=True)
+    assert re.search(r" = \w+\.\w+_\(", source), f"no buffer is reused:\n{source}"
+    assert "_number0" in source, f"no number operand is a tensor:\n{source}"
+    copies = [a.clone() for a in args]
+    plain = program.compile_python()(*args)
+    rewritten = program.compile_python(reuse_buffers=True, number_tensors=True)(*args)
+    assert all(torch.equal(a, c) for a, c in zip(args, copies))
+    assert len(plain) == len(rewritten)
+    assert all(torch.equal(p, r) for p, r in zip(plain, rewritten))
+    assert all(torch.equal(p, r) for p, r in zip(plain, (jit(f)(*args),)))
+
+
+def test_jit_code_that_reuses_buffers_steps_aside_for_torch_autograd():
+    # autograd keeps intermediates for its backward: where it records, jit runs the code
+    # without reuse, and backward works
+    f = jit(lambda x: (torch.tanh(torch.sin(x) * 2) + 1).exp().sum())
+    x = rand(0, 6).requires_grad_()
+    f(x).backward()
+    expected = torch.autograd.grad((torch.tanh(torch.sin(x) * 2) + 1).exp().sum(), x)[0]
+    assert torch.equal(x.grad, expected)
+    with torch.no_grad():
+        assert torch.equal(f(x), (torch.tanh(torch.sin(x) * 2) + 1).exp().sum())
+    weight = rand(1, 6).requires_grad_()  # a captured constant that autograd tracks
+    g = jit(lambda x: (torch.sin(x * weight) * 2).exp().sum())
+    g(rand(2, 6)).backward()
+    expected = torch.autograd.grad((torch.sin(rand(2, 6) * weight) * 2).exp().sum(), weight)[0]
+    assert torch.equal(weight.grad, expected)
+
+
+def test_complex_numbers_are_literals_of_programs():
+    # trace refused `x * 1j`; a non-finite complex number is no Python literal, (1+infj)
+    f = lambda x: x * 1j + complex(1.0, float("inf"))  # noqa: E731
+    x = torch.complex(rand(0, 4), rand(1, 4))
+    program = trace(f)(x)
+    assert "mul a 1j" in str(program)
+    assert torch.equal(jit(f)(x), f(x))
+    assert torch.equal(program.to_fx()(x)[0], f(x))
