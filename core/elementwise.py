@@ -74,20 +74,42 @@ class Over:
         self.denominator = denominator
 
 
+class Product:
+    """A derivative written as factors, ``factors(x, out)`` -> (a, b, ...): the rules multiply
+    the cotangent (or tangent) by them one by one, as derivatives.yaml's ``grad * a * b`` does
+    (``exp2``: ``grad * result * ln 2``), where multiplying by their product first would round
+    differently."""
+
+    def __init__(self, factors):
+        self.factors = factors
+
+
+def _times_each(v, factors):
+    for factor in factors:
+        v = mul(v, factor)
+    return v
+
+
 def unary_rules(prim, derivative):
     """Register the vjp, jvp and batching rules of an elementwise primitive of one input,
-    from ``derivative(x, out, **params)``, the derivative of its output (or ``Over``)."""
+    from ``derivative(x, out, **params)``, the derivative of its output (or ``Over``, or
+    ``Product``)."""
     if derivative is None:
         batching_rules[prim] = elementwise_batch(prim)
         return  # not differentiable: the rules of primitives.py say so
 
-    # ct * d, or ct / divisor for a formula given as Over(divisor)
-    combine, formula = ((ops.div, derivative.denominator) if isinstance(derivative, Over)
-                        else (ops.mul, derivative))
+    # ct * d, ct / divisor for a formula given as Over(divisor), ct * a * b for Product(a, b)
+    if isinstance(derivative, Over):
+        combine, formula, conjugate = ops.div, derivative.denominator, conj
+    elif isinstance(derivative, Product):
+        combine, formula = _times_each, derivative.factors
+        conjugate = lambda factors: [conj(f) for f in factors]  # noqa: E731
+    else:
+        combine, formula, conjugate = ops.mul, derivative, conj
 
     def vjp(x, **params):
         out = bind(prim, x, **params)
-        return out, lambda ct: (combine(ct, conj(formula(x, out, **params))),)
+        return out, lambda ct: (combine(ct, conjugate(formula(x, out, **params))),)
 
     def jvp(primals, tangents, **params):
         (x,), (x_dot,) = primals, tangents
@@ -146,7 +168,7 @@ asinh = unary("asinh", lambda x, out: rsqrt(add(square(x), 1)))
 acosh = unary("acosh", lambda x, out: mul(rsqrt(add(x, 1)), rsqrt(sub(x, 1)))
               if x.dtype.is_complex else rsqrt(sub(square(x), 1)))
 atanh = unary("atanh", Over(lambda x, out: one_minus_square(x)))
-exp2 = unary("exp2", lambda x, out: mul(out, math.log(2.0)))
+exp2 = unary("exp2", Product(lambda x, out: (out, math.log(2.0))))
 expm1 = unary("expm1", lambda x, out: add(out, 1))
 log2 = unary("log2", Over(lambda x, out: mul(x, math.log(2.0))))
 log10 = unary("log10", Over(lambda x, out: mul(x, math.log(10.0))))
@@ -166,8 +188,8 @@ def _number_over(y, x):
     return div(y, x)
 
 
-torch_api.register(torch.Tensor.__rtruediv__, torch.Tensor.__rdiv__)(
-    torch_api.reflected("__rtruediv__", _number_over))
+# (torch.Tensor.__rtruediv__ is torch.Tensor.__rdiv__: one function, under its own name)
+torch_api.register(torch.Tensor.__rdiv__)(torch_api.reflected("__rdiv__", _number_over))
 erf = unary("erf", lambda x, out: mul(exp(neg(square(x))), 2 / _SQRT_PI))
 erfc = unary("erfc", lambda x, out: mul(exp(neg(square(x))), -2 / _SQRT_PI))
 erfinv = unary("erfinv", lambda x, out: mul(exp(square(out)), _SQRT_PI / 2),
@@ -423,12 +445,14 @@ torch_api.register_in_place(torch.Tensor.clamp_, torch.Tensor.clip_)(clamp)
 
 
 # --- activations (torch.nn.functional) ------------------------------------------------------------
-def _silu_derivative(x, out):
+def _silu_factors(x, out):
+    # derivatives.yaml's infinitely differentiable form, which torch.func's transforms use
+    # (grad mode is on in them): grad * s * (1 + x * (1 - s))
     s = ops.sigmoid(x)
-    return mul(s, add(mul(x, sub(1, s)), 1))
+    return s, add(mul(x, sub(1, s)), 1)
 
 
-_silu = parametrized("silu", F.silu, _silu_derivative)
+_silu = parametrized("silu", F.silu, Product(_silu_factors))
 
 
 @torch_api.register_activation(F.silu)
@@ -811,9 +835,10 @@ register_fresh(tanh_backward_p, sigmoid_backward_p, threshold_backward_p)  # (fa
 # (eight of them) differed from torch.func's gradient in the last bit. The kernel is a
 # primitive of its own, linear in ct: its derivative in ct is gelu's derivative, and in x, ct
 # times the second derivative (derivatives.yaml's gelu_double_backward). The jvp is the same
-# kernel of the tangent, as derivatives.yaml's auto_element_wise makes it. (silu and mish are
-# not done so: with grad mode on, which it is inside torch.func's transforms, derivatives.yaml
-# picks their infinitely differentiable formulas, not the kernels.)
+# kernel of the tangent, as derivatives.yaml's auto_element_wise makes it. softplus and elu
+# (so selu and celu) are done the same way, with ``softplus_backward`` and ``elu_backward``.
+# (silu and mish are not: with grad mode on, which it is inside torch.func's transforms,
+# derivatives.yaml picks their infinitely differentiable formulas, not the kernels.)
 def fused_backward_of_input_rules(prim, backward_prim):
     """vjp and jvp of an activation whose derivative torch computes with a fused kernel of the
     cotangent (or tangent) and the input, ``backward_prim(ct, x, **params)``. (Complex inputs
@@ -845,4 +870,46 @@ register_fresh(gelu_backward_p)
 batching_rules[gelu_backward_p] = same_shape_batch(gelu_backward_p)
 aten_api.register(aten.gelu_backward.default)(
     lambda ct, x, approximate="none": bind(gelu_backward_p, ct, x, approximate=approximate))
+
+
+def _softplus_second_derivative(x, *, beta, threshold):
+    s = ops.sigmoid(mul(x, beta))
+    return where(gt(mul(x, beta), threshold), 0.0, mul(mul(s, sub(1, s)), beta))
+
+
+softplus_backward_p = P.primitive(
+    "softplus_backward",
+    lambda ct, x, *, beta, threshold: aten.softplus_backward(ct, x, beta, threshold))
+binary_rules(softplus_backward_p,
+             lambda ct, x, out, **params: _softplus_derivative(x, None, **params),
+             lambda ct, x, out, **params: mul(ct, _softplus_second_derivative(x, **params)))
+fused_backward_of_input_rules(P.PRIMITIVES["softplus"], softplus_backward_p)
+aten_api.register(aten.softplus_backward.default)(
+    lambda ct, x, beta, threshold: bind(softplus_backward_p, ct, x, beta=beta,
+                                        threshold=threshold))
+
+
+def _elu_second_derivative(x, *, alpha, scale, input_scale):
+    return where(gt(x, 0), 0.0, mul(exp(mul(x, input_scale)),
+                                    alpha * scale * input_scale * input_scale))
+
+
+elu_backward_p = P.primitive(
+    "elu_backward",
+    lambda ct, x, *, alpha, scale, input_scale: aten.elu_backward(ct, alpha, scale, input_scale,
+                                                                  False, x))
+binary_rules(elu_backward_p, lambda ct, x, out, **params: _elu_derivative(x, None, **params),
+             lambda ct, x, out, **params: mul(ct, _elu_second_derivative(x, **params)))
+fused_backward_of_input_rules(P.PRIMITIVES["elu"], elu_backward_p)
+register_fresh(softplus_backward_p, elu_backward_p)
+
+
+@aten_api.register(aten.elu_backward.default)
+def _elu_backward(ct, alpha, scale, input_scale, is_result, self_or_result):
+    if not is_result:
+        return bind(elu_backward_p, ct, self_or_result, alpha=alpha, scale=scale,
+                    input_scale=input_scale)
+    # from the result: (out + alpha * scale) * input_scale where it is not positive
+    out = self_or_result
+    return mul(ct, where(gt(out, 0), scale, mul(add(out, alpha * scale), input_scale)))
 
