@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torch.func as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,9 @@ BODIES = {
     "log_softmax(x) * softmax(y)": lambda x, y: (torch.log_softmax(x, -1) * torch.softmax(y, -1)
                                                  if x.dim() else x * y),
     "softmax(x * y) over dim 0": lambda x, y: torch.softmax(x * y, 0) if x.dim() else x * y,
+    "1.5 / x - y / (x + 3)": lambda x, y: 1.5 / x - y / (x + 3),
+    "silu(x) * softplus(y) + elu(x * y)": lambda x, y: (F.silu(x) * F.softplus(y)
+                                                       + F.elu(x * y)),
 }
 SHAPES = [(), (1,), (3,), (0,), (2, 3), (1, 2)]
 STEPS = ["vmap", "grad", "vjp", "jvp", "jacrev", "jacfwd"]
@@ -101,7 +105,8 @@ def inputs(shape, dtypes, steps, seed):
 
 # torch.func's garbage batch size (below) in the words of an op, or of the allocator, that
 # then meets it
-_GARBAGE_SIZE = re.compile(r"size of the tensor \(\d{10,}\)|tried to allocate \d{11,} bytes")
+_GARBAGE_SIZE = re.compile(r"size of the tensor \(\d{10,}\)|tried to allocate \d{11,} bytes|"
+                           r"\[\d{10,}[,\]]")  # (a list of sizes that starts with it)
 
 
 def run(api, body, steps, args):
