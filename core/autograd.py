@@ -96,10 +96,10 @@ class TapeEntry:
     """One recorded primitive: what ran, on which names, and its backward closure."""
 
     __slots__ = ("prim", "params", "inputs", "input_labels", "args", "output", "out_shape",
-                 "out_dtype", "backward")
+                 "out_dtype", "backward", "mixed_dtypes")
 
     def __init__(self, prim, params, inputs, input_labels, args, output, out_shape, out_dtype,
-                 backward):
+                 backward, *, mixed_dtypes=True):
         self.prim = prim
         self.params = params
         self.inputs = inputs  # a name per argument; None where the argument is a constant
@@ -109,6 +109,9 @@ class TapeEntry:
         self.out_shape = out_shape
         self.out_dtype = out_dtype
         self.backward = backward
+        # whether an input's dtype may differ from the output's: then the cotangents the
+        # backward makes are cast (NOTE [A cotangent takes its value's dtype])
+        self.mixed_dtypes = mixed_dtypes
 
     @property
     def saved(self) -> dict:
@@ -213,6 +216,14 @@ class Tape:
         return gradients
 
     def _propagate(self, seeds, record_steps):
+        # NOTE [A cotangent takes its value's dtype]
+        # torch's autograd engine casts each gradient it hands on to the dtype of the tensor it
+        # is the gradient of (validate_outputs in engine.cpp): in (tanh(x) * y).sum() with x
+        # float32 and y float64, tanh's backward gets a float32 cotangent, rounded once there.
+        # Computing on in float64 and casting at the end is more precise, and differs from
+        # torch.func in the last bit; so contributions are cast as they are made (and a seed
+        # when it is used), each to its value's dtype. (A complex cotangent of a real value is
+        # left to real_cotangents_of, which takes its real part.)
         check_nan = torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled()
         gradients = dict(seeds)
         steps = [BackwardStep(None, None, None, [(n, ct, ct) for n, ct in seeds.items()])]
@@ -221,6 +232,9 @@ class Tape:
             ct = gradients.get(entry.output)
             if ct is None:
                 continue
+            if entry.output in seeds and isinstance(ct, (torch.Tensor, Value)) and \
+                    ct.dtype != entry.out_dtype and _castable(ct.dtype, entry.out_dtype):
+                ct = ops.convert(ct, entry.out_dtype)
             _needs_stack.append(entry.inputs)
             try:
                 input_cts = entry.backward(ct)
@@ -233,9 +247,14 @@ class Tape:
             if check_nan:
                 _check_for_nan(self.call, entry, input_cts)
             contributions = []
-            for name, input_ct in zip(entry.inputs, input_cts):
+            for name, input_ct, arg in zip(entry.inputs, input_cts, entry.args):
                 if name is None or input_ct is None:
                     continue
+                if entry.mixed_dtypes and isinstance(arg, Value) and \
+                        isinstance(input_ct, (torch.Tensor, Value)):
+                    dtype = arg.metadata()[1]
+                    if input_ct.dtype != dtype and _castable(input_ct.dtype, dtype):
+                        input_ct = ops.convert(input_ct, dtype)
                 previous = gradients.get(name)
                 total = input_ct if previous is None else ops.add(previous, input_ct)
                 gradients[name] = total
@@ -273,6 +292,12 @@ class Tape:
 
     def _repr_pretty_(self, printer, cycle):
         printer.text(f"{self.level_name} tape ({len(self.entries)} entries)\n{self}")
+
+
+def _castable(ct_dtype, dtype):
+    """Whether a cotangent of ``ct_dtype`` is cast to ``dtype`` (NOTE [A cotangent takes its
+    value's dtype]): between floating dtypes, or real to complex; never complex to real."""
+    return (dtype.is_floating_point and ct_dtype.is_floating_point) or dtype.is_complex
 
 
 _active_captures: list[list] = []
@@ -385,13 +410,14 @@ class Autograd(Dispatcher):
         rule = vjp_rules.get(prim)
         if rule is None:
             raise missing_rule_error(prim, "vjp", "grad")
-        payloads, inputs, labels = [], [], []
+        payloads, inputs, labels, input_dtypes = [], [], [], set()
         for a in args:
             if type(a) is AutogradValue and a.dispatcher is self:
                 payloads.append(a.payload)
                 name = a.name
                 inputs.append(name)
                 labels.append(name)
+                input_dtypes.add(a.metadata()[1])
             else:
                 payloads.append(a)
                 inputs.append(None)
@@ -418,12 +444,13 @@ class Autograd(Dispatcher):
         if name in inputs:  # a rule returned its input unchanged: keep names distinct
             name = out._name = fresh_name()
         out_shape, dtype, _ = out.metadata()
+        mixed_dtypes = len(input_dtypes) > 1 or dtype not in input_dtypes
         if dtype.is_complex:
             if not complex_ok:
                 raise complex_not_supported(self, prim)
             backward = real_cotangents_of(payloads, inputs, backward)
         self.tape.record(TapeEntry(prim, params, inputs, labels, args, name, out_shape,
-                                   dtype, backward))
+                                   dtype, backward, mixed_dtypes=mixed_dtypes))
         return out
 
     def wrap_adopted(self, payload, original):

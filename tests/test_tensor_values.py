@@ -279,6 +279,26 @@ def test_gelu_kernel_under_nested_transforms_in_float32(approximate):
                                    tf.vmap(kernel, in_dims=in_dims)(*args))
 
 
+_MIXED_DTYPE_LOSSES = {
+    "tanh": torch.tanh, "sin": torch.sin, "chain": lambda v: (v.sin() * 2).exp() + v.cos(),
+    "matmul": lambda v: torch.tanh(v @ torch.linspace(-1, 1, 9 * 4).reshape(9, 4)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MIXED_DTYPE_LOSSES))
+def test_a_cotangent_takes_its_values_dtype_as_in_torch_func(name):
+    # NOTE [A cotangent takes its value's dtype]: a float32 model with float64 targets (numpy
+    # data) sends float64 cotangents back; torch casts each to float32 where it arrives
+    f = _MIXED_DTYPE_LOSSES[name]
+    x = torch.randn(3, 9, generator=torch.Generator().manual_seed(0))
+    target = torch.randn(3, 9 if name != "matmul" else 4, dtype=torch.float64)
+    loss = lambda v: ((f(v) - target) ** 2).mean()  # noqa: E731
+    assert torch.equal(mf.grad(loss)(x), tf.grad(loss)(x))
+    assert torch.equal(mf.vmap(mf.grad(loss))(x[:, None]), tf.vmap(tf.grad(loss))(x[:, None]))
+    ct = torch.randn_like(target)
+    assert torch.equal(mf.vjp(f, x)[1](ct)[0], tf.vjp(f, x)[1](ct)[0])
+
+
 _DIVISIONS = {
     "tensor / tensor": lambda x, y: x / y,
     "number / tensor": lambda x, y: 1.1 / x + y,  # Tensor.__rtruediv__: reciprocal(x) * 1.1
