@@ -9,12 +9,14 @@ bit-exact with torch.func:
 - avg_pool and adaptive_avg_pool, each with its backward kernel: two linear maps, each the
   other's transpose;
 - batch norm (training and eval), its statistics, and ``native_batch_norm_backward``;
+- layer norm, its statistics, and ``native_layer_norm_backward`` (NOTE [Layer norm: the fused
+  kernels as primitives]);
 - max pooling (adaptive and fractional max pooling too): its kernel gives the values, and the
   indices it computes in the same pass are a non-differentiable primitive through which every
   derivative goes (a gather of the tangent, a scatter-add of the cotangent).
 Everything else is written with ``ops`` at the front door, readable, and every transform
 handles it for free: constant padding (a primitive: its transpose is a crop) and the
-reflect, replicate and circular modes (gathers); layer, group and RMS norm; the losses
+reflect, replicate and circular modes (gathers); group and RMS norm; the losses
 (nll_loss and cross_entropy with weights, ignore_index and label smoothing, and the rest,
 replacing ops.py's simpler entries); interpolation (one matrix per dim, read off torch's
 kernels); grid_sample, unfold and fold (gathers and scatters); pixel shuffle, glu, prelu,
@@ -2030,9 +2032,12 @@ def _with_selected(args, positions, reference):
     return f, [shown[i] for i in positions]
 
 
-def _bn_backward_rules(prim):
-    def vjp(*args, training, eps):
-        out = bind(prim, *args, training=training, eps=eps)
+def _rules_from_reference(prim, reference_of):
+    """vjp and jvp rules for a backward kernel's primitive: those of ``reference_of(**params)``,
+    a function of tensors written with torch ops (torch's Python decomposition of the kernel),
+    differentiated by the engine itself."""
+    def vjp(*args, **params):
+        out = bind(prim, *args, **params)
 
         def backward(ct):
             from .transforms import vjp as vjp_transform
@@ -2040,8 +2045,7 @@ def _bn_backward_rules(prim):
                          if a is not None and wants_cotangent(i, a)]
             if not positions:
                 return (None,) * len(args)
-            f, selected = _with_selected(args, positions,
-                                         _bn_backward_reference(prim, training, eps))
+            f, selected = _with_selected(args, positions, reference_of(**params))
             _, pullback = vjp_transform(f, *selected)
             cts = unwrap_tree(pullback(as_tensor(ct)))
             result = [None] * len(args)
@@ -2050,18 +2054,22 @@ def _bn_backward_rules(prim):
             return tuple(result)
         return out, backward
 
-    def jvp(primals, tangents, *, training, eps):
+    def jvp(primals, tangents, **params):
         from .transforms import jvp as jvp_transform
-        out = bind(prim, *primals, training=training, eps=eps)
+        out = bind(prim, *primals, **params)
         positions = [i for i, t in enumerate(tangents) if t is not None]
-        f, selected = _with_selected(primals, positions,
-                                     _bn_backward_reference(prim, training, eps))
+        f, selected = _with_selected(primals, positions, reference_of(**params))
         _, out_dot = jvp_transform(f, tuple(selected),
                                    tuple(as_tensor(tangents[i]) for i in positions))
         return out, unwrap_tree(out_dot)
 
     vjp_rules[prim] = vjp
     jvp_rules[prim] = jvp
+
+
+def _bn_backward_rules(prim):
+    _rules_from_reference(
+        prim, lambda training, eps: _bn_backward_reference(prim, training, eps))
 
 
 _bn_backward_rules(batch_norm_backward_input_p)
@@ -2348,21 +2356,295 @@ def _native_batch_norm_backward(ct, x, weight, running_mean, running_var, save_m
     return grad_input, grad_weight, grad_bias
 
 
-# --- normalization: layer norm, group norm, and the rest -----------------------------------------
-# NOTE [Layer and group norm at the front door]
-# torch runs layer_norm and group_norm as fused kernels; their decompositions go through
-# var_mean and friends. Written here with mean, sub, mul and rsqrt they are a handful of ops
-# whose rules and batching rules are all native: per-example statistics under vmap come for
-# free, because the statistics are reductions over dims that one example owns.
-def _normalize_over(x, dims, eps):
-    """(x - mean) * rsqrt(var + eps) over ``dims``, and the mean and rstd (keepdim)."""
-    mean = ops.mean(x, dims, keepdim=True)
-    centered = ops.sub(x, mean)
-    variance = ops.mean(ops.mul(centered, centered), dims, keepdim=True)
-    rstd = elementwise.rsqrt(ops.add(variance, eps))
-    return ops.mul(centered, rstd), mean, rstd
+# --- normalization: layer norm -------------------------------------------------------------------
+# NOTE [Layer norm: the fused kernels as primitives]
+# torch.func runs native_layer_norm forward and native_layer_norm_backward backward, and its
+# forward mode is derivatives.yaml's layer_norm_jvp formula. As for batch norm (NOTE [Batch
+# norm: the fused kernels as primitives]), these kernels are primitives here, one per output,
+# so that grad, vmap(grad) and jvp of layer_norm are bit-exact with torch.func:
+# - layer_norm(x, w, b): the output;
+# - layer_norm_stats(x): the saved mean and rstd, stacked as (2, *lead, 1, ..., 1), kept from
+#   the forward's pass (NOTE [Kernels with two outputs]). Differentiable (the backward reads
+#   them, so a second derivative flows through them back to x);
+# - layer_norm_backward_input(ct, x, mean, rstd, w) and layer_norm_backward_params(ct, x, mean,
+#   rstd) (grad_weight and grad_bias stacked as (2, *normalized_shape)): the outputs of
+#   native_layer_norm_backward. Their own derivatives (second order) are those of torch's
+#   Python decomposition of that kernel, differentiated by the engine (`_rules_from_reference`),
+#   so they agree with torch.func to rounding, not bit for bit. (One exception: torch.func
+#   2.13's mixed block d/dx (dL/dw) of a hessian is off, not the transpose of its d/dw (dL/dx);
+#   ours is, and agrees with the formula differentiated by torch.func: tests/test_nn.py.)
+# native_layer_norm_backward has no entry at the aten door (as before): torch's double
+# backward of it differentiates through mean and rstd as functions of x, while the ones it is
+# given there are plain arguments, so an entry needs more than these primitives.
+# Under vmap the rules make the calls torch.func's batching rules make
+# (NOTE [Batching layer norm]). An input with no elements, or a weight or bias that is not
+# of normalized_shape and x's dtype, takes the formula path (`_layer_norm_formula`): the
+# kernels would refuse it or give what torch's composite does not.
+#
+# NOTE [Absent weight and bias]
+# A primitive's positional arguments are tensors (a trace records each as an operand, and
+# refuses None), and layer norm's weight and bias are optional. So layer_norm and
+# layer_norm_backward_input take only the ones given, after the tensors they always take, and
+# their ``affine`` parameter names them: ("weight", "bias"), ("weight",), ("bias",) or ().
+_kept_ln_statistics = _KeptOutput()
 
 
+def _affine(names, tensors):
+    """The weight and bias (None where absent) out of a primitive's trailing arguments
+    (NOTE [Absent weight and bias])."""
+    given = dict(zip(names, tensors))
+    return given.get("weight"), given.get("bias")
+
+
+def _bind_affine(prim, leading, weight=None, bias=None, **params):
+    """``bind(prim, *leading, *the given of weight and bias, affine=their names)``."""
+    present = [(name, value) for name, value in (("weight", weight), ("bias", bias))
+               if value is not None]
+    return bind(prim, *leading, *(value for _, value in present),
+                affine=tuple(name for name, _ in present), **params)
+
+
+def _ln_forward(x, *affine_args, normalized_shape, eps, affine):
+    """The output; the statistics the kernel also computes are kept for layer_norm_stats."""
+    weight, bias = _affine(affine, affine_args)
+    out, mean, rstd = aten.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
+    _kept_ln_statistics.keep(x, (normalized_shape, eps), (mean, rstd))
+    return out
+
+
+def _ln_stats(x, *, normalized_shape, eps):
+    kept = _kept_ln_statistics.take(x, (normalized_shape, eps))
+    if kept is None:
+        kept = aten.native_layer_norm(x, list(normalized_shape), None, None, eps)[1:]
+    return torch.stack(kept)
+
+
+def _ln_saved(mean, rstd):
+    """The statistics as the backward kernel reads them: it indexes them as contiguous
+    memory, so a view that is not (an expanded or moved batch under vmap) is copied first."""
+    return mean.contiguous(), rstd.contiguous()
+
+
+def _ln_backward_input(ct, x, mean, rstd, *affine_args, normalized_shape, affine):
+    weight, _ = _affine(affine, affine_args)
+    return aten.native_layer_norm_backward(ct, x, list(normalized_shape), *_ln_saved(mean, rstd),
+                                           weight, None, [True, False, False])[0]
+
+
+def _ln_backward_params(ct, x, mean, rstd, *, normalized_shape):
+    # grad_weight and grad_bias do not read the weight or the bias, but the kernel wants both
+    # defined to compute them
+    ones = torch.ones(normalized_shape, dtype=x.dtype, device=x.device)
+    zeros = torch.zeros(normalized_shape, dtype=x.dtype, device=x.device)
+    _, grad_weight, grad_bias = aten.native_layer_norm_backward(
+        ct, x, list(normalized_shape), *_ln_saved(mean, rstd), ones, zeros,
+        [False, True, True])
+    return torch.stack([grad_weight, grad_bias])
+
+
+layer_norm_p = P.primitive("layer_norm", _ln_forward)
+layer_norm_stats_p = P.primitive("layer_norm_stats", _ln_stats)
+layer_norm_backward_input_p = P.primitive("layer_norm_backward_input", _ln_backward_input)
+layer_norm_backward_params_p = P.primitive("layer_norm_backward_params", _ln_backward_params)
+register_fresh(layer_norm_p, layer_norm_stats_p, layer_norm_backward_input_p,
+               layer_norm_backward_params_p)
+
+
+def _trailing_dims(x, normalized_shape):
+    """The dims layer norm normalizes over: the last len(normalized_shape)."""
+    rank = len(shape_of(x))
+    return tuple(range(rank - len(normalized_shape), rank))
+
+
+def _ln_statistics(x, normalized_shape, eps):
+    stats = bind(layer_norm_stats_p, x, normalized_shape=normalized_shape, eps=eps)
+    return ops.getitem(stats, 0), ops.getitem(stats, 1)
+
+
+def layer_norm_vjp(x, *affine_args, normalized_shape, eps, affine):
+    out = bind(layer_norm_p, x, *affine_args, normalized_shape=normalized_shape, eps=eps,
+               affine=affine)
+    mean, rstd = _ln_statistics(x, normalized_shape, eps)  # NOTE [Kernels with two outputs]
+    weight, _ = _affine(affine, affine_args)
+
+    def backward(ct):
+        x_bar = None
+        if wants_cotangent(0, x):
+            x_bar = _bind_affine(layer_norm_backward_input_p, (ct, x, mean, rstd), weight,
+                                 normalized_shape=normalized_shape)
+        wanted = [wants_cotangent(i, a) for i, a in enumerate(affine_args, start=1)]
+        affine_bars = [None] * len(affine_args)
+        if any(wanted):
+            params = bind(layer_norm_backward_params_p, ct, x, mean, rstd,
+                          normalized_shape=normalized_shape)
+            affine_bars = [ops.getitem(params, 0 if name == "weight" else 1) if want else None
+                           for name, want in zip(affine, wanted)]
+        return (x_bar, *affine_bars)
+    return out, backward
+vjp_rules[layer_norm_p] = layer_norm_vjp
+
+
+def layer_norm_jvp(primals, tangents, *, normalized_shape, eps, affine):
+    """With c = x - mean and x_hat = c * rstd: the tangent of x_hat is
+    (x_dot - mean(x_dot)) * rstd + c * rstd_dot, where
+    rstd_dot = sum(-rstd^3 * (x_dot - mean(x_dot)) * c) / n, and the affine part gives
+    x_hat_dot * w + x_hat * w_dot + b_dot. The ops and their order are those of
+    FunctionsManual's layer_norm_jvp, which torch.func runs, so the tangent is bit-exact."""
+    (x, *affine_args), (x_dot, *affine_dots) = primals, tangents
+    out = bind(layer_norm_p, *primals, normalized_shape=normalized_shape, eps=eps,
+               affine=affine)
+    (weight, _), (w_dot, b_dot) = _affine(affine, affine_args), _affine(affine, affine_dots)
+    mean, rstd = _ln_statistics(x, normalized_shape, eps)
+    out_dot = None
+    if x_dot is not None:
+        dims = _trailing_dims(x, normalized_shape)
+        centered_dot = ops.sub(x_dot, ops.mean(x_dot, dims, keepdim=True))
+        slope = ops.mul(ops.neg(ops.power(rstd, 3)), centered_dot)
+        rstd_dot = ops.div(ops.sum(ops.mul(slope, ops.sub(x, mean)), dims, keepdim=True),
+                           math.prod(normalized_shape))
+        out_dot = ops.add(ops.mul(centered_dot, rstd), ops.mul(ops.sub(x, mean), rstd_dot))
+        if weight is not None:
+            out_dot = ops.mul(out_dot, weight)
+    if w_dot is not None:
+        x_hat = ops.mul(ops.sub(x, mean), rstd)
+        out_dot = add_tangents(out_dot, ops.mul(x_hat, w_dot))
+    if b_dot is not None:
+        out_dot = ops.add(ops.zeros_like(out) if out_dot is None else out_dot, b_dot)
+    return out, out_dot
+jvp_rules[layer_norm_p] = layer_norm_jvp
+
+
+def layer_norm_stats_vjp(x, *, normalized_shape, eps):
+    """d mean / dx = 1/n and d rstd / dx = -rstd^3 (x - mean) / n, per normalized group."""
+    out = bind(layer_norm_stats_p, x, normalized_shape=normalized_shape, eps=eps)
+    n = math.prod(normalized_shape)
+
+    def backward(ct):
+        mean, rstd = ops.getitem(out, 0), ops.getitem(out, 1)
+        ct_mean, ct_rstd = ops.getitem(ct, 0), ops.getitem(ct, 1)
+        scale = ops.mul(ops.mul(ct_rstd, ops.power(rstd, 3)), -1.0 / n)
+        return (ops.add(ops.div(ct_mean, n), ops.mul(scale, ops.sub(x, mean))),)
+    return out, backward
+vjp_rules[layer_norm_stats_p] = layer_norm_stats_vjp
+
+
+def layer_norm_stats_jvp(primals, tangents, *, normalized_shape, eps):
+    (x,), (x_dot,) = primals, tangents
+    out = bind(layer_norm_stats_p, x, normalized_shape=normalized_shape, eps=eps)
+    dims = _trailing_dims(x, normalized_shape)
+    mean, rstd = ops.getitem(out, 0), ops.getitem(out, 1)
+    mean_dot = ops.mean(x_dot, dims, keepdim=True)
+    rstd_dot = ops.mul(ops.mean(ops.mul(ops.sub(x, mean), x_dot), dims, keepdim=True),
+                       ops.neg(ops.power(rstd, 3)))
+    return out, ops.stack([mean_dot, rstd_dot])
+jvp_rules[layer_norm_stats_p] = layer_norm_stats_jvp
+
+
+def _ln_backward_reference(prim, normalized_shape, affine=()):
+    """The primitive's output, from torch's Python decomposition of
+    native_layer_norm_backward: a function of tensors, for the engine to differentiate."""
+    decomposition = torch._decomp.decomposition_table[aten.native_layer_norm_backward.default]
+    shape = list(normalized_shape)
+    if prim is layer_norm_backward_input_p:
+        def reference(ct, x, mean, rstd, *affine_args):
+            weight, _ = _affine(affine, affine_args)
+            return decomposition(ct, x, shape, mean, rstd, weight, None,
+                                 [True, False, False])[0]
+    else:
+        def reference(ct, x, mean, rstd):
+            ones = torch.ones(shape, dtype=x.dtype, device=x.device)
+            _, grad_weight, grad_bias = decomposition(ct, x, shape, mean, rstd, ones,
+                                                      ones, [False, True, True])
+            return torch.stack([grad_weight, grad_bias])
+    return reference
+
+
+for _prim in (layer_norm_backward_input_p, layer_norm_backward_params_p):
+    _rules_from_reference(_prim, functools.partial(_ln_backward_reference, _prim))
+
+
+# NOTE [Batching layer norm]
+# Layer norm normalizes the trailing dims, which one example owns: a batch dim moved to the
+# front is one more leading dim, and one kernel call serves the batch. The rules below make
+# the calls functorch's batching rules for these kernels (BatchRulesNorm.cpp) make, so that
+# vmap(grad) stays bit-exact with torch.func:
+# - the forward with a batched weight or bias (per-example weights, as in model ensembles):
+#   the kernel without them, then an ordinary multiply and add;
+# - the backward, whenever anything is batched: the input's gradient is the kernel's with no
+#   weight, given ct * w; grad_weight is sum(((x - mean) * rstd) * ct) and grad_bias sum(ct),
+#   over the leading dims (but the batch dim).
+def _ln_front(value, bdim, b):
+    """A batched payload with its batch dim in front; an unbatched one expanded to ``b``."""
+    if bdim is None:
+        return ops.expand(ops.unsqueeze(value, 0), b, *shape_of(value))
+    return _front(value, bdim)
+
+
+def _ln_affine_front(value, bdim, rank):
+    """A weight or bias of normalized_shape, broadcastable against a front-batched tensor of
+    logical rank ``rank``: (B, 1, ..., 1, *normalized_shape) when batched."""
+    if value is None or bdim is None:
+        return value
+    value = _front(value, bdim)
+    shape = shape_of(value)
+    return ops.reshape(value, shape[0], *([1] * (rank - len(shape) + 1)), *shape[1:])
+
+
+def layer_norm_batch(values, bdims, *, normalized_shape, eps, affine):
+    (x, *affine_args), (x_bdim, *affine_bdims) = values, bdims
+    (weight, bias), (w_bdim, b_bdim) = _affine(affine, affine_args), _affine(affine, affine_bdims)
+    rank = len(shape_of(x)) - (x_bdim is not None)
+    if x_bdim is not None:
+        x = _front(x, x_bdim)
+    if w_bdim is None and b_bdim is None:
+        return bind(layer_norm_p, x, *affine_args, normalized_shape=normalized_shape, eps=eps,
+                    affine=affine), 0
+    out = bind(layer_norm_p, x, normalized_shape=normalized_shape, eps=eps, affine=())
+    if weight is not None:
+        out = ops.mul(out, _ln_affine_front(weight, w_bdim, rank))
+    if bias is not None:
+        out = ops.add(out, _ln_affine_front(bias, b_bdim, rank))
+    return out, 0
+batching_rules[layer_norm_p] = layer_norm_batch
+
+
+def layer_norm_stats_batch(values, bdims, *, normalized_shape, eps):
+    (x,), (x_bdim,) = values, bdims
+    return bind(layer_norm_stats_p, _front(x, x_bdim), normalized_shape=normalized_shape,
+                eps=eps), 1
+batching_rules[layer_norm_stats_p] = layer_norm_stats_batch
+
+
+def layer_norm_backward_input_batch(values, bdims, *, normalized_shape, affine):
+    (ct, x, mean, rstd, *affine_args), (ct_bdim, x_bdim, m_bdim, r_bdim, *affine_bdims) = \
+        values, bdims
+    (weight, _), (w_bdim, _) = _affine(affine, affine_args), _affine(affine, affine_bdims)
+    b = batch_size(values, bdims)
+    rank = len(shape_of(x)) - (x_bdim is not None)
+    ct = ct if ct_bdim is None else _front(ct, ct_bdim)
+    if weight is not None:
+        ct = ops.mul(ct, _ln_affine_front(weight, w_bdim, rank))
+    if len(shape_of(ct)) == rank:  # nothing batched in ct * w
+        ct = _ln_front(ct, None, b)
+    return bind(layer_norm_backward_input_p, ct, _ln_front(x, x_bdim, b),
+                _ln_front(mean, m_bdim, b), _ln_front(rstd, r_bdim, b),
+                normalized_shape=normalized_shape, affine=()), 0
+batching_rules[layer_norm_backward_input_p] = layer_norm_backward_input_batch
+
+
+def layer_norm_backward_params_batch(values, bdims, *, normalized_shape):
+    b = batch_size(values, bdims)
+    ct, x, mean, rstd = (_ln_front(v, bdim, b) for v, bdim in zip(values, bdims))
+    lead = tuple(range(1, len(shape_of(x)) - len(normalized_shape)))
+    grad_weight = ops.mul(ops.mul(ops.sub(x, mean), rstd), ct)
+    grad_bias = ct
+    if lead:
+        grad_weight, grad_bias = ops.sum(grad_weight, lead), ops.sum(grad_bias, lead)
+    return ops.stack([grad_weight, grad_bias]), 1
+batching_rules[layer_norm_backward_params_p] = layer_norm_backward_params_batch
+
+
+# --- layer norm: the doors -----------------------------------------------------------------------
 def _normalized_dims(op, x, normalized_shape):
     """The trailing dims that layer_norm and rms_norm normalize over, checked as torch does:
     at least one, and the input's last sizes equal to ``normalized_shape``."""
@@ -2382,17 +2664,47 @@ def _normalized_dims(op, x, normalized_shape):
     return tuple(range(len(shape) - k, len(shape)))
 
 
-def _layer_norm(x, normalized_shape, weight, bias, eps):
-    _refuse_complex("layer_norm", x, weight, bias)
-    normalized_shape = _ntuple(normalized_shape, 1, "normalized_shape", "layer_norm") \
-        if isinstance(normalized_shape, int) else tuple(int(s) for s in normalized_shape)
-    dims = _normalized_dims("layer_norm", x, normalized_shape)
+def _normalize_over(x, dims, eps):
+    """(x - mean) * rsqrt(var + eps) over ``dims``, and the mean and rstd (keepdim)."""
+    mean = ops.mean(x, dims, keepdim=True)
+    centered = ops.sub(x, mean)
+    variance = ops.mean(ops.mul(centered, centered), dims, keepdim=True)
+    rstd = elementwise.rsqrt(ops.add(variance, eps))
+    return ops.mul(centered, rstd), mean, rstd
+
+
+def _layer_norm_formula(x, dims, weight, bias, eps):
+    """Layer norm written with ops: the path for what the kernels do not serve."""
     out, mean, rstd = _normalize_over(x, dims, eps)
     if weight is not None:
         out = ops.mul(out, weight)
     if bias is not None:
         out = ops.add(out, bias)
     return out, mean, rstd
+
+
+def _kernels_serve(x, normalized_shape, weight, bias):
+    """Whether the fused kernels compute this layer norm (NOTE [Layer norm: the fused kernels
+    as primitives]): an input with elements, and a weight and bias (if any) of
+    normalized_shape and of the input's dtype."""
+    if math.prod(shape_of(x)) == 0:
+        return False
+    return all(p is None or (tuple(shape_of(p)) == normalized_shape and p.dtype == x.dtype)
+               for p in (weight, bias))
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    """layer_norm's output, mean and rstd (the statistics as native_layer_norm gives them)."""
+    _refuse_complex("layer_norm", x, weight, bias)
+    normalized_shape = _ntuple(normalized_shape, 1, "normalized_shape", "layer_norm") \
+        if isinstance(normalized_shape, int) else tuple(int(s) for s in normalized_shape)
+    dims = _normalized_dims("layer_norm", x, normalized_shape)
+    eps = float(eps)
+    if not _kernels_serve(x, normalized_shape, weight, bias):
+        return _layer_norm_formula(x, dims, weight, bias, eps)
+    out = _bind_affine(layer_norm_p, (x,), weight, bias, normalized_shape=normalized_shape,
+                       eps=eps)
+    return (out, *_ln_statistics(x, normalized_shape, eps))
 
 
 @torch_api.register(F.layer_norm)
@@ -2416,6 +2728,14 @@ aten_api.register(aten.native_layer_norm.default)(
     _without_derivative(_layer_norm(x, normalized_shape, weight, bias, eps)))
 
 
+# --- normalization: group norm, and the rest -----------------------------------------------------
+# NOTE [Group norm at the front door]
+# torch runs group_norm as a fused kernel; its decomposition goes through var_mean and
+# friends. Written here with mean, sub, mul and rsqrt (`_normalize_over`) it is a handful of
+# ops whose rules and batching rules are all native: per-example statistics under vmap come
+# for free, because the statistics are reductions over dims that one example owns. Unlike
+# layer norm (NOTE [Layer norm: the fused kernels as primitives]) its derivatives are thus
+# torch.func's to rounding, not bit for bit.
 def _group_norm(x, num_groups, weight, bias, eps):
     _refuse_complex("group_norm", x, weight, bias)
     shape = shape_of(x)

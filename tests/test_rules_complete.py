@@ -50,6 +50,13 @@ SAMPLES = {
     "div_rounding": ((x23, torch.ones(3, dtype=torch.float64)), {"rounding_mode": "floor"}),
     "softplus_backward": ((x23, x23), {"beta": 2.0, "threshold": 1.5}),
     "elu_backward": ((x23, x23), {"alpha": 0.7, "scale": 1.2, "input_scale": 0.9}),
+    "layer_norm": ((x23, torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)),
+                   {"normalized_shape": (3,), "eps": 1e-5, "affine": ("weight", "bias")}),
+    "layer_norm_stats": ((x23,), {"normalized_shape": (3,), "eps": 1e-5}),
+    "layer_norm_backward_input": ((x23, x23, x23[:, :1], x23[:, :1].abs()),
+                                  {"normalized_shape": (3,), "affine": ()}),
+    "layer_norm_backward_params": ((x23, x23, x23[:, :1], x23[:, :1].abs()),
+                                   {"normalized_shape": (3,)}),
 }
 
 
