@@ -54,6 +54,14 @@ INPLACE_METHODS = {
 }
 
 
+def register_inplace(prim):
+    """Give an elementwise primitive computed by ``torch.<name>`` its in-place method, if torch
+    has one (``atan`` -> ``atan_``; ``maximum`` has none)."""
+    method = f"{prim.name}_"
+    if prim.impl is getattr(torch, prim.name, None) and hasattr(torch.Tensor, method):
+        INPLACE_METHODS[prim] = method
+
+
 # primitives beside INPLACE_METHODS' whose result is memory of their own, never a view or an
 # operand returned as it is (convert to the same dtype, detach and the shape ops are not)
 FRESH_RESULTS = {P.where_p, P.sum_p, P.mean_p, P.amax_p, P.amin_p, P.logsumexp_p,
@@ -64,20 +72,6 @@ FRESH_RESULTS = {P.where_p, P.sum_p, P.mean_p, P.amax_p, P.amin_p, P.logsumexp_p
 def register_fresh(*prims):
     """Say that each of ``prims`` returns memory of its own (a fused kernel, a linear layer)."""
     FRESH_RESULTS.update(prims)
-
-
-# primitives whose number operand (the second) may be a 0-d tensor of the result's dtype
-NUMBER_OPERAND_PRIMS = frozenset({P.add_p, P.sub_p, P.mul_p, P.div_p})
-_NUMBER_TENSOR_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64,
-                                   torch.complex128})
-
-
-def register_inplace(prim):
-    """Give an elementwise primitive computed by ``torch.<name>`` its in-place method, if torch
-    has one (``atan`` -> ``atan_``; ``maximum`` has none)."""
-    method = f"{prim.name}_"
-    if prim.impl is getattr(torch, prim.name, None) and hasattr(torch.Tensor, method):
-        INPLACE_METHODS[prim] = method
 
 
 def reusable_equations(program) -> frozenset:
@@ -133,6 +127,12 @@ def unless_recorded(reusing, plain, constants):
                     return plain(*tensors)
         return reusing(*tensors)
     return run
+
+
+# primitives whose number operand (the second) may be a 0-d tensor of the result's dtype
+NUMBER_OPERAND_PRIMS = frozenset({P.add_p, P.sub_p, P.mul_p, P.div_p})
+_NUMBER_TENSOR_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64,
+                                   torch.complex128})
 
 
 def number_operand_tensor(equation):
