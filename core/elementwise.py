@@ -835,8 +835,9 @@ register_fresh(tanh_backward_p, sigmoid_backward_p, threshold_backward_p)  # (fa
 # (eight of them) differed from torch.func's gradient in the last bit. The kernel is a
 # primitive of its own, linear in ct: its derivative in ct is gelu's derivative, and in x, ct
 # times the second derivative (derivatives.yaml's gelu_double_backward). The jvp is the same
-# kernel of the tangent, as derivatives.yaml's auto_element_wise makes it. softplus and elu
-# (so selu and celu) are done the same way, with ``softplus_backward`` and ``elu_backward``.
+# kernel of the tangent, as derivatives.yaml's auto_element_wise makes it. softplus, elu (so
+# selu and celu) and logsigmoid are done the same way, with ``softplus_backward``,
+# ``elu_backward`` and ``log_sigmoid_backward``.
 # (silu and mish are not: with grad mode on, which it is inside torch.func's transforms,
 # derivatives.yaml picks their infinitely differentiable formulas, not the kernels.)
 def fused_backward_of_input_rules(prim, backward_prim):
@@ -902,6 +903,21 @@ binary_rules(elu_backward_p, lambda ct, x, out, **params: _elu_derivative(x, Non
              lambda ct, x, out, **params: mul(ct, _elu_second_derivative(x, **params)))
 fused_backward_of_input_rules(P.PRIMITIVES["elu"], elu_backward_p)
 register_fresh(softplus_backward_p, elu_backward_p)
+
+
+# logsigmoid's kernel reads a buffer that torch's forward fills (on the CPU; on CUDA it is
+# empty): the primitive computes it again from x, one elementwise pass, so that it is a
+# function of (ct, x) alone. The kernel's operands have one shape (it writes the buffer's).
+log_sigmoid_backward_p = P.primitive(
+    "log_sigmoid_backward",
+    lambda ct, x: aten.log_sigmoid_backward(ct, x, aten.log_sigmoid_forward(x)[1]))
+binary_rules(log_sigmoid_backward_p, lambda ct, x, out: ops.sigmoid(neg(x)),
+             lambda ct, x, out: mul(ct, neg(mul(ops.sigmoid(x), ops.sigmoid(neg(x))))))
+fused_backward_of_input_rules(P.PRIMITIVES["log_sigmoid"], log_sigmoid_backward_p)
+batching_rules[log_sigmoid_backward_p] = same_shape_batch(log_sigmoid_backward_p)
+aten_api.register(aten.log_sigmoid_backward.default)(
+    lambda ct, x, buffer: bind(log_sigmoid_backward_p, ct, x))
+register_fresh(log_sigmoid_backward_p)
 
 
 @aten_api.register(aten.elu_backward.default)

@@ -292,6 +292,11 @@ OPS: list[OpCase] = [
           lambda ct, x: torch.ops.aten.elu_backward(ct, 0.7, 1.2, 0.9, True,
                                                     torch.ops.aten.elu(x, 0.7, 1.2, 0.9)),
           lambda g: (normal(g, 2, 3), normal(g, 2, 3)), diff=(0, 1), hessian=True),
+    _case("log_sigmoid_backward",
+          lambda ct, x: torch.ops.aten.log_sigmoid_backward(
+              ct, x, torch.ops.aten.log_sigmoid_forward(x)[1]),
+          lambda g: (normal(g, 2, 3), normal(g, 2, 3)), diff=(0, 1), hessian=True),
+    _unary("logsigmoid", F.logsigmoid),
     _unary("softplus", lambda x: F.softplus(x, 2.0, 1.5)),
     _unary("elu", lambda x: F.elu(x, 0.7)),
     _unary("selu", F.selu),

@@ -49,6 +49,7 @@ SAMPLES = {
     "to_device": ((x23,), {"device": torch.device("cpu")}),
     "div_rounding": ((x23, torch.ones(3, dtype=torch.float64)), {"rounding_mode": "floor"}),
     "softplus_backward": ((x23, x23), {"beta": 2.0, "threshold": 1.5}),
+    "log_sigmoid_backward": ((x23, x23), {}),
     "elu_backward": ((x23, x23), {"alpha": 0.7, "scale": 1.2, "input_scale": 0.9}),
     "layer_norm": ((x23, torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)),
                    {"normalized_shape": (3,), "eps": 1e-5, "affine": ("weight", "bias")}),
