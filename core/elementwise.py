@@ -462,7 +462,9 @@ def silu(x):
 
 
 def _mish_derivative(x, out):
-    tanh_softplus = ops.tanh(softplus(x))
+    # derivatives.yaml's infinitely differentiable form (grad mode is on in torch.func's
+    # transforms), whose softplus is log1p(exp(x)), without softplus's threshold
+    tanh_softplus = ops.tanh(log1p(exp(x)))
     return add(tanh_softplus, mul(mul(x, ops.sigmoid(x)), one_minus_square(tanh_softplus)))
 
 

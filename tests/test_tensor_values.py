@@ -234,6 +234,7 @@ _EXACT_ACTIVATIONS = {
     "silu": F.silu, "softplus": F.softplus, "softplus(beta=2, threshold=1)":
     lambda x: F.softplus(x, 2.0, 1.0), "elu": F.elu, "elu(alpha=0.5)": lambda x: F.elu(x, 0.5),
     "selu": F.selu, "celu(alpha=0.7)": lambda x: F.celu(x, 0.7), "logsigmoid": F.logsigmoid,
+    "mish": F.mish,
 }
 
 
