@@ -325,14 +325,15 @@ def mvlgamma(x, p):
     return _mvlgamma(x, p=int(p))
 
 
-def _logit_derivative(x, out, *, eps):
-    derivative = reciprocal(mul(x, sub(1, x)))
-    if eps is None:
-        return derivative
-    return where(logical_and(ge(x, eps), le(x, 1 - eps)), derivative, 0.0)
+def _logit_divisor(x, out, *, eps):
+    # derivatives.yaml's infinitely differentiable form (grad mode is on in torch.func's
+    # transforms): grad / (x (1 - x)) where x is in [eps, 1 - eps] (in [0, 1] without eps),
+    # else 0 with eps and nan without; dividing by inf or nan there gives the same
+    low, high, elsewhere = (0.0, 1.0, math.nan) if eps is None else (eps, 1 - eps, math.inf)
+    return where(logical_and(ge(x, low), le(x, high)), mul(x, sub(1, x)), elsewhere)
 
 
-_logit = parametrized("logit", lambda x, *, eps: torch.logit(x, eps), _logit_derivative)
+_logit = parametrized("logit", lambda x, *, eps: torch.logit(x, eps), Over(_logit_divisor))
 
 
 @torch_api.register(*torch_api.torch_functions("logit"), torch.special.logit)

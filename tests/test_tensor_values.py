@@ -300,6 +300,19 @@ def test_a_cotangent_takes_its_values_dtype_as_in_torch_func(name):
     assert torch.equal(mf.vjp(f, x)[1](ct)[0], tf.vjp(f, x)[1](ct)[0])
 
 
+@pytest.mark.parametrize("eps", [None, 0.01])
+def test_logit_derivatives_are_torch_funcs_inside_and_outside_its_domain(eps):
+    # derivatives.yaml: grad / (x (1 - x)) inside [eps, 1 - eps], else 0 (nan without eps,
+    # where the value is nan too); the engine gave a finite gradient outside [0, 1]
+    x = torch.cat([torch.rand(50, generator=torch.Generator().manual_seed(0)),
+                   torch.tensor([-0.5, 1.5, 0.0, 1.0, 0.001, 0.999])])
+    t = torch.randn(56, generator=torch.Generator().manual_seed(1))
+    f = lambda v: torch.logit(v, eps)  # noqa: E731
+    same = dict(rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(mf.vjp(f, x)[1](t)[0], tf.vjp(f, x)[1](t)[0], **same)
+    torch.testing.assert_close(mf.jvp(f, (x,), (t,))[1], tf.jvp(f, (x,), (t,))[1], **same)
+
+
 _DIVISIONS = {
     "tensor / tensor": lambda x, y: x / y,
     "number / tensor": lambda x, y: 1.1 / x + y,  # Tensor.__rtruediv__: reciprocal(x) * 1.1
