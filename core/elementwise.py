@@ -750,6 +750,35 @@ igamma = binary("igamma", NotImplemented, lambda x, y, out: _igamma_dy(x, y),
 igammac = binary("igammac", NotImplemented, lambda x, y, out: neg(_igamma_dy(x, y)),
                  functions=(*torch_api.torch_functions("igammac"), torch.special.gammaincc))
 complex_ready(P.PRIMITIVES["logaddexp"])  # holomorphic, checked (NOTE [Complex numbers])
+
+
+# atan2's rules in derivatives.yaml's own order, which the partial-derivative form above does
+# not reach: the vjp multiplies (grad * y) * r and (grad * -x) * r, with r = 1 / (x^2 + y^2),
+# and the jvp is (y x_dot - x y_dot) / (x^2 + y^2), a missing tangent left out
+def _atan2_vjp(x, y):
+    out = bind(P.PRIMITIVES["atan2"], x, y)
+
+    def backward(ct):
+        r = reciprocal(add(square(x), square(y)))
+        x_bar = (sum_to_size(mul(mul(ct, y), r), ops.shape_of(x))
+                 if wants_cotangent(0, x) else None)
+        y_bar = (sum_to_size(mul(mul(ct, neg(x)), r), ops.shape_of(y))
+                 if wants_cotangent(1, y) else None)
+        return x_bar, y_bar
+    return out, backward
+
+
+def _atan2_jvp(primals, tangents):
+    (x, y), (x_dot, y_dot) = primals, tangents
+    out = bind(P.PRIMITIVES["atan2"], x, y)
+    numerator = add_tangents(None if x_dot is None else mul(y, x_dot),
+                             None if y_dot is None else neg(mul(x, y_dot)))
+    out_dot = div(numerator, add(square(x), square(y)))
+    return out, broadcast_tangent(out_dot, ops.shape_of(out))
+
+
+vjp_rules[P.PRIMITIVES["atan2"]] = _atan2_vjp
+jvp_rules[P.PRIMITIVES["atan2"]] = _atan2_jvp
 # zero derivative wherever there is one
 # nextafter(x, y) moves x by one ulp: torch differentiates it as x itself
 nextafter = binary("nextafter", lambda x, y, out: full_like(out, 1), None)
