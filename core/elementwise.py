@@ -627,11 +627,23 @@ def _as_tensor_like(v, like):
     return torch.tensor(v, dtype=like.dtype, device=like.device)
 
 
+class OfGrad:
+    """A partial derivative written as what it does to the incoming gradient (or tangent),
+    ``apply(grad, x, y, out)``, in derivatives.yaml's order: hypot's ``grad * self / result``
+    is (grad * x) / out, where grad * (x / out) rounds differently. For real inputs (no conj
+    is taken: a primitive with one is not complex_ready)."""
+
+    def __init__(self, apply):
+        self.apply = apply
+
+
 def binary_rules(prim, dx, dy):
     """Register the rules of an elementwise primitive of two broadcasting inputs, from the
     derivatives of its output with respect to each (``None``: zero; ``NotImplemented``:
-    torch has no formula either, so asking for that derivative is refused)."""
-    def partial(formula, which, x, y, out, params):
+    torch has no formula either, so asking for that derivative is refused; ``OfGrad``: what
+    the derivative does to a gradient)."""
+    def times(g, formula, which, x, y, out, params, conjugate):
+        """g times the partial derivative (conjugated, for a vjp)."""
         if formula is NotImplemented:
             raise MissingRuleError(
                 f"{prim.name}: the derivative with respect to its {which} argument is not "
@@ -639,7 +651,11 @@ def binary_rules(prim, dx, dy):
                 "respect to the other argument only."
             )
         like = x if _is_tensor(x) else y
-        return formula(_as_tensor_like(x, like), _as_tensor_like(y, like), out, **params)
+        x, y = _as_tensor_like(x, like), _as_tensor_like(y, like)
+        if isinstance(formula, OfGrad):
+            return formula.apply(g, x, y, out, **params)
+        derivative = formula(x, y, out, **params)
+        return mul(g, conj(derivative) if conjugate else derivative)
 
     def vjp(x, y, **params):
         out = bind(prim, x, y, **params)
@@ -647,10 +663,10 @@ def binary_rules(prim, dx, dy):
         def backward(ct):
             x_bar = y_bar = None
             if dx is not None and wants_cotangent(0, x):
-                x_bar = sum_to_size(mul(ct, conj(partial(dx, "first", x, y, out, params))),
+                x_bar = sum_to_size(times(ct, dx, "first", x, y, out, params, True),
                                     ops.shape_of(x))
             if dy is not None and wants_cotangent(1, y):
-                y_bar = sum_to_size(mul(ct, conj(partial(dy, "second", x, y, out, params))),
+                y_bar = sum_to_size(times(ct, dy, "second", x, y, out, params, True),
                                     ops.shape_of(y))
             return x_bar, y_bar
         return out, backward
@@ -660,9 +676,9 @@ def binary_rules(prim, dx, dy):
         out = bind(prim, x, y, **params)
         out_dot = None
         if dx is not None and x_dot is not None:
-            out_dot = mul(x_dot, partial(dx, "first", x, y, out, params))
+            out_dot = times(x_dot, dx, "first", x, y, out, params, False)
         if dy is not None and y_dot is not None:
-            out_dot = add_tangents(out_dot, mul(y_dot, partial(dy, "second", x, y, out, params)))
+            out_dot = add_tangents(out_dot, times(y_dot, dy, "second", x, y, out, params, False))
         if out_dot is None:
             out_dot = ops.zeros_like(out)
         return out, broadcast_tangent(out_dot, ops.shape_of(out))
@@ -697,6 +713,11 @@ def binary(name, dx, dy, *, impl=None, functions=None, aten_ops=None):
     return op
 
 
+def _atan2_r(x, y):
+    """derivatives.yaml's recip of atan2: 1 / (x^2 + y^2)."""
+    return reciprocal(add(square(x), square(y)))
+
+
 def _shared_on_ties(x, y, picked):
     """maximum and minimum: the chosen input gets the cotangent, ties share it evenly."""
     return where(eq(x, y), 0.5, where(picked, 1.0, 0.0))
@@ -713,9 +734,10 @@ def _igamma_dy(x, y):
 
 
 # One line per primitive: name, d out / d x, d out / d y, as functions of (x, y, out).
-atan2 = binary("atan2", lambda x, y, out: div(y, add(square(x), square(y))),
-               lambda x, y, out: neg(div(x, add(square(x), square(y)))))
-hypot = binary("hypot", lambda x, y, out: div(x, out), lambda x, y, out: div(y, out))
+atan2 = binary("atan2", OfGrad(lambda g, x, y, out: mul(mul(g, y), _atan2_r(x, y))),
+               OfGrad(lambda g, x, y, out: mul(mul(g, neg(x)), _atan2_r(x, y))))
+hypot = binary("hypot", OfGrad(lambda g, x, y, out: div(mul(g, x), out)),
+               OfGrad(lambda g, x, y, out: div(mul(g, y), out)))
 maximum = binary("maximum", lambda x, y, out: _shared_on_ties(x, y, gt(x, y)),
                  lambda x, y, out: _shared_on_ties(x, y, lt(x, y)))
 minimum = binary("minimum", lambda x, y, out: _shared_on_ties(x, y, lt(x, y)),
@@ -752,22 +774,8 @@ igammac = binary("igammac", NotImplemented, lambda x, y, out: neg(_igamma_dy(x, 
 complex_ready(P.PRIMITIVES["logaddexp"])  # holomorphic, checked (NOTE [Complex numbers])
 
 
-# atan2's rules in derivatives.yaml's own order, which the partial-derivative form above does
-# not reach: the vjp multiplies (grad * y) * r and (grad * -x) * r, with r = 1 / (x^2 + y^2),
-# and the jvp is (y x_dot - x y_dot) / (x^2 + y^2), a missing tangent left out
-def _atan2_vjp(x, y):
-    out = bind(P.PRIMITIVES["atan2"], x, y)
-
-    def backward(ct):
-        r = reciprocal(add(square(x), square(y)))
-        x_bar = (sum_to_size(mul(mul(ct, y), r), ops.shape_of(x))
-                 if wants_cotangent(0, x) else None)
-        y_bar = (sum_to_size(mul(mul(ct, neg(x)), r), ops.shape_of(y))
-                 if wants_cotangent(1, y) else None)
-        return x_bar, y_bar
-    return out, backward
-
-
+# atan2's jvp is derivatives.yaml's own, (y x_dot - x y_dot) / (x^2 + y^2) with a missing
+# tangent left out, not the sum of its vjp's terms (which round differently)
 def _atan2_jvp(primals, tangents):
     (x, y), (x_dot, y_dot) = primals, tangents
     out = bind(P.PRIMITIVES["atan2"], x, y)
@@ -777,7 +785,6 @@ def _atan2_jvp(primals, tangents):
     return out, broadcast_tangent(out_dot, ops.shape_of(out))
 
 
-vjp_rules[P.PRIMITIVES["atan2"]] = _atan2_vjp
 jvp_rules[P.PRIMITIVES["atan2"]] = _atan2_jvp
 # zero derivative wherever there is one
 # nextafter(x, y) moves x by one ulp: torch differentiates it as x itself

@@ -300,9 +300,9 @@ def test_a_cotangent_takes_its_values_dtype_as_in_torch_func(name):
     assert torch.equal(mf.vjp(f, x)[1](ct)[0], tf.vjp(f, x)[1](ct)[0])
 
 
-def test_atan2_derivatives_are_bit_exact_with_torch_func():
-    # derivatives.yaml's order: (grad * y) * r, (grad * -x) * r with r = 1 / (x^2 + y^2), and
-    # (y x_dot - x y_dot) / (x^2 + y^2); the partial-derivative form rounded differently
+def test_atan2_and_hypot_derivatives_are_bit_exact_with_torch_func():
+    # derivatives.yaml's order: atan2's (grad * y) * r, (grad * -x) * r with r = 1 / (x^2 + y^2),
+    # and (y x_dot - x y_dot) / (x^2 + y^2); the partial-derivative form rounded differently
     generator = torch.Generator().manual_seed(0)
     x, ct, x_dot = (torch.randn(4, 33, generator=generator) * 2 for _ in range(3))
     y, y_dot = (torch.randn(33, generator=generator) * 2 for _ in range(2))
@@ -314,6 +314,11 @@ def test_atan2_derivatives_are_bit_exact_with_torch_func():
                                (lambda b: torch.atan2(x, b), y, y_dot)):
         assert torch.equal(mf.jvp(f, (primal,), (tangent,))[1],
                            tf.jvp(f, (primal,), (tangent,))[1])
+    # hypot: grad * x / result, and the tangent as the sum of those terms (OfGrad)
+    for got, want in zip(mf.vjp(torch.hypot, x, y)[1](ct), tf.vjp(torch.hypot, x, y)[1](ct)):
+        assert torch.equal(got, want)
+    assert torch.equal(mf.jvp(torch.hypot, (x, y), (x_dot, y_dot))[1],
+                       tf.jvp(torch.hypot, (x, y), (x_dot, y_dot))[1])
 
 
 @pytest.mark.parametrize("eps", [None, 0.01])
