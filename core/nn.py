@@ -11,12 +11,14 @@ bit-exact with torch.func:
 - batch norm (training and eval), its statistics, and ``native_batch_norm_backward``;
 - layer norm, its statistics, and ``native_layer_norm_backward`` (NOTE [Layer norm: the fused
   kernels as primitives]);
+- group norm and its statistics; its derivatives are torch.func's formulas, written with ops
+  (NOTE [Group norm: the forward kernel as a primitive]);
 - max pooling (adaptive and fractional max pooling too): its kernel gives the values, and the
   indices it computes in the same pass are a non-differentiable primitive through which every
   derivative goes (a gather of the tangent, a scatter-add of the cotangent).
 Everything else is written with ``ops`` at the front door, readable, and every transform
 handles it for free: constant padding (a primitive: its transpose is a crop) and the
-reflect, replicate and circular modes (gathers); group and RMS norm; the losses
+reflect, replicate and circular modes (gathers); RMS norm; the losses
 (nll_loss and cross_entropy with weights, ignore_index and label smoothing, and the rest,
 replacing ops.py's simpler entries); interpolation (one matrix per dim, read off torch's
 kernels); grid_sample, unfold and fold (gathers and scatters); pixel shuffle, glu, prelu,
@@ -2728,23 +2730,246 @@ aten_api.register(aten.native_layer_norm.default)(
     _without_derivative(_layer_norm(x, normalized_shape, weight, bias, eps)))
 
 
-# --- normalization: group norm, and the rest -----------------------------------------------------
-# NOTE [Group norm at the front door]
-# torch runs group_norm as a fused kernel; its decomposition goes through var_mean and
-# friends. Written here with mean, sub, mul and rsqrt (`_normalize_over`) it is a handful of
-# ops whose rules and batching rules are all native: per-example statistics under vmap come
-# for free, because the statistics are reductions over dims that one example owns. Unlike
-# layer norm (NOTE [Layer norm: the fused kernels as primitives]) its derivatives are thus
-# torch.func's to rounding, not bit for bit.
-def _group_norm(x, num_groups, weight, bias, eps):
-    _refuse_complex("group_norm", x, weight, bias)
+# --- normalization: group norm -------------------------------------------------------------------
+# NOTE [Group norm: the forward kernel as a primitive]
+# torch.func runs native_group_norm forward; its forward mode is derivatives.yaml's
+# group_norm_jvp formula; and its reverse mode is not the backward kernel: the transforms
+# differentiate with grad mode on, and there derivatives.yaml picks FunctionsManual's
+# infinitely_differentiable_native_group_norm_backward, a formula of ops (the kernel
+# native_group_norm_backward only serves a backward with grad mode off, which torch.func never
+# runs). So, as for layer norm (NOTE [Layer norm: the fused kernels as primitives]), the
+# forward kernel is a primitive (one per output), and the rules are those formulas op for op:
+# grad, vmap(grad) and jvp of group_norm are bit-exact with torch.func:
+# - group_norm(x, w, b) (the given of w and b only: NOTE [Absent weight and bias]): the output;
+# - group_norm_stats(x): the saved mean and rstd, stacked as (2, N, groups), kept from the
+#   forward's pass (NOTE [Kernels with two outputs]); differentiable (the backward reads them,
+#   so a second derivative flows through them back to x).
+# The vjp rule (`_gn_backward`) is made of ops, so second order is the engine differentiating
+# those ops, as torch.func differentiates the same formula. The jvp rule is batch norm's
+# training-mode tangent over the input seen as (1, N * groups, -1), then the affine part, in
+# group_norm_jvp's order. Under vmap the forward makes the calls functorch's batching rule
+# makes (NOTE [Batching group norm]). An input with no elements, or a weight or bias that is
+# not of shape (C,) and x's dtype, takes the formula path (NOTE [Group norm at the front door]).
+#
+# NOTE [Batching group norm]
+# Group norm normalizes each example's groups on their own, so a batch dim moved to the front
+# and merged into N is exact: one kernel call with N * B serves the batch. As functorch's
+# batching rule for native_group_norm (BatchRulesNorm.cpp) does, the kernel then runs with no
+# weight or bias, batched or not, and they are applied after it with an ordinary multiply and
+# add (the kernel's fused affine step rounds differently).
+_kept_gn_statistics = _KeptOutput()
+
+
+def _gn_sizes(x):
+    """native_group_norm's N, C and HxW for an input (N, C, *spatial)."""
+    shape = tuple(x.shape)
+    return shape[0], shape[1], math.prod(shape[2:])
+
+
+def _gn_forward(x, *affine_args, num_groups, eps, affine):
+    """The output; the statistics the kernel also computes are kept for group_norm_stats."""
+    weight, bias = _affine(affine, affine_args)
+    out, mean, rstd = aten.native_group_norm(x, weight, bias, *_gn_sizes(x), num_groups, eps)
+    _kept_gn_statistics.keep(x, (num_groups, eps), (mean, rstd))
+    return out
+
+
+def _gn_stats(x, *, num_groups, eps):
+    kept = _kept_gn_statistics.take(x, (num_groups, eps))
+    if kept is None:
+        kept = aten.native_group_norm(x, None, None, *_gn_sizes(x), num_groups, eps)[1:]
+    return torch.stack(kept)
+
+
+group_norm_p = P.primitive("group_norm", _gn_forward)
+group_norm_stats_p = P.primitive("group_norm_stats", _gn_stats)
+register_fresh(group_norm_p, group_norm_stats_p)
+
+
+def _gn_statistics(x, num_groups, eps):
+    stats = bind(group_norm_stats_p, x, num_groups=num_groups, eps=eps)
+    return ops.getitem(stats, 0), ops.getitem(stats, 1)
+
+
+def _gn_grouped(x, num_groups):
+    """x seen as (N, groups, -1): the elements each statistic is over, last."""
+    return ops.reshape(x, shape_of(x)[0], num_groups, -1)
+
+
+def _gn_backward(ct, x, mean, rstd, weight, num_groups, wanted):
+    """The input's, weight's and bias's cotangents (None where not ``wanted``), with the ops of
+    FunctionsManual's infinitely_differentiable_native_group_norm_backward in their order:
+    torch.func runs that formula, not the backward kernel (NOTE [Group norm: the forward
+    kernel as a primitive])."""
     shape = shape_of(x)
-    if len(shape) < 2 or shape[1] % num_groups:
-        raise TransformUsageError(
-            f"group_norm(input, num_groups={num_groups}): expected an input (N, C, ...) whose "
-            f"channels divide into the groups, got shape {shape}. Fix: pick num_groups that "
-            "divides C."
-        )
+    n, c, hxw = shape[0], shape[1], math.prod(shape[2:])
+    cpg = c // num_groups
+    grouped = (n, num_groups, cpg, hxw)
+    x_g, ct_g = ops.reshape(x, *grouped), ops.reshape(ct, *grouped)
+    mean, rstd = ops.reshape(mean, n, num_groups, 1, 1), ops.reshape(rstd, n, num_groups, 1, 1)
+    ds = ops.unsqueeze(ops.sum(ops.mul(ct_g, x_g), (3,)), -1)
+    db = ops.unsqueeze(ops.sum(ct_g, (3,)), -1)
+    x_bar = w_bar = b_bar = None
+    if wanted[0]:
+        s = 1.0 / (hxw * cpg)
+        rstd_cubed = ops.mul(ops.mul(rstd, rstd), rstd)
+        if weight is not None:
+            gamma = ops.reshape(weight, 1, num_groups, cpg, 1)
+            scale = ops.mul(rstd, gamma)
+            ds_sum = ops.unsqueeze(ops.sum(ops.mul(ds, gamma), (2,)), -2)
+            db_sum = ops.unsqueeze(ops.sum(ops.mul(db, gamma), (2,)), -2)
+        else:
+            scale = rstd
+            ds_sum = ops.unsqueeze(ops.sum(ds, (2,)), -2)
+            db_sum = ops.unsqueeze(ops.sum(db, (2,)), -2)
+        a = ops.mul(ops.mul(ops.sub(ops.mul(db_sum, mean), ds_sum), rstd_cubed), s)
+        b = ops.mul(ops.mul(db_sum, rstd), s)
+        offset = ops.sub(ops.mul(ops.neg(a), mean), b)
+        x_bar = ops.reshape(ops.add(ops.add(ops.mul(scale, ct_g), ops.mul(a, x_g)), offset),
+                            *shape)
+    if wanted[1]:
+        w_bar = ops.reshape(ops.sum(ops.mul(ops.sub(ds, ops.mul(db, mean)), rstd), (0,)), c)
+    if wanted[2]:
+        b_bar = ops.reshape(ops.sum(db, (0,)), c)
+    return x_bar, w_bar, b_bar
+
+
+def group_norm_vjp(x, *affine_args, num_groups, eps, affine):
+    out = bind(group_norm_p, x, *affine_args, num_groups=num_groups, eps=eps, affine=affine)
+    mean, rstd = _gn_statistics(x, num_groups, eps)  # NOTE [Kernels with two outputs]
+    weight, _ = _affine(affine, affine_args)
+
+    def backward(ct):
+        wanted = {name: wants_cotangent(i, a) for i, (name, a) in
+                  enumerate(zip(affine, affine_args), start=1)}
+        x_bar, w_bar, b_bar = _gn_backward(
+            ct, x, mean, rstd, weight, num_groups,
+            (wants_cotangent(0, x), wanted.get("weight", False), wanted.get("bias", False)))
+        bars = {"weight": w_bar, "bias": b_bar}
+        return (x_bar, *(bars[name] for name in affine))
+    return out, backward
+vjp_rules[group_norm_p] = group_norm_vjp
+
+
+def group_norm_jvp(primals, tangents, *, num_groups, eps, affine):
+    """FunctionsManual's group_norm_jvp, op for op: with x and x_dot seen as
+    (1, N * groups, -1), c = x - mean and the means over dims (0, 2), the tangent of x_hat is
+    (x_dot - mean(x_dot)) * rstd + c * sum(-rstd^3 * (x_dot - mean(x_dot)) * c) / n, and the
+    affine part gives x_hat_dot * w + x_hat * w_dot + b_dot (per channel)."""
+    (x, *affine_args), (x_dot, *affine_dots) = primals, tangents
+    out = bind(group_norm_p, *primals, num_groups=num_groups, eps=eps, affine=affine)
+    (weight, _), (w_dot, b_dot) = _affine(affine, affine_args), _affine(affine, affine_dots)
+    shape = shape_of(x)
+    rank, groups = len(shape), shape[0] * num_groups
+    mean, rstd = _gn_statistics(x, num_groups, eps)
+    mean, rstd = ops.reshape(mean, 1, groups, 1), ops.reshape(rstd, 1, groups, 1)
+    flat = ops.reshape(x, 1, groups, -1)
+    out_dot = None
+    if x_dot is not None:
+        flat_dot = ops.reshape(x_dot, 1, groups, -1)
+        centered_dot = ops.sub(flat_dot, ops.mean(flat_dot, (0, 2), keepdim=True))
+        slope = ops.mul(ops.neg(ops.power(rstd, 3)), centered_dot)
+        rstd_dot = ops.div(ops.sum(ops.mul(slope, ops.sub(flat, mean)), (0, 2), keepdim=True),
+                           shape_of(flat)[2])
+        out_dot = ops.reshape(ops.add(ops.mul(centered_dot, rstd),
+                                      ops.mul(ops.sub(flat, mean), rstd_dot)), *shape)
+        if weight is not None:
+            out_dot = ops.mul(out_dot, _channel_view(weight, rank))
+    if w_dot is not None:
+        x_hat = ops.reshape(ops.mul(ops.sub(flat, mean), rstd), *shape)
+        out_dot = add_tangents(out_dot, ops.mul(x_hat, _channel_view(w_dot, rank)))
+    if b_dot is not None:
+        out_dot = ops.add(ops.zeros_like(out) if out_dot is None else out_dot,
+                          _channel_view(b_dot, rank))
+    return out, out_dot
+jvp_rules[group_norm_p] = group_norm_jvp
+
+
+def group_norm_stats_vjp(x, *, num_groups, eps):
+    """d mean / dx = 1/n and d rstd / dx = -rstd^3 (x - mean) / n, per example and group."""
+    out = bind(group_norm_stats_p, x, num_groups=num_groups, eps=eps)
+    grouped = _gn_grouped(x, num_groups)
+    n = shape_of(grouped)[2]
+
+    def backward(ct):
+        mean, rstd = ops.unsqueeze(ops.getitem(out, 0), 2), ops.unsqueeze(ops.getitem(out, 1), 2)
+        ct_mean = ops.unsqueeze(ops.getitem(ct, 0), 2)
+        ct_rstd = ops.unsqueeze(ops.getitem(ct, 1), 2)
+        scale = ops.mul(ops.mul(ct_rstd, ops.power(rstd, 3)), -1.0 / n)
+        x_bar = ops.add(ops.div(ct_mean, n), ops.mul(scale, ops.sub(grouped, mean)))
+        return (ops.reshape(x_bar, *shape_of(x)),)
+    return out, backward
+vjp_rules[group_norm_stats_p] = group_norm_stats_vjp
+
+
+def group_norm_stats_jvp(primals, tangents, *, num_groups, eps):
+    (x,), (x_dot,) = primals, tangents
+    out = bind(group_norm_stats_p, x, num_groups=num_groups, eps=eps)
+    grouped, grouped_dot = _gn_grouped(x, num_groups), _gn_grouped(x_dot, num_groups)
+    mean, rstd = ops.getitem(out, 0), ops.getitem(out, 1)
+    mean_dot = ops.mean(grouped_dot, (2,))
+    rstd_dot = ops.mul(ops.mean(ops.mul(ops.sub(grouped, ops.unsqueeze(mean, 2)), grouped_dot),
+                                (2,)), ops.neg(ops.power(rstd, 3)))
+    return out, ops.stack([mean_dot, rstd_dot])
+jvp_rules[group_norm_stats_p] = group_norm_stats_jvp
+
+
+def _gn_fold(x, b):
+    """A front-batched (B, N, C, ...) payload as (B * N, C, ...)."""
+    shape = shape_of(x)
+    return ops.reshape(x, b * shape[1], *shape[2:])
+
+
+def _gn_unfold(x, b):
+    shape = shape_of(x)
+    return ops.reshape(x, b, shape[0] // b, *shape[1:])
+
+
+def _gn_affine_view(value, bdim, rank):
+    """A weight or bias of shape (C,) broadcastable against a front-batched output of logical
+    rank ``rank``: (B, 1, C, 1, ..., 1) when batched, (C, 1, ..., 1) otherwise."""
+    if bdim is None:
+        return _channel_view(value, rank)
+    value = _front(value, bdim)
+    return ops.reshape(value, shape_of(value)[0], 1, shape_of(value)[1], *([1] * (rank - 2)))
+
+
+def group_norm_batch(values, bdims, *, num_groups, eps, affine):
+    (x, *affine_args), (x_bdim, *affine_bdims) = values, bdims
+    (weight, bias), (w_bdim, b_bdim) = _affine(affine, affine_args), _affine(affine, affine_bdims)
+    rank = len(shape_of(x)) - (x_bdim is not None)
+    if x_bdim is None:
+        out = bind(group_norm_p, x, num_groups=num_groups, eps=eps, affine=())
+    else:
+        b = shape_of(x)[x_bdim]
+        out = _gn_unfold(bind(group_norm_p, _gn_fold(_front(x, x_bdim), b),
+                              num_groups=num_groups, eps=eps, affine=()), b)
+    if weight is not None:
+        out = ops.mul(out, _gn_affine_view(weight, w_bdim, rank))
+    if bias is not None:
+        out = ops.add(out, _gn_affine_view(bias, b_bdim, rank))
+    return out, 0
+batching_rules[group_norm_p] = group_norm_batch
+
+
+def group_norm_stats_batch(values, bdims, *, num_groups, eps):
+    (x,), (x_bdim,) = values, bdims
+    b = shape_of(x)[x_bdim]
+    stats = bind(group_norm_stats_p, _gn_fold(_front(x, x_bdim), b), num_groups=num_groups,
+                 eps=eps)
+    return ops.reshape(stats, 2, b, -1, num_groups), 1
+batching_rules[group_norm_stats_p] = group_norm_stats_batch
+
+
+# --- group norm: the doors -----------------------------------------------------------------------
+# NOTE [Group norm at the front door]
+# What the kernel does not serve (NOTE [Group norm: the forward kernel as a primitive]): an
+# input with no elements, or a weight or bias not of shape (C,) and x's dtype, is group norm
+# written with mean, sub, mul and rsqrt (`_normalize_over`), a handful of ops whose rules and
+# batching rules are all native (the statistics are reductions over dims one example owns).
+# Its derivatives are torch.func's to rounding, not bit for bit.
+def _group_norm_formula(x, num_groups, weight, bias, eps):
+    shape = shape_of(x)
     n = shape[0]
     grouped = ops.reshape(x, n, num_groups, math.prod(shape[1:]) // num_groups)
     out, mean, rstd = _normalize_over(grouped, (2,), eps)
@@ -2754,6 +2979,23 @@ def _group_norm(x, num_groups, weight, bias, eps):
     if bias is not None:
         out = ops.add(out, _channel_view(bias, len(shape)))
     return out, ops.reshape(mean, n, num_groups), ops.reshape(rstd, n, num_groups)
+
+
+def _group_norm(x, num_groups, weight, bias, eps):
+    """group_norm's output, mean and rstd (the statistics as native_group_norm gives them)."""
+    _refuse_complex("group_norm", x, weight, bias)
+    shape = shape_of(x)
+    if len(shape) < 2 or shape[1] % num_groups:
+        raise TransformUsageError(
+            f"group_norm(input, num_groups={num_groups}): expected an input (N, C, ...) whose "
+            f"channels divide into the groups, got shape {shape}. Fix: pick num_groups that "
+            "divides C."
+        )
+    eps = float(eps)
+    if not _kernels_serve(x, (shape[1],), weight, bias):
+        return _group_norm_formula(x, num_groups, weight, bias, eps)
+    out = _bind_affine(group_norm_p, (x,), weight, bias, num_groups=num_groups, eps=eps)
+    return (out, *_gn_statistics(x, num_groups, eps))
 
 
 @torch_api.register(F.group_norm)

@@ -58,6 +58,9 @@ SAMPLES = {
                                   {"normalized_shape": (3,), "affine": ()}),
     "layer_norm_backward_params": ((x23, x23, x23[:, :1], x23[:, :1].abs()),
                                    {"normalized_shape": (3,)}),
+    "group_norm": ((x23, torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)),
+                   {"num_groups": 3, "eps": 1e-5, "affine": ("weight", "bias")}),
+    "group_norm_stats": ((x23,), {"num_groups": 1, "eps": 1e-5}),
 }
 
 
