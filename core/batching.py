@@ -262,9 +262,11 @@ def batch_size(values, bdims):
     raise AssertionError("a batching rule was called with no batched argument")
 
 
-def to_front(values, bdims, *, expand_unbatched=False):
-    """Move every batch dim to the front; optionally broadcast unbatched values along it."""
-    size = batch_size(values, bdims) if expand_unbatched else None
+def to_front(values, bdims, *, expand_unbatched=False, size=None):
+    """Move every batch dim to the front; optionally broadcast unbatched values along it (to
+    ``size``, where none of ``values`` is batched to tell it)."""
+    if expand_unbatched and size is None:
+        size = batch_size(values, bdims)
     moved = []
     for value, bdim in zip(values, bdims):
         if bdim is not None:

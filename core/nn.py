@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from . import aten_api, elementwise, indexing, ops, structural, torch_api
 from . import primitives as P
 from .autograd import conj, vjp_rules, wants_cotangent
-from .batching import batch_size, batching_rules, move_bdim
+from .batching import batch_size, batching_rules, move_bdim, to_front
 from .dispatch import complex_ready
 from .errors import InPlaceError, MissingRuleError, ShapeMismatchError, TransformUsageError
 from .fast_code import register_fresh
@@ -2575,13 +2575,6 @@ for _prim in (layer_norm_backward_input_p, layer_norm_backward_params_p):
 # - the backward, whenever anything is batched: the input's gradient is the kernel's with no
 #   weight, given ct * w; grad_weight is sum(((x - mean) * rstd) * ct) and grad_bias sum(ct),
 #   over the leading dims (but the batch dim).
-def _ln_front(value, bdim, b):
-    """A batched payload with its batch dim in front; an unbatched one expanded to ``b``."""
-    if bdim is None:
-        return ops.expand(ops.unsqueeze(value, 0), b, *shape_of(value))
-    return _front(value, bdim)
-
-
 def _ln_affine_front(value, bdim, rank):
     """A weight or bias of normalized_shape, broadcastable against a front-batched tensor of
     logical rank ``rank``: (B, 1, ..., 1, *normalized_shape) when batched."""
@@ -2626,17 +2619,16 @@ def layer_norm_backward_input_batch(values, bdims, *, normalized_shape, affine):
     ct = ct if ct_bdim is None else _front(ct, ct_bdim)
     if weight is not None:
         ct = ops.mul(ct, _ln_affine_front(weight, w_bdim, rank))
-    if len(shape_of(ct)) == rank:  # nothing batched in ct * w
-        ct = _ln_front(ct, None, b)
-    return bind(layer_norm_backward_input_p, ct, _ln_front(x, x_bdim, b),
-                _ln_front(mean, m_bdim, b), _ln_front(rstd, r_bdim, b),
+    ct_bdim = None if len(shape_of(ct)) == rank else 0  # (None: nothing batched in ct * w)
+    ct, x, mean, rstd = to_front([ct, x, mean, rstd], [ct_bdim, x_bdim, m_bdim, r_bdim],
+                                 expand_unbatched=True, size=b)
+    return bind(layer_norm_backward_input_p, ct, x, mean, rstd,
                 normalized_shape=normalized_shape, affine=()), 0
 batching_rules[layer_norm_backward_input_p] = layer_norm_backward_input_batch
 
 
 def layer_norm_backward_params_batch(values, bdims, *, normalized_shape):
-    b = batch_size(values, bdims)
-    ct, x, mean, rstd = (_ln_front(v, bdim, b) for v, bdim in zip(values, bdims))
+    ct, x, mean, rstd = to_front(values, bdims, expand_unbatched=True)
     lead = tuple(range(1, len(shape_of(x)) - len(normalized_shape)))
     grad_weight = ops.mul(ops.mul(ops.sub(x, mean), rstd), ct)
     grad_bias = ct
@@ -2914,17 +2906,6 @@ def group_norm_stats_jvp(primals, tangents, *, num_groups, eps):
 jvp_rules[group_norm_stats_p] = group_norm_stats_jvp
 
 
-def _gn_fold(x, b):
-    """A front-batched (B, N, C, ...) payload as (B * N, C, ...)."""
-    shape = shape_of(x)
-    return ops.reshape(x, b * shape[1], *shape[2:])
-
-
-def _gn_unfold(x, b):
-    shape = shape_of(x)
-    return ops.reshape(x, b, shape[0] // b, *shape[1:])
-
-
 def _gn_affine_view(value, bdim, rank):
     """A weight or bias of shape (C,) broadcastable against a front-batched output of logical
     rank ``rank``: (B, 1, C, 1, ..., 1) when batched, (C, 1, ..., 1) otherwise."""
@@ -2940,10 +2921,10 @@ def group_norm_batch(values, bdims, *, num_groups, eps, affine):
     rank = len(shape_of(x)) - (x_bdim is not None)
     if x_bdim is None:
         out = bind(group_norm_p, x, num_groups=num_groups, eps=eps, affine=())
-    else:
-        b = shape_of(x)[x_bdim]
-        out = _gn_unfold(bind(group_norm_p, _gn_fold(_front(x, x_bdim), b),
-                              num_groups=num_groups, eps=eps, affine=()), b)
+    else:  # (B, N, C, ...) as (B * N, C, ...): the examples are more samples
+        x = _front(x, x_bdim)
+        out = _unfold_leading(bind(group_norm_p, _fold_leading(x, rank - 1),
+                                   num_groups=num_groups, eps=eps, affine=()), shape_of(x)[:2])
     if weight is not None:
         out = ops.mul(out, _gn_affine_view(weight, w_bdim, rank))
     if bias is not None:
@@ -2954,10 +2935,10 @@ batching_rules[group_norm_p] = group_norm_batch
 
 def group_norm_stats_batch(values, bdims, *, num_groups, eps):
     (x,), (x_bdim,) = values, bdims
-    b = shape_of(x)[x_bdim]
-    stats = bind(group_norm_stats_p, _gn_fold(_front(x, x_bdim), b), num_groups=num_groups,
-                 eps=eps)
-    return ops.reshape(stats, 2, b, -1, num_groups), 1
+    x = _front(x, x_bdim)
+    stats = bind(group_norm_stats_p, _fold_leading(x, len(shape_of(x)) - 2),
+                 num_groups=num_groups, eps=eps)
+    return ops.reshape(stats, 2, shape_of(x)[0], -1, num_groups), 1
 batching_rules[group_norm_stats_p] = group_norm_stats_batch
 
 
