@@ -1973,34 +1973,47 @@ def batch_norm_eval_jvp(primals, tangents, *, eps):
 jvp_rules[batch_norm_eval_p] = batch_norm_eval_jvp
 
 
+# The statistics of batch, layer and group norm are the same two functions of x over the
+# elements each one normalizes (n of them): the mean, and rstd = (var + eps)^-1/2, with
+# d mean / dx = 1/n and d rstd / dx = -rstd^3 (x - mean) / n. ``view`` lays a statistic out
+# to broadcast against x (a channel view for batch norm, nothing for layer norm's kept dims).
+def _statistics_cotangent(ct, stats, x, n, view):
+    """x's cotangent from the cotangent of the stacked (mean, rstd)."""
+    mean, rstd = ops.getitem(stats, 0), ops.getitem(stats, 1)
+    ct_mean, ct_rstd = ops.getitem(ct, 0), ops.getitem(ct, 1)
+    scale = ops.mul(ops.mul(ct_rstd, ops.power(rstd, 3)), -1.0 / n)
+    return ops.add(view(ops.div(ct_mean, n)), ops.mul(view(scale), ops.sub(x, view(mean))))
+
+
+def _statistics_tangent(stats, x, x_dot, dims, view, keepdim=False):
+    """The tangent of the stacked (mean, rstd), reduced over ``dims``."""
+    mean, rstd = ops.getitem(stats, 0), ops.getitem(stats, 1)
+    mean_dot = ops.mean(x_dot, dims, keepdim=keepdim)
+    rstd_dot = ops.mul(ops.mean(ops.mul(ops.sub(x, view(mean)), x_dot), dims, keepdim=keepdim),
+                       ops.neg(ops.power(rstd, 3)))
+    return ops.stack([mean_dot, rstd_dot])
+
+
+def _keep(value):
+    return value
+
+
 def batch_norm_stats_vjp(x, *, eps):
-    """d mean / dx = 1/n and d invstd / dx = -invstd^3 (x - mean) / n, per channel."""
+    """The mean and invstd per channel (``_statistics_cotangent``)."""
     out = bind(batch_norm_stats_p, x, eps=eps)
     rank = len(shape_of(x))
     n = ops.shape_of(x)[0] * math.prod(shape_of(x)[2:])
-
-    def backward(ct):
-        mean, invstd = ops.getitem(out, 0), ops.getitem(out, 1)
-        ct_mean, ct_invstd = ops.getitem(ct, 0), ops.getitem(ct, 1)
-        scale = ops.mul(ops.mul(ct_invstd, ops.power(invstd, 3)), -1.0 / n)
-        x_bar = ops.add(_channel_view(ops.div(ct_mean, n), rank),
-                        ops.mul(_channel_view(scale, rank),
-                                ops.sub(x, _channel_view(mean, rank))))
-        return (x_bar,)
-    return out, backward
+    return out, lambda ct: (_statistics_cotangent(
+        ct, out, x, n, lambda v: _channel_view(v, rank)),)
 vjp_rules[batch_norm_stats_p] = batch_norm_stats_vjp
 
 
 def batch_norm_stats_jvp(primals, tangents, *, eps):
     (x,), (x_dot,) = primals, tangents
     out = bind(batch_norm_stats_p, x, eps=eps)
-    rank, dims = len(shape_of(x)), _reduced_dims(x)
-    mean, invstd = ops.getitem(out, 0), ops.getitem(out, 1)
-    mean_dot = ops.mean(x_dot, dims)
-    centered = ops.sub(x, _channel_view(mean, rank))
-    invstd_dot = ops.mul(ops.mean(ops.mul(centered, x_dot), dims),
-                         ops.neg(ops.power(invstd, 3)))
-    return out, ops.stack([mean_dot, invstd_dot])
+    rank = len(shape_of(x))
+    return out, _statistics_tangent(out, x, x_dot, _reduced_dims(x),
+                                    lambda v: _channel_view(v, rank))
 jvp_rules[batch_norm_stats_p] = batch_norm_stats_jvp
 
 
@@ -2517,28 +2530,18 @@ jvp_rules[layer_norm_p] = layer_norm_jvp
 
 
 def layer_norm_stats_vjp(x, *, normalized_shape, eps):
-    """d mean / dx = 1/n and d rstd / dx = -rstd^3 (x - mean) / n, per normalized group."""
+    """The mean and rstd per normalized group, kept dims (``_statistics_cotangent``)."""
     out = bind(layer_norm_stats_p, x, normalized_shape=normalized_shape, eps=eps)
     n = math.prod(normalized_shape)
-
-    def backward(ct):
-        mean, rstd = ops.getitem(out, 0), ops.getitem(out, 1)
-        ct_mean, ct_rstd = ops.getitem(ct, 0), ops.getitem(ct, 1)
-        scale = ops.mul(ops.mul(ct_rstd, ops.power(rstd, 3)), -1.0 / n)
-        return (ops.add(ops.div(ct_mean, n), ops.mul(scale, ops.sub(x, mean))),)
-    return out, backward
+    return out, lambda ct: (_statistics_cotangent(ct, out, x, n, _keep),)
 vjp_rules[layer_norm_stats_p] = layer_norm_stats_vjp
 
 
 def layer_norm_stats_jvp(primals, tangents, *, normalized_shape, eps):
     (x,), (x_dot,) = primals, tangents
     out = bind(layer_norm_stats_p, x, normalized_shape=normalized_shape, eps=eps)
-    dims = _trailing_dims(x, normalized_shape)
-    mean, rstd = ops.getitem(out, 0), ops.getitem(out, 1)
-    mean_dot = ops.mean(x_dot, dims, keepdim=True)
-    rstd_dot = ops.mul(ops.mean(ops.mul(ops.sub(x, mean), x_dot), dims, keepdim=True),
-                       ops.neg(ops.power(rstd, 3)))
-    return out, ops.stack([mean_dot, rstd_dot])
+    return out, _statistics_tangent(out, x, x_dot, _trailing_dims(x, normalized_shape), _keep,
+                                    keepdim=True)
 jvp_rules[layer_norm_stats_p] = layer_norm_stats_jvp
 
 
@@ -2877,32 +2880,26 @@ def group_norm_jvp(primals, tangents, *, num_groups, eps, affine):
 jvp_rules[group_norm_p] = group_norm_jvp
 
 
+def _per_group(value):
+    """A statistic (N, groups) laid out against the grouped input (N, groups, -1)."""
+    return ops.unsqueeze(value, 2)
+
+
 def group_norm_stats_vjp(x, *, num_groups, eps):
-    """d mean / dx = 1/n and d rstd / dx = -rstd^3 (x - mean) / n, per example and group."""
+    """The mean and rstd per example and group (``_statistics_cotangent``)."""
     out = bind(group_norm_stats_p, x, num_groups=num_groups, eps=eps)
     grouped = _gn_grouped(x, num_groups)
     n = shape_of(grouped)[2]
-
-    def backward(ct):
-        mean, rstd = ops.unsqueeze(ops.getitem(out, 0), 2), ops.unsqueeze(ops.getitem(out, 1), 2)
-        ct_mean = ops.unsqueeze(ops.getitem(ct, 0), 2)
-        ct_rstd = ops.unsqueeze(ops.getitem(ct, 1), 2)
-        scale = ops.mul(ops.mul(ct_rstd, ops.power(rstd, 3)), -1.0 / n)
-        x_bar = ops.add(ops.div(ct_mean, n), ops.mul(scale, ops.sub(grouped, mean)))
-        return (ops.reshape(x_bar, *shape_of(x)),)
-    return out, backward
+    return out, lambda ct: (ops.reshape(
+        _statistics_cotangent(ct, out, grouped, n, _per_group), *shape_of(x)),)
 vjp_rules[group_norm_stats_p] = group_norm_stats_vjp
 
 
 def group_norm_stats_jvp(primals, tangents, *, num_groups, eps):
     (x,), (x_dot,) = primals, tangents
     out = bind(group_norm_stats_p, x, num_groups=num_groups, eps=eps)
-    grouped, grouped_dot = _gn_grouped(x, num_groups), _gn_grouped(x_dot, num_groups)
-    mean, rstd = ops.getitem(out, 0), ops.getitem(out, 1)
-    mean_dot = ops.mean(grouped_dot, (2,))
-    rstd_dot = ops.mul(ops.mean(ops.mul(ops.sub(grouped, ops.unsqueeze(mean, 2)), grouped_dot),
-                                (2,)), ops.neg(ops.power(rstd, 3)))
-    return out, ops.stack([mean_dot, rstd_dot])
+    return out, _statistics_tangent(out, _gn_grouped(x, num_groups),
+                                    _gn_grouped(x_dot, num_groups), (2,), _per_group)
 jvp_rules[group_norm_stats_p] = group_norm_stats_jvp
 
 
