@@ -28,15 +28,9 @@ This is what compilers call buffer assignment or reinplacing: XLA's ``BufferAssi
 ``torch.fx.passes.reinplace`` (on functionalized aten graphs) and inductor's in-place buffer
 reuse do the same with their own IRs.
 
-NOTE [Number operands as tensors]
-``b * 1.1`` costs about 4 µs on a small tensor, ``b * c`` about 1.3 µs: torch wraps the number
-in a float64 tensor on every call, then converts it to b's dtype. The generated code binds the
-number once, as a 0-d tensor of the result's dtype (``number_tensors``): torch then reads it
-as the same CPU scalar, converted the same way ahead of time, and the bits are the same. Only
-where that holds: add, sub, mul and div with the number second (``2 / a`` is Python's
-reciprocal(a) * 2, and ``pow`` has a kernel of its own for a number exponent), and a tensor
-operand of the result's dtype, float32/64 or complex (half and bfloat16 compute with the
-number in float32, which a 0-d tensor of their own dtype would round first).
+NOTE [Number operands as tensors] is in primitives.py: the eager primitives pass a number
+operand as a kept 0-d tensor, and the generated code binds each literal once the same way
+(``number_tensors``), where the bits are the same.
 """
 import collections
 
@@ -131,23 +125,15 @@ def unless_recorded(reusing, plain, constants):
 
 # primitives whose number operand (the second) may be a 0-d tensor of the result's dtype
 NUMBER_OPERAND_PRIMS = frozenset({P.add_p, P.sub_p, P.mul_p, P.div_p})
-_NUMBER_TENSOR_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64,
-                                   torch.complex128})
 
 
 def number_operand_tensor(equation):
     """The 0-d tensor that may stand for the equation's number operand, or None (NOTE [Number
-    operands as tensors])."""
+    operands as tensors] in primitives.py)."""
     if equation.prim not in NUMBER_OPERAND_PRIMS or equation.params:
         return None
     first, second = equation.inputs
     dtype = equation.out.dtype
-    if not (isinstance(first, Var) and isinstance(second, Literal) and first.dtype == dtype
-            and dtype in _NUMBER_TENSOR_DTYPES and type(second.value) in (int, float, complex)):
+    if not (isinstance(first, Var) and isinstance(second, Literal) and first.dtype == dtype):
         return None
-    if isinstance(second.value, complex) and not dtype.is_complex:
-        return None
-    try:
-        return torch.tensor(second.value, dtype=dtype)
-    except (RuntimeError, OverflowError):  # an int beyond int64: leave it to torch
-        return None
+    return P.number_tensor(second.value, dtype)

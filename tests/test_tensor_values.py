@@ -1,6 +1,7 @@
 """Values are real tensors: what user code sees inside a transform, what transforms return,
 and the silent wrong answers and crashes of the old wrappers (each a regression test)."""
 import math
+import re
 
 import optree
 
@@ -361,6 +362,61 @@ def test_divisions_are_bit_exact_with_torch_func(name):
     for g in (lambda x: f(x, y), lambda y: f(x, y)):  # one tangent: the other is a constant
         assert torch.equal(mf.jvp(g, (x,), (t,))[1], tf.jvp(g, (x,), (t,))[1])
     assert torch.equal(mf.jit(f)(x, y), f(x, y))
+
+
+def _bits(t):
+    """The tensor's bits as integers (NaNs and signed zeros compare as themselves)."""
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.is_floating_point():
+        t = t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return t
+
+
+_NUMBERS = (1.1, -2.5, 3, 7, 0.1, 1e-30, 1e30, 1e300, -1e-300, 2 ** 53 + 1, 2 ** 60 + 1, 0.0,
+            -0.0, 0, float("inf"), float("nan"), 1.5 + 2j, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64,
+                                   torch.complex128, torch.float16, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("prim", ["add", "sub", "mul", "div"])
+def test_a_number_operand_gives_torchs_bits(dtype, prim):
+    # NOTE [Number operands as tensors]: the primitive passes a number as a kept 0-d tensor
+    # where that gives the bits torch gives with the number, and the number itself elsewhere
+    from minifunctorch.core import primitives as P
+    impl, torch_function = getattr(P, f"{prim}_p").impl, getattr(torch, prim)
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.randn(300, generator=generator) * 10).to(dtype)
+    x[:4] = torch.tensor([0.0, -0.0, float("inf"), float("nan")]).to(dtype)
+    for number in _NUMBERS:
+        try:
+            want = torch_function(x, number)
+        except RuntimeError as error:  # an int tensor with a complex number, ...
+            with pytest.raises(RuntimeError, match=re.escape(str(error)[:40])):
+                impl(x, number)
+            continue
+        got = impl(x, number)
+        assert got.dtype == want.dtype and torch.equal(_bits(got), _bits(want)), (number, got)
+        assert impl(x, number).data_ptr() != got.data_ptr()  # a new result each call
+    for dtype_kept in set(P._number_tensors.values()):
+        assert dtype_kept.dim() == 0 and dtype_kept.device.type == "cpu"
+    assert P.number_tensor(-0.0, torch.float32) is None  # the kept 0.0 would stand for it
+    assert P.number_tensor(True, torch.float32) is None
+    assert P.number_tensor(2 ** 60 + 1, torch.float32) is None  # it could round twice
+    assert P.number_tensor(1.5j, torch.float32) is None  # the result would be complex
+
+
+def test_a_number_operand_under_transforms_is_bit_exact_with_torch_func():
+    generator = torch.Generator().manual_seed(1)
+    x, ct = torch.randn(6, 5, generator=generator), torch.randn(6, 5, generator=generator)
+    f = lambda x: ((x * 1.1 + 0.1) / 3 - 2.5) * (x - -0.0)  # noqa: E731
+    assert torch.equal(mf.vmap(f)(x), tf.vmap(f)(x))
+    assert torch.equal(mf.vmap(mf.vmap(f))(x), tf.vmap(tf.vmap(f))(x))
+    loss = lambda x: (f(x) * ct).sum()  # noqa: E731
+    assert torch.equal(mf.grad(loss)(x), tf.grad(loss)(x))
+    assert torch.equal(mf.vmap(mf.grad(lambda r: (f(r) * 1.7).sum()))(x),
+                       tf.vmap(tf.grad(lambda r: (f(r) * 1.7).sum()))(x))
+    assert torch.equal(mf.jvp(f, (x,), (ct,))[1], tf.jvp(f, (x,), (ct,))[1])
 
 
 def test_in_place_on_tensors_created_inside_the_function():
