@@ -44,10 +44,19 @@ class BatchedValue(Value):
         bdim = self.bdim
         return shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:]
 
-    def _own_metadata(self):
-        shape, dtype, device = Value._own_metadata(self)  # the payload's
-        bdim = self.bdim
-        return shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:], dtype, device
+    def metadata(self):
+        # Value.metadata and _own_metadata in one (this is the hot path: every op's result)
+        metadata = self._metadata
+        if metadata is None:
+            payload = self.payload
+            if isinstance(payload, Value):
+                shape, dtype, device = payload.metadata()
+            else:
+                shape, dtype, device = payload.shape, payload.dtype, payload.device
+            bdim = self.bdim
+            shape = shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:]
+            metadata = self._metadata = (shape, dtype, device)
+        return metadata
 
 
 def batched_level(value):
@@ -92,11 +101,9 @@ class Batched(Dispatcher):
                 return bind(prim, *args, **params)
             if prim in _KEEPS_BDIM:
                 payload = x.payload
-                if isinstance(payload, Value):  # the only value here: its level is the top
-                    out = payload.dispatcher.apply(prim, payload, *args[1:], **params)
-                else:  # the bottom level: torch computes it
-                    out = prim.impl(payload, *args[1:], **params)
-                return BatchedValue(self, out, x.bdim)
+                if type(payload) is torch.Tensor:  # the bottom level: torch computes it
+                    return BatchedValue(self, prim.impl(payload, *args[1:], **params), x.bdim)
+                return self._keeping_bdim(prim, x, args[1:], params)
         elif n == 2 and prim in _KEEPS_BDIM:
             x, y = args
             if (type(x) is BatchedValue and type(y) is BatchedValue and x.dispatcher is self
@@ -133,6 +140,18 @@ class Batched(Dispatcher):
         if out_bdim is None:
             return out
         return BatchedValue(self, out, out_bdim)
+
+    def _keeping_bdim(self, prim, x, rest, params):
+        """An elementwise op on this level's value ``x`` and numbers ``rest``: the result keeps
+        x's batch dim. The payload is the only value here, so its level is the top one."""
+        payload = x.payload
+        if type(payload) is BatchedValue:  # nested vmaps: the level below does the same
+            out = payload.dispatcher._keeping_bdim(prim, payload, rest, params)
+        elif isinstance(payload, Value):
+            out = payload.dispatcher.apply(prim, payload, *rest, **params)
+        else:  # the bottom level: torch computes it
+            out = prim.impl(payload, *rest, **params)
+        return BatchedValue(self, out, x.bdim)
 
     def wrap_input(self, value, bdim, name=None):
         return BatchedValue(self, value, bdim, name)

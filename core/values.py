@@ -94,7 +94,8 @@ class Value:
         properties would each walk down the payload chain (this is the hot path). A value
         never changes its payload (a write makes a new value), so the answer is kept: under
         grad both the tape entry and the FuncTensor of an op's result ask for it. A value type
-        that overrides ``shape``, ``dtype`` or ``device`` overrides ``_own_metadata``."""
+        that overrides ``shape``, ``dtype`` or ``device`` overrides ``_own_metadata``
+        (BatchedValue, on the hot path, overrides this method with both written out)."""
         metadata = self._metadata
         if metadata is None:
             metadata = self._metadata = self._own_metadata()
