@@ -131,7 +131,9 @@ def unary(name, derivative, *, impl=None, functions=None, aten_ops=None):
     def op(x):
         return bind(prim, x)
     op.__name__ = name
-    torch_api.register(*(torch_api.torch_functions(name) if functions is None else functions))(op)
+    functions = torch_api.torch_functions(name) if functions is None else functions
+    torch_api.register(*functions)(op)
+    torch_api.register_primitive(prim, *functions)  # NOTE [Functions that are one primitive]
     if aten_ops is None:
         aten_ops = [getattr(packet, "default") for packet in
                     (getattr(aten, name, None), getattr(prims, name, None)) if packet is not None]

@@ -46,7 +46,7 @@ from . import aten_api, grad_mode, ops, torch_api
 from .errors import InPlaceError, UnsupportedOperationError
 from .names import label
 from . import values
-from .values import Value, top_dispatcher
+from .values import NUMBERS, Value, top_dispatcher
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided
@@ -550,6 +550,8 @@ def _qualified_name(func):
 
 
 _TORCH_FUNCTIONS = torch_api.TORCH_FUNCTIONS
+_ONE_PRIMITIVE = torch_api.ONE_PRIMITIVE
+_NUMBER_SECOND = torch_api.NUMBER_SECOND
 _RANDOM_FUNCTIONS = torch_api.RANDOM_FUNCTIONS
 _VIEWS = torch_api.VIEWS
 
@@ -573,7 +575,17 @@ def call_function(func, args, kwargs):
                 kwargs = _torch_names(kwargs)
             out = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
         elif len(args) == 1 and type(args[0]) is FuncTensor and args[0]._view is None:
-            out = op(args[0].value)  # one plain FuncTensor argument: unwrap_all written out
+            value = args[0].value  # one plain FuncTensor argument: unwrap_all written out
+            prim = _ONE_PRIMITIVE.get(func)
+            if prim is not None and isinstance(value, Value):
+                out = value.dispatcher.apply(prim, value)  # NOTE [Functions that are one primitive]
+            else:
+                out = op(value)
+        elif (len(args) == 2 and type(args[1]) in NUMBERS and type(args[0]) is FuncTensor
+              and args[0]._view is None and func in _NUMBER_SECOND
+              and isinstance(args[0].value, Value)):  # x * 1.1: the same, with a number
+            value = args[0].value
+            out = value.dispatcher.apply(_NUMBER_SECOND[func], value, args[1])
         else:
             out = op(*unwrap_all(args))
         if isinstance(out, Value):  # the common case, written out: this is the hot path

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ops
+from . import primitives as P
 from .errors import TransformUsageError
 from .values import Value
 
@@ -43,6 +44,24 @@ def register(*functions, view=None):
                 VIEWS[function] = view
         return op
     return decorate
+
+
+# NOTE [Functions that are one primitive]
+# ``torch.sin(x)`` reaches ops.sin, which is ``bind(sin_p, x)``: with one value among the
+# arguments, bind hands it to that value's level. The front door does that itself for the
+# functions listed here (two Python calls fewer on the commonest calls: sin, exp, tanh, every
+# op of the elementwise formula table). Only for a function whose op is exactly
+# ``bind(prim, x)``; ``tests/test_tensor_values.py`` checks each entry against its op.
+# ``x * 1.1`` likewise: the arithmetic functions, called on a tensor and a number, are the
+# primitive bound on the two.
+ONE_PRIMITIVE: dict = {}  # torch function -> the primitive its op binds
+NUMBER_SECOND: dict = {}  # torch function -> the primitive its op binds with a number second
+
+
+def register_primitive(prim, *functions):
+    """Say that each of ``functions``, called on one tensor, is ``bind(prim, x)``."""
+    for function in functions:
+        ONE_PRIMITIVE[function] = prim
 
 
 def register_activation(function):
@@ -142,6 +161,13 @@ for _name, _op in _FUNCTIONAL.items():
 for _name, _op in _OPERATORS.items():
     TORCH_FUNCTIONS[getattr(torch.Tensor, _name)] = _op
 ACTIVATIONS[F.relu] = (ops.relu, 1)
+for _name, _prim in (("add", P.add_p), ("sub", P.sub_p), ("mul", P.mul_p), ("div", P.div_p)):
+    for _function in (getattr(torch, _name), getattr(torch.Tensor, _name),
+                      getattr(torch.Tensor, f"__{'truediv' if _name == 'div' else _name}__")):
+        NUMBER_SECOND[_function] = _prim
+for _name in ("neg", "exp", "log", "sin", "cos", "tanh", "sigmoid", "relu", "abs", "sqrt"):
+    register_primitive(getattr(P, f"{_name}_p"), getattr(torch, _name),
+                       getattr(torch.Tensor, _name))
 
 
 # --- views -------------------------------------------------------------------------------------

@@ -419,6 +419,32 @@ def test_a_number_operand_under_transforms_is_bit_exact_with_torch_func():
     assert torch.equal(mf.jvp(f, (x,), (ct,))[1], tf.jvp(f, (x,), (ct,))[1])
 
 
+def test_each_function_that_is_one_primitive_is_its_op():
+    # NOTE [Functions that are one primitive]: the front door binds the primitive itself for
+    # these functions; that must be exactly what the function's op does
+    from minifunctorch.core import torch_api
+    from minifunctorch.core.tensor import unwrap, wrap
+    assert len(torch_api.ONE_PRIMITIVE) > 60
+    for function, prim in torch_api.ONE_PRIMITIVE.items():
+        op = torch_api.TORCH_FUNCTIONS[function]
+        for x in (torch.rand(3) + 1.5, torch.arange(3), torch.tensor([True, False])):
+            try:
+                program = mf.trace(lambda x: wrap(op(unwrap(x))))(x)
+            except Exception:  # noqa: BLE001 (an op of another dtype: try the next one)
+                continue
+            assert [e.prim for e in program.equations] == [prim], (function, program)
+            break
+        else:
+            raise AssertionError(f"no dtype to check {function} on")
+    assert len(torch_api.NUMBER_SECOND) == 12
+    for function, prim in torch_api.NUMBER_SECOND.items():
+        op = torch_api.TORCH_FUNCTIONS[function]
+        for number in (1.5, 2, True, 1j):
+            program = mf.trace(lambda x: wrap(op(unwrap(x), number)))(torch.rand(3) + 1.5)
+            [equation] = program.equations
+            assert equation.prim is prim and equation.inputs[1].value == number, function
+
+
 def test_in_place_on_tensors_created_inside_the_function():
     def f(x):
         buf = torch.zeros(3, dtype=x.dtype)
