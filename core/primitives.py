@@ -93,8 +93,9 @@ sign_p = primitive("sign", torch.sign, differentiable=False)
 # - a tensor of float32/64 or complex (half and bfloat16 compute with the number in float32,
 #   which a 0-d tensor of their own dtype would round first; an int tensor times a float is
 #   a float), complex for a complex number;
-# - not zero (the kept ``0.0`` would stand for ``-0.0``, which adds differently), and, for a
-#   float32 result, an int that a double holds exactly (a larger one could round twice).
+# - not zero (the kept ``0.0`` would stand for ``-0.0``, which adds differently); an int in
+#   int64's range (torch refuses some larger ones, which a float64 tensor would hold) and,
+#   for a float32 result, one that a double holds exactly (a larger one could round twice).
 # jit's generated code binds its literals the same way (fast_code.py). In C++ torch.func pays
 # nothing for this; a Python engine pays the wrapping on every op of every level.
 NUMBER_TENSOR_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64,
@@ -113,13 +114,11 @@ def number_tensor(number, dtype):
     if tensor is None:
         if (dtype not in NUMBER_TENSOR_DTYPES or number == 0
                 or (type(number) is complex and not dtype.is_complex)
+                or (type(number) is int and not -2 ** 63 <= number < 2 ** 63)
                 or (type(number) is int and abs(number) > 2 ** 53
                     and dtype in (torch.float32, torch.complex64))):
             return None
-        try:
-            tensor = torch.tensor(number, dtype=dtype)
-        except (RuntimeError, OverflowError):  # an int beyond int64: torch says what it says
-            return None
+        tensor = torch.tensor(number, dtype=dtype)
         if len(_number_tensors) >= 1024:  # a loop over many numbers: start again
             _number_tensors.clear()
         _number_tensors[key] = tensor

@@ -578,7 +578,8 @@ def call_function(func, args, kwargs):
             value = args[0].value  # one plain FuncTensor argument: unwrap_all written out
             prim = _ONE_PRIMITIVE.get(func)
             if prim is not None and isinstance(value, Value):
-                out = value.dispatcher.apply(prim, value)  # NOTE [Functions that are one primitive]
+                # NOTE [Functions that are one primitive] (torch_api.py)
+                out = value.dispatcher.apply(prim, value)
             else:
                 out = op(value)
         elif (len(args) == 2 and type(args[1]) in NUMBERS and type(args[0]) is FuncTensor
