@@ -68,8 +68,8 @@ class _Compiled:
         if self.has_transformed_constants:
             self.run = None
         elif backend is None:
-            # the same bits, faster: NOTE [Number operands as tensors] and NOTE [Buffer
-            # reuse in generated code] in fast_code.py
+            # the same bits, faster: NOTE [Number operands as tensors] (primitives.py) and
+            # NOTE [Buffer reuse in generated code] (fast_code.py)
             self.run = program.compile_python(number_tensors=True)
             if reusable_equations(program):
                 self.run = unless_recorded(
