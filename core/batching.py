@@ -38,12 +38,6 @@ class BatchedValue(Value):
         self._metadata = None
         self.bdim = bdim
 
-    @property
-    def shape(self):
-        shape = self.payload.shape
-        bdim = self.bdim
-        return shape[1:] if bdim == 0 else shape[:bdim] + shape[bdim + 1:]
-
     def metadata(self):
         # Value.metadata and _own_metadata in one (this is the hot path: every op's result)
         metadata = self._metadata

@@ -58,17 +58,18 @@ class Value:
                 self._name = getattr(payload, "t_name", None) or fresh_name()
         return self._name
 
+    # (read from the kept metadata: a chain of levels is walked once per value, not per read)
     @property
     def shape(self) -> torch.Size:
-        return self.payload.shape
+        return self.metadata()[0]
 
     @property
     def dtype(self):
-        return self.payload.dtype
+        return self.metadata()[1]
 
     @property
     def device(self):
-        return self.payload.device
+        return self.metadata()[2]
 
     @property
     def ndim(self) -> int:
