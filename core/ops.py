@@ -136,7 +136,7 @@ def pow_exponent_derivative(x, y, out):
 def _shape_arg(shape) -> tuple:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
         shape = shape[0]
-    return tuple(int(s) for s in shape)
+    return tuple(map(int, shape))  # (map, not a generator: rules call this on every view)
 
 
 # --- elementwise ---------------------------------------------------------------------------
