@@ -232,9 +232,8 @@ class Tape:
             ct = gradients.get(entry.output)
             if ct is None:
                 continue
-            if entry.output in seeds and isinstance(ct, (torch.Tensor, Value)) and \
-                    ct.dtype != entry.out_dtype and _castable(ct.dtype, entry.out_dtype):
-                ct = ops.convert(ct, entry.out_dtype)
+            if entry.output in seeds:
+                ct = _in_dtype(ct, entry.out_dtype)
             _needs_stack.append(entry.inputs)
             try:
                 input_cts = entry.backward(ct)
@@ -250,11 +249,8 @@ class Tape:
             for name, input_ct, arg in zip(entry.inputs, input_cts, entry.args):
                 if name is None or input_ct is None:
                     continue
-                if entry.mixed_dtypes and isinstance(arg, Value) and \
-                        isinstance(input_ct, (torch.Tensor, Value)):
-                    dtype = arg.metadata()[1]
-                    if input_ct.dtype != dtype and _castable(input_ct.dtype, dtype):
-                        input_ct = ops.convert(input_ct, dtype)
+                if entry.mixed_dtypes and isinstance(arg, Value):
+                    input_ct = _in_dtype(input_ct, arg.metadata()[1])
                 previous = gradients.get(name)
                 total = input_ct if previous is None else ops.add(previous, input_ct)
                 gradients[name] = total
@@ -294,10 +290,14 @@ class Tape:
         printer.text(f"{self.level_name} tape ({len(self.entries)} entries)\n{self}")
 
 
-def _castable(ct_dtype, dtype):
-    """Whether a cotangent of ``ct_dtype`` is cast to ``dtype`` (NOTE [A cotangent takes its
-    value's dtype]): between floating dtypes, or real to complex; never complex to real."""
-    return (dtype.is_floating_point and ct_dtype.is_floating_point) or dtype.is_complex
+def _in_dtype(ct, dtype):
+    """A cotangent cast to its value's ``dtype`` (NOTE [A cotangent takes its value's dtype]):
+    between floating dtypes, or real to complex; never complex to real, and a number or None
+    stays as it is."""
+    if isinstance(ct, (torch.Tensor, Value)) and ct.dtype != dtype and (
+            (dtype.is_floating_point and ct.dtype.is_floating_point) or dtype.is_complex):
+        return ops.convert(ct, dtype)
+    return ct
 
 
 _active_captures: list[list] = []
