@@ -1870,9 +1870,13 @@ def _reduced_dims(x):
     return (0, *range(2, len(shape_of(x))))
 
 
-def _bn_statistics(x, eps):
-    stats = bind(batch_norm_stats_p, x, eps=eps)
+def _mean_and_rstd(stats):
+    """The two statistics that a *_stats primitive (batch, layer or group norm) stacks."""
     return ops.getitem(stats, 0), ops.getitem(stats, 1)
+
+
+def _bn_statistics(x, eps):
+    return _mean_and_rstd(bind(batch_norm_stats_p, x, eps=eps))
 
 
 def _refuse_running_stat_derivative(op):
@@ -1979,7 +1983,7 @@ jvp_rules[batch_norm_eval_p] = batch_norm_eval_jvp
 # to broadcast against x (a channel view for batch norm, nothing for layer norm's kept dims).
 def _statistics_cotangent(ct, stats, x, n, view):
     """x's cotangent from the cotangent of the stacked (mean, rstd)."""
-    mean, rstd = ops.getitem(stats, 0), ops.getitem(stats, 1)
+    mean, rstd = _mean_and_rstd(stats)
     ct_mean, ct_rstd = ops.getitem(ct, 0), ops.getitem(ct, 1)
     scale = ops.mul(ops.mul(ct_rstd, ops.power(rstd, 3)), -1.0 / n)
     return ops.add(view(ops.div(ct_mean, n)), ops.mul(view(scale), ops.sub(x, view(mean))))
@@ -1987,7 +1991,7 @@ def _statistics_cotangent(ct, stats, x, n, view):
 
 def _statistics_tangent(stats, x, x_dot, dims, view, keepdim=False):
     """The tangent of the stacked (mean, rstd), reduced over ``dims``."""
-    mean, rstd = ops.getitem(stats, 0), ops.getitem(stats, 1)
+    mean, rstd = _mean_and_rstd(stats)
     mean_dot = ops.mean(x_dot, dims, keepdim=keepdim)
     rstd_dot = ops.mul(ops.mean(ops.mul(ops.sub(x, view(mean)), x_dot), dims, keepdim=keepdim),
                        ops.neg(ops.power(rstd, 3)))
@@ -2472,8 +2476,8 @@ def _trailing_dims(x, normalized_shape):
 
 
 def _ln_statistics(x, normalized_shape, eps):
-    stats = bind(layer_norm_stats_p, x, normalized_shape=normalized_shape, eps=eps)
-    return ops.getitem(stats, 0), ops.getitem(stats, 1)
+    return _mean_and_rstd(bind(layer_norm_stats_p, x, normalized_shape=normalized_shape,
+                               eps=eps))
 
 
 def layer_norm_vjp(x, *affine_args, normalized_shape, eps, affine):
@@ -2782,8 +2786,7 @@ register_fresh(group_norm_p, group_norm_stats_p)
 
 
 def _gn_statistics(x, num_groups, eps):
-    stats = bind(group_norm_stats_p, x, num_groups=num_groups, eps=eps)
-    return ops.getitem(stats, 0), ops.getitem(stats, 1)
+    return _mean_and_rstd(bind(group_norm_stats_p, x, num_groups=num_groups, eps=eps))
 
 
 def _gn_grouped(x, num_groups):
