@@ -123,14 +123,10 @@ def unless_recorded(reusing, plain, constants):
     return run
 
 
-# primitives whose number operand (the second) may be a 0-d tensor of the result's dtype
-NUMBER_OPERAND_PRIMS = frozenset({P.add_p, P.sub_p, P.mul_p, P.div_p})
-
-
 def number_operand_tensor(equation):
     """The 0-d tensor that may stand for the equation's number operand, or None (NOTE [Number
     operands as tensors] in primitives.py)."""
-    if equation.prim not in NUMBER_OPERAND_PRIMS or equation.params:
+    if equation.prim not in P.NUMBER_OPERAND_PRIMS or equation.params:
         return None
     first, second = equation.inputs
     dtype = equation.out.dtype

@@ -144,6 +144,8 @@ add_p = primitive("add", _number_second_as_tensor(torch.add))
 sub_p = primitive("sub", _number_second_as_tensor(torch.sub))
 mul_p = primitive("mul", _number_second_as_tensor(torch.mul))
 div_p = primitive("div", _number_second_as_tensor(torch.div))
+# the primitives whose number operand (the second) may be a kept 0-d tensor
+NUMBER_OPERAND_PRIMS = frozenset({add_p, sub_p, mul_p, div_p})
 # division that rounds (floor, trunc): its derivative is zero, as derivatives.yaml says
 div_rounding_p = primitive(
     "div_rounding", lambda x, y, *, rounding_mode: torch.div(x, y, rounding_mode=rounding_mode),
