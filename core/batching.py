@@ -491,6 +491,14 @@ def matmul_batch(values, bdims):
         # contiguous.)
         return ops.transpose(ops.matmul(ops.transpose(y, -1, -2), ops.transpose(x, 0, 1)),
                              -1, -2), 0
+    if (y_bdim is None and x_rank == 1 and y_rank == 2 and type(x) is torch.Tensor
+            and x.is_contiguous()):
+        # (B, k) @ (k, n), the examples' rows contiguous: one matrix product as it stands,
+        # the one that the vector-as-matrix path below makes through an unsqueeze and a
+        # squeeze (a jacrev's pullback of every ``matrix @ vector``). Of any other layout,
+        # torch.matmul folds the (B, 1, k) view differently, so that keeps the path below,
+        # whose bits are torch.func's.
+        return ops.matmul(x, y), 0
     if x_rank == 1:
         x = ops.unsqueeze(x, -2)
     if y_rank == 1:

@@ -81,6 +81,45 @@ def test_broadcasting_binary_ops(name, shapes, batched):
                 tf.vmap(tf.grad(scalarized, argnums=(0, 1)), in_dims=in_dims)(*inputs))
 
 
+VECTOR_LAYOUTS = {  # (B=5, k=7) examples along dim 0, as batching rules receive them
+    "contiguous": lambda: torch.randn(5, 7, dtype=torch.float32),
+    "transposed": lambda: torch.randn(7, 5, dtype=torch.float32).T,
+    "strided": lambda: torch.randn(5, 14, dtype=torch.float32)[:, ::2],
+    "every other row": lambda: torch.randn(10, 7, dtype=torch.float32)[::2],
+    "expanded": lambda: torch.randn(1, 7, dtype=torch.float32).expand(5, 7),
+}
+MATRIX_LAYOUTS = {
+    "contiguous": lambda: torch.randn(7, 3, dtype=torch.float32),
+    "transposed": lambda: torch.randn(3, 7, dtype=torch.float32).T,
+    "strided": lambda: torch.randn(7, 6, dtype=torch.float32)[:, ::2],
+}
+
+
+@pytest.mark.parametrize("vector", list(VECTOR_LAYOUTS))
+@pytest.mark.parametrize("matrix", list(MATRIX_LAYOUTS))
+@pytest.mark.parametrize("in_dim", [0, 1])
+def test_a_batch_of_vectors_times_a_matrix_has_torch_funcs_bits(vector, matrix, in_dim):
+    # matmul_batch makes a contiguous (B, k) @ (k, n) one matrix product, and every other
+    # layout a (B, 1, k) @ (k, n) that torch.matmul folds its own way: both as torch.func
+    torch.manual_seed(0)
+    xs, m = VECTOR_LAYOUTS[vector](), MATRIX_LAYOUTS[matrix]()
+    xs = xs if in_dim == 0 else xs.T
+
+    def f(v):
+        return v @ m
+    assert torch.equal(mf.vmap(f, in_dims=in_dim)(xs), tf.vmap(f, in_dims=in_dim)(xs))
+    nested = torch.stack([xs, 2 * xs])
+    assert torch.equal(mf.vmap(mf.vmap(f, in_dims=in_dim))(nested),
+                       tf.vmap(tf.vmap(f, in_dims=in_dim))(nested))
+    # a jacrev pulls back the identity's rows through ``m.T @ v``: a (B, k) @ (k, n) product
+    a = m.T.contiguous()
+
+    def g(v):
+        return torch.tanh(a @ torch.sin(v))
+    example = xs[0] if in_dim == 0 else xs[:, 0]
+    assert torch.equal(mf.jacrev(g)(example), tf.jacrev(g)(example))
+
+
 @pytest.mark.parametrize("shapes", [
     [(3, 1), (1, 4)], [(2, 3, 4), (4,)], [(), (5,)], [(0,), (1,)], [(1, 0), (3, 1)],
     [(2, 1, 3), (1, 4, 1), (4, 3)], [(7,)], [], [(1,), ()], [torch.Size([2, 1]), [1, 5]],
