@@ -53,7 +53,7 @@ def register(*functions, view=None):
 # op of the elementwise formula table). Only for a function whose op is exactly
 # ``bind(prim, x)``; ``tests/test_tensor_values.py`` checks each entry against its op.
 # ``x * 1.1`` likewise: the arithmetic functions, called on a tensor and a number, are the
-# primitive bound on the two.
+# primitive bound on the two (``1.1 * x`` too, which torch computes as ``x * 1.1``).
 ONE_PRIMITIVE: dict = {}  # torch function -> the primitive its op binds
 NUMBER_SECOND: dict = {}  # torch function -> the primitive its op binds with a number second
 
@@ -138,9 +138,11 @@ def reflected(name, op):
 
 
 _OPERATORS = {
-    "__add__": ops.add, "__radd__": reflected("__radd__", ops.add),
+    # torch's __radd__ and __rmul__ are add(self, other) and mul(self, other): ``2.0 * t``
+    # computes ``t * 2.0``, the tensor first (of complex operands, the order changes the bits)
+    "__add__": ops.add, "__radd__": ops.add,
     "__sub__": ops.sub, "__rsub__": reflected("__rsub__", ops.sub),
-    "__mul__": ops.mul, "__rmul__": reflected("__rmul__", ops.mul),
+    "__mul__": ops.mul, "__rmul__": ops.mul,
     "__truediv__": ops.div, "__div__": ops.div,  # (__rtruediv__: in elementwise.py)
     # (torch's __rpow__ is pow(other, self) whatever self is: Tensor.__rpow__(2.0, t) is t**2)
     "__pow__": ops.pow, "__rpow__": lambda x, y: ops.pow(y, x),
@@ -165,6 +167,8 @@ for _name, _prim in (("add", P.add_p), ("sub", P.sub_p), ("mul", P.mul_p), ("div
     for _function in (getattr(torch, _name), getattr(torch.Tensor, _name),
                       getattr(torch.Tensor, f"__{'truediv' if _name == 'div' else _name}__")):
         NUMBER_SECOND[_function] = _prim
+NUMBER_SECOND[torch.Tensor.__radd__] = P.add_p  # (the tensor first, as torch: _OPERATORS)
+NUMBER_SECOND[torch.Tensor.__rmul__] = P.mul_p
 for _name in ("neg", "exp", "log", "sin", "cos", "tanh", "sigmoid", "relu", "abs", "sqrt"):
     register_primitive(getattr(P, f"{_name}_p"), getattr(torch, _name),
                        getattr(torch.Tensor, _name))
