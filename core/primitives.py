@@ -18,6 +18,7 @@ a shape and a dtype but no storage. This is how PyTorch itself derives shapes (m
 it is exact, including broadcasting and type promotion, and it costs no arithmetic.
 """
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 
 class Primitive:
@@ -98,6 +99,10 @@ sign_p = primitive("sign", torch.sign, differentiable=False)
 #   for a float32 result, one that a double holds exactly (a larger one could round twice).
 # jit's generated code binds its literals the same way (fast_code.py). In C++ torch.func pays
 # nothing for this; a Python engine pays the wrapping on every op of every level.
+# The kept tensor is made with torch's function and dispatch modes off: the first use of a
+# number may come while a transform's mode is on (a trace computes each op's metadata on meta
+# tensors inside the user's function), and a tensor made there would be that mode's value,
+# kept for every later call.
 NUMBER_TENSOR_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64,
                                   torch.complex128})
 _NUMBER_TYPES = (int, float, complex)
@@ -118,7 +123,9 @@ def number_tensor(number, dtype):
                 or (type(number) is int and abs(number) > 2 ** 53
                     and dtype in (torch.float32, torch.complex64))):
             return None
-        tensor = torch.tensor(number, dtype=dtype)
+        with torch._C.DisableTorchFunction(), _disable_current_modes():
+            tensor = torch.tensor(number, dtype=dtype)
+        assert type(tensor) is torch.Tensor, f"a kept number tensor is a {type(tensor)}"
         if len(_number_tensors) >= 1024:  # a loop over many numbers: start again
             _number_tensors.clear()
         _number_tensors[key] = tensor
