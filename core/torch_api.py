@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from . import ops
 from . import primitives as P
 from .errors import TransformUsageError
-from .values import Value
+from .values import NUMBERS, Value
 
 TORCH_FUNCTIONS: dict = {}
 VIEWS: dict = {}
@@ -121,11 +121,14 @@ _FUNCTIONAL = {
     "softmax": ops.softmax, "log_softmax": ops.log_softmax, "cross_entropy": ops.cross_entropy,
     "nll_loss": ops.nll_loss, "mse_loss": ops.mse_loss,
 }
-# Operators reached when a plain tensor is on the left: Tensor.__sub__(plain, wrapped).
-def reflected(name, op):
+# Operators reached when a plain tensor or a number is on the left: ``plain - wrapped`` and
+# ``2.0 - wrapped`` call ``wrapped.__rsub__`` (Python asks the subclass first).
+def reflected(name, op, *, number_last=False):
     """``Tensor.__rsub__(self, other)`` is ``other - self``; ``self`` is the tensor (called
     unbound with a number as ``self``, torch fails on it, and so does this; not __rpow__,
-    whose body torch runs as it is)."""
+    whose body torch runs as it is). With ``number_last`` (__radd__, __rmul__), a number
+    ``other`` goes second: torch computes ``2.0 * t`` as ``t * 2.0`` (its __rmul__ is
+    ``mul(self, other)``), and of complex operands the order changes the bits."""
     def reflected(x, y):
         if not isinstance(x, (torch.Tensor, Value)):
             # (not a TypeError: torch's operator wrapper turns those into NotImplemented)
@@ -133,16 +136,16 @@ def reflected(name, op):
                 f"Tensor.{name}(self, other): self must be a tensor, got {type(x).__name__} "
                 "(torch fails here too). Fix: write the operator (other - tensor, ...), or "
                 "call the function form (torch.sub(other, tensor), ...).")
+        if number_last and type(y) in NUMBERS:
+            return op(x, y)
         return op(y, x)
     return reflected
 
 
 _OPERATORS = {
-    # torch's __radd__ and __rmul__ are add(self, other) and mul(self, other): ``2.0 * t``
-    # computes ``t * 2.0``, the tensor first (of complex operands, the order changes the bits)
-    "__add__": ops.add, "__radd__": ops.add,
+    "__add__": ops.add, "__radd__": reflected("__radd__", ops.add, number_last=True),
     "__sub__": ops.sub, "__rsub__": reflected("__rsub__", ops.sub),
-    "__mul__": ops.mul, "__rmul__": ops.mul,
+    "__mul__": ops.mul, "__rmul__": reflected("__rmul__", ops.mul, number_last=True),
     "__truediv__": ops.div, "__div__": ops.div,  # (__rtruediv__: in elementwise.py)
     # (torch's __rpow__ is pow(other, self) whatever self is: Tensor.__rpow__(2.0, t) is t**2)
     "__pow__": ops.pow, "__rpow__": lambda x, y: ops.pow(y, x),
@@ -167,7 +170,7 @@ for _name, _prim in (("add", P.add_p), ("sub", P.sub_p), ("mul", P.mul_p), ("div
     for _function in (getattr(torch, _name), getattr(torch.Tensor, _name),
                       getattr(torch.Tensor, f"__{'truediv' if _name == 'div' else _name}__")):
         NUMBER_SECOND[_function] = _prim
-NUMBER_SECOND[torch.Tensor.__radd__] = P.add_p  # (the tensor first, as torch: _OPERATORS)
+NUMBER_SECOND[torch.Tensor.__radd__] = P.add_p  # (2.0 + t is t + 2.0: reflected's number_last)
 NUMBER_SECOND[torch.Tensor.__rmul__] = P.mul_p
 for _name in ("neg", "exp", "log", "sin", "cos", "tanh", "sigmoid", "relu", "abs", "sqrt"):
     register_primitive(getattr(P, f"{_name}_p"), getattr(torch, _name),

@@ -436,6 +436,30 @@ def test_a_number_on_the_left_is_computed_as_torch_computes_it():
             if not dtype.is_complex:
                 loss = lambda x, f=f: (f(x) * x_dot).sum()  # noqa: E731
                 assert torch.equal(mf.grad(loss)(x), tf.grad(loss)(x)), (dtype, c)
+        # a plain tensor on the left stays on the left: ``a * r`` reaches ``r.__rmul__(a)``
+        # first (Python asks the subclass), and is ``mul(a, r)`` as written
+        a = torch.randn(5, generator=generator, dtype=dtype)
+        for g in (lambda r: a * r, lambda r: a + r):
+            assert torch.equal(mf.vmap(g)(x), tf.vmap(g)(x)), dtype
+            assert [e.prim.name for e in mf.trace(g)(x[0]).equations] in (["mul"], ["add"])
+
+
+def test_a_number_first_met_inside_a_trace_is_kept_as_a_plain_tensor():
+    # NOTE [Number operands as tensors]: a trace computes each op on meta tensors inside the
+    # user's function, where the transform mode is on; the kept tensor of a number first met
+    # there was made under that mode (a wrapped value), and every later ``x * number`` then
+    # returned one (found as test_grad_of_a_dict_of_parameters failing after this file)
+    from minifunctorch.core import ops
+    from minifunctorch.core import primitives as P
+    x = torch.rand(3)
+    for dtype in (torch.float32, torch.float64):
+        P._number_tensors.pop((1.8125, dtype), None)
+        mf.trace(lambda x: ops.mul(x, 1.8125))(x.to(dtype))
+        assert type(P.number_tensor(1.8125, dtype)) is torch.Tensor
+        g = mf.grad(lambda x: (x * 1.8125).sum())(x.to(dtype))
+        assert type(g) is torch.Tensor and torch.equal(g, torch.full((3,), 1.8125, dtype=dtype))
+        assert torch.equal(mf.vmap(lambda r: r * 1.8125)(x.to(dtype)), x.to(dtype) * 1.8125)
+    assert all(type(t) is torch.Tensor for t in P._number_tensors.values())
 
 
 def test_each_function_that_is_one_primitive_is_its_op():
