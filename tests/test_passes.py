@@ -120,16 +120,17 @@ def test_golden_fold_symbolic_zeros():
       d:f32[3] = mul c b
       e:f32[3] = add a d
       f:f32[3] = sub c b
-      g:f32[3] = add 1 c
+      g:f32[3] = add c 1
   in (e, f, g) }"""
     # x + 0 is x, 0 - y is -y, and the product with a zero is made directly as a zero (dead
-    # now: dead-code elimination removes it); 1 + 0 stays an addition
+    # now: dead-code elimination removes it); 1 + z, which torch computes as z + 1, stays an
+    # addition (its result is a tensor of z's shape)
     assert str(fold_symbolic_zeros(program)) == """\
 { lambda ; a:f32[3] b:f32[3] .
   let c:f32[3] = full_like a fill_value=0
       d:f32[3] = full_like c fill_value=0
       e:f32[3] = neg b
-      f:f32[3] = add 1 c
+      f:f32[3] = add c 1
   in (a, e, f) }"""
     x, y = rand(0, 3), rand(1, 3)
     assert_close(fold_symbolic_zeros(program)(x, y), with_zeros(x, y))
