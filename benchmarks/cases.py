@@ -85,6 +85,7 @@ QUICK = Sizes(s1_shape=(4, 4), s1_ops=10, s2_batches=(8,), s2_dims=(12, 8, 4),
 # the MAML meta-step (S8: compiled with its outer backward).
 INDUCTOR_NOTE = "not built for this case (compile time): see S2, S4 vmap(hessian), S5, S8"
 QUICK_INDUCTOR_NOTE = "not built in --quick (compile time)"
+NO_INDUCTOR_NOTE = "not built: run with --no-inductor (compile time)"
 
 
 def engine_case(group, name, transform, args, *, sizes, inductor=False, loop=None, hand=None,
@@ -125,7 +126,8 @@ def engine_case(group, name, transform, args, *, sizes, inductor=False, loop=Non
         builders[MFT_INDUCTOR] = functools.partial(minifunctorch_jit, "inductor")
         builders[COMPILE] = compiled_make_fx
     else:
-        note = QUICK_INDUCTOR_NOTE if not sizes.inductor else INDUCTOR_NOTE
+        note = (INDUCTOR_NOTE if sizes.inductor else
+                QUICK_INDUCTOR_NOTE if sizes == QUICK else NO_INDUCTOR_NOTE)
         notes.setdefault(MFT_INDUCTOR, note)
         notes.setdefault(COMPILE, note)
     if loop is not None:

@@ -1,5 +1,6 @@
 """RESULTS.md and results.png: the tables, the targets, the profiles and the plot."""
 import dataclasses
+import re
 from pathlib import Path
 
 from .harness import (
@@ -527,10 +528,38 @@ def render(suite) -> str:
     if suite.first_result or "S1" in suite.groups:
         out.append(f"\n## {GROUP_TITLES['S6']}\n")
         out.append(s6_section(suite))
+    if suite.env.get("device") == "cpu" and not suite.quick:
+        out.append("\n## On a GPU\n")
+        out.append(gpu_section())
     out.append("\n## Profiles of missed targets\n")
     out.append(profiles_section(suite))
     out.append("\n![ratio vs torch.func per case and contender](results.png)\n")
     return "\n".join(out)
+
+
+# --- the GPU run -------------------------------------------------------------------------------
+# where ``python -m benchmarks.run --device cuda --no-inductor --out benchmarks/gpu`` writes, on a
+# machine with a GPU (none is at hand in CI or on this repository's own machine)
+GPU_RESULTS = Path(__file__).resolve().parent / "gpu" / "RESULTS.md"
+_GPU_ROWS = ("GPU", "torch", "minifunctorch commit", "date (UTC)", "TF32 (cudnn, cuda matmul)",
+             "torch.compile cache")
+
+
+def gpu_section(path: Path = GPU_RESULTS) -> str:
+    """The targets of the last run on a GPU, read from that run's own report (issue 16: a GPU
+    section whenever a GPU is lent). Its machine and date differ from this run's: the two
+    are compared only through their ratios to torch.func, each from its own run."""
+    if not path.exists():
+        return ("No run on a GPU is on record. On a machine with one: `python -m benchmarks.run "
+                "--device cuda --no-inductor --out benchmarks/gpu`.\n")
+    text = path.read_text()
+    settings = dict(re.findall(r"^\| ([^|]+?) \| ([^|]*?) \|$", text, re.M))
+    start = text.index("## Targets\n") + len("## Targets\n")
+    end = text.find("\n## ", start)
+    rows = [[k, settings[k]] for k in _GPU_ROWS if k in settings]
+    return (f"From the last run on a GPU, [gpu/RESULTS.md](gpu/RESULTS.md) (its own machine, "
+            f"date and commit; every table and profile is there):\n\n"
+            + _table(["", ""], rows) + "\n" + text[start:end if end >= 0 else None].strip() + "\n")
 
 
 # --- the plot ------------------------------------------------------------------------------------

@@ -7,10 +7,12 @@ the report records). ``--quick`` uses small sizes and only checks correctness: n
 timed, and the report is written only if ``--out DIR`` is given. ``--groups`` runs only the
 groups named (e.g. ``S7,S8``; S6 is the time to first result), and then too the report is
 written only if ``--out DIR`` is given, so that a partial run never replaces the full
-``benchmarks/RESULTS.md``. The exit status is 1 if a contender computed a wrong result or an
+``benchmarks/RESULTS.md``. ``--no-inductor`` leaves out the two torch.compile contenders
+(minutes of compiling, which a short lease of a GPU machine cannot spare). The exit status is 1 if a contender computed a wrong result or an
 engine contender raised.
 """
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -25,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 
 def run(*, quick=False, device="cpu", threads=1, extra_threads=2, out_dir=None,
         min_run_time=0.25, rounds=4, first_result_reps=5, max_profiles=16, groups=None,
-        log=print) -> report.Suite:
+        inductor=True, log=print) -> report.Suite:
     """Run the suite, or only the ``groups`` named; write the report to ``out_dir``
     (default: benchmarks/ for a full run of every group, else nowhere). Returns the Suite."""
     if device == "cuda" and not torch.cuda.is_available():
@@ -44,10 +46,20 @@ def run(*, quick=False, device="cpu", threads=1, extra_threads=2, out_dir=None,
     started = time.perf_counter()
     torch.set_num_threads(threads)
     sizes = cases.QUICK if quick else cases.FULL
+    if not inductor:
+        sizes = dataclasses.replace(sizes, inductor=False)
     inductor_cache = (harness.use_fresh_inductor_cache() if sizes.inductor else
-                      "not used (the quick sizes build no inductor contender)")
+                      "not used (no inductor contender is built)")
     env = harness.environment(device=device, threads=threads, min_run_time=min_run_time,
                               rounds=rounds, inductor_cache=inductor_cache)
+    if device == "cuda":
+        # On a GPU, torch runs convolutions (and, if asked, matmuls) in TF32 by default: a
+        # 10-bit mantissa, so contenders that batch the same convolution differently (cuDNN
+        # picks its algorithm per shape) differ by 1e-4, and the correctness check would
+        # reject the python loop itself. Every contender computes in full float32 here.
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        env["TF32 (cudnn, cuda matmul)"] = "off, for every contender"
     suite = report.Suite(env=env, quick=quick, groups={}, s1_ops=sizes.s1_ops,
                          threads=threads)
 
@@ -170,6 +182,8 @@ def main(argv=None) -> int:
     parser.add_argument("--groups", default=None,
                         help="comma-separated groups to run (e.g. S7,S8; default: all); the "
                              "report is then written only with --out")
+    parser.add_argument("--no-inductor", action="store_true",
+                        help="leave out the torch.compile contenders (minutes of compiling)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write RESULTS.md and results.png (default: "
                              "benchmarks/; in --quick mode, nowhere unless given)")
@@ -178,7 +192,8 @@ def main(argv=None) -> int:
                 extra_threads=args.extra_threads, out_dir=args.out,
                 min_run_time=args.min_run_time, rounds=args.rounds,
                 groups=None if args.groups is None else
-                [g.strip() for g in args.groups.split(",") if g.strip()])
+                [g.strip() for g in args.groups.split(",") if g.strip()],
+                inductor=not args.no_inductor)
     failures = suite.failures()
     for result in failures:
         print(f"FAILED: {result.case.label}, {result.contender}: {result.status}: "

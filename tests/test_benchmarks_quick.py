@@ -254,3 +254,27 @@ def test_instruction_counts_of_whole_calls_name_what_they_count():
                         (["--programs", "--cases", "S7"], "give one of them per run")]:
         with pytest.raises(SystemExit, match=words):
             instructions.main(argv)
+
+
+def test_the_gpu_section_quotes_the_gpu_runs_targets(tmp_path):
+    missing = report.gpu_section(tmp_path / "none.md")
+    assert "No run on a GPU is on record" in missing and "--device cuda" in missing
+    gpu_md = tmp_path / "RESULTS.md"
+    gpu_md.write_text("# Benchmarks\n\n## Machine and settings\n\n|  |  |\n|---|---|\n"
+                      "| GPU | Some GPU |\n| torch | 9.9 |\n| threads | 1 |\n\n## Targets\n\n"
+                      "2 met, 1 missed.\n\n| target | value |\n|---|---|\n| T1 | 0.5× |\n\n"
+                      "## S1 overhead\n\nnot quoted\n")
+    section = report.gpu_section(gpu_md)
+    assert "| GPU | Some GPU |" in section and "| torch | 9.9 |" in section
+    assert "2 met, 1 missed." in section and "| T1 | 0.5× |" in section
+    assert "threads" not in section and "not quoted" not in section
+    # the committed GPU run, if any, renders too
+    if report.GPU_RESULTS.exists():
+        assert " met, " in report.gpu_section()
+
+
+def test_no_inductor_leaves_out_the_compile_contenders_and_says_so():
+    sizes = run.dataclasses.replace(cases.FULL, inductor=False)
+    case = cases.s2_cases(sizes, "cpu")[0]
+    assert harness.MFT_INDUCTOR not in case.builders and harness.COMPILE not in case.builders
+    assert case.notes[harness.MFT_INDUCTOR] == cases.NO_INDUCTOR_NOTE
