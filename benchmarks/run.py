@@ -8,8 +8,8 @@ timed, and the report is written only if ``--out DIR`` is given. ``--groups`` ru
 groups named (e.g. ``S7,S8``; S6 is the time to first result), and then too the report is
 written only if ``--out DIR`` is given, so that a partial run never replaces the full
 ``benchmarks/RESULTS.md``. ``--no-inductor`` leaves out the two torch.compile contenders
-(minutes of compiling, which a short lease of a GPU machine cannot spare). The exit status is 1 if a contender computed a wrong result or an
-engine contender raised.
+(minutes of compiling, which a short lease of a GPU machine cannot spare). The exit status
+is 1 if a contender computed a wrong result or an engine contender raised.
 """
 import argparse
 import dataclasses

@@ -1871,7 +1871,8 @@ def _reduced_dims(x):
 
 
 def _mean_and_rstd(stats):
-    """The two statistics that a *_stats primitive (batch, layer or group norm) stacks."""
+    """The two statistics that a *_stats primitive (batch, layer or group norm) stacks, or
+    the two halves of their cotangent, stacked the same way."""
     return ops.getitem(stats, 0), ops.getitem(stats, 1)
 
 
@@ -1984,7 +1985,7 @@ jvp_rules[batch_norm_eval_p] = batch_norm_eval_jvp
 def _statistics_cotangent(ct, stats, x, n, view):
     """x's cotangent from the cotangent of the stacked (mean, rstd)."""
     mean, rstd = _mean_and_rstd(stats)
-    ct_mean, ct_rstd = ops.getitem(ct, 0), ops.getitem(ct, 1)
+    ct_mean, ct_rstd = _mean_and_rstd(ct)
     scale = ops.mul(ops.mul(ct_rstd, ops.power(rstd, 3)), -1.0 / n)
     return ops.add(view(ops.div(ct_mean, n)), ops.mul(view(scale), ops.sub(x, view(mean))))
 
