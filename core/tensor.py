@@ -371,7 +371,7 @@ def call_with_tensors(function, *args, **kwargs):
 class _View:
     """How a FuncTensor was made from its base: ``func(base, *args, **kwargs)[output]``."""
 
-    __slots__ = ("base", "func", "args", "kwargs", "output", "generation")
+    __slots__ = ("base", "func", "args", "kwargs", "output", "generation", "checked")
 
     def __init__(self, base, func, args, kwargs, output, generation):
         self.base = base
@@ -380,6 +380,7 @@ class _View:
         self.kwargs = kwargs
         self.output = output
         self.generation = generation
+        self.checked = _writes  # made from an up-to-date base (call_function reads it first)
 
     def replay(self, base):
         out = self.func(base, *self.args, **self.kwargs)
@@ -402,8 +403,16 @@ def _refresh_view(t):
     ``v = x[0]; x.add_(1)``: torch's ``v`` shares memory with ``x`` and sees the write. Here
     ``v`` holds a value computed from ``x``'s old value, so a view remembers how it was made
     and is recomputed from its base when the base has been written since (a view of a view,
-    ``x.view(-1)[1:]``, through its own base in turn)."""
+    ``x.view(-1)[1:]``, through its own base in turn).
+
+    Writes are rare and reads of views are not (a reshape feeds every next op), so a view
+    also remembers the count of writes when it was last brought up to date: while no write
+    has happened anywhere since, the walk down its chain of bases is skipped, and a long
+    chain of views (``x.flatten().unflatten(...)`` in a loop) costs one comparison per read
+    rather than its depth."""
     view = t._view
+    if view.checked == _writes:
+        return
     base = view.base
     value_of(base)
     if view.generation != base._generation:
@@ -411,6 +420,18 @@ def _refresh_view(t):
             t.value = unwrap(view.replay(base))
         view.generation = base._generation
         t._generation += 1  # a new value: views taken of this view refresh in turn
+    view.checked = _writes
+
+
+# How many writes (``_written``) have happened: a view checked since the last is up to date.
+_writes = 0
+
+
+def _written(target):
+    """``target`` holds a new value by a write: its views, and views of them, refresh."""
+    global _writes
+    target._generation += 1
+    _writes += 1
 
 
 def _write(target, new_value, call):
@@ -443,7 +464,7 @@ def _write(target, new_value, call):
     if (not _is_grad_enabled() and grad_mode.grad_off()) or grad_mode.floors[grad_mode.REVERSE]:
         new_value = _keep_grad_identity(target.value, new_value)
     target.value = new_value
-    target._generation += 1
+    _written(target)
     view = target._view
     if view is not None:
         base = view.base
@@ -793,7 +814,7 @@ def _functionalize(func, args, kwargs):
         new_value = unwrap(out)
         if aten_api.changes_metadata(func) and type(target) is FuncTensor:
             target.value = new_value  # squeeze_, t_, ...: the tensor takes the new shape
-            target._generation += 1
+            _written(target)
             _set_shape(target, tuple(new_value.shape))
         else:
             _write(target, new_value, call)

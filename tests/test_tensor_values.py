@@ -667,6 +667,39 @@ def test_writes_through_a_view_of_a_view(transform):
                                transform(tf, _write_through_a_view_of_a_view, x))
 
 
+def _views_read_between_writes(x):
+    # NOTE [Views that outlive a write]: each view is read (so checked up to date) before a
+    # write, and again after it, in both orders along the chain root -> flat -> tail -> pair
+    y = x.clone()
+    flat = y.view(-1)
+    tail = flat[2:]
+    pair = tail.view(-1, 2)
+    reads = [pair.sum(), tail.sum()]  # both checked before any write
+    y.mul_(2)  # the root written: the whole chain is behind
+    reads += [tail.sum(), pair.sum()]  # the inner view first, then the outer one
+    tail.add_(1)  # a write through the middle of the chain
+    reads += [pair.sum(), flat.sum(), y.sum()]  # outer view first, then up to the root
+    deep = flat
+    for _ in range(50):  # a long chain of views, read once at its end
+        deep = deep.view(2, -1).view(-1)
+    y.sub_(0.5)
+    reads.append(deep.sum())
+    return torch.stack(reads) * x.sum()
+
+
+@pytest.mark.parametrize("transform", [
+    lambda api, f, x: api.grad(lambda a: f(a).sum())(x),
+    lambda api, f, x: api.vmap(f)(torch.stack([x, x * 2, -x])),
+    lambda api, f, x: api.jvp(f, (x,), (torch.ones_like(x),)),
+], ids=["grad", "vmap", "jvp"])
+def test_views_read_between_writes_see_every_write(transform):
+    x = torch.tensor([[0.3, -1.2, 2.0], [0.5, 1.5, -0.7]], dtype=torch.float64)
+    torch.testing.assert_close(_views_read_between_writes(x.clone()),
+                               torch.func.vmap(_views_read_between_writes)(x[None])[0])
+    torch.testing.assert_close(transform(mf, _views_read_between_writes, x),
+                               transform(tf, _views_read_between_writes, x))
+
+
 def test_clamp_with_tensor_bounds_promotes_as_torch():
     # an int example clamped by float bounds is float (it kept the int dtype, and truncated)
     xs, low, high = torch.tensor([3, -2]), torch.rand(2, 1, 4), torch.rand(2, 3, 4) + 1
