@@ -112,6 +112,19 @@ def _unfold_leading(x, lead):
     return ops.reshape(x, *lead, *shape_of(x)[1:])
 
 
+def _fold_leading_at(x, bdim, keep):
+    """``_fold_leading`` of a payload whose batch dim is ``bdim``, for the kernels that treat
+    every dim before their last ``keep`` alike (pooling; a convolution's N): the batch joins
+    them where it is, so a batch dim that an earlier rule left second, (N, B, C, H, W), is
+    folded by a view where moving it in front would make reshape copy. Returns (the folded
+    payload, the leading shape for ``_unfold_leading``, the unfolded result's batch dim). A
+    batch dim among the last ``keep`` dims goes in front first."""
+    rank = len(shape_of(x))
+    if bdim >= rank - keep:
+        x, bdim = _front(x, bdim), 0
+    return _fold_leading(x, keep), shape_of(x)[:rank - keep], bdim
+
+
 def _channel_view(v, rank, dim=1):
     """A per-channel vector of shape (C,) reshaped to broadcast along ``dim`` of a tensor of
     rank ``rank`` (``(1, C, 1, 1)`` for an NCHW tensor)."""
@@ -508,12 +521,20 @@ def _conv_weight_dim(axis, transposed):
     return 0 if (axis == "out") != transposed else 1
 
 
-def _fold_channels(x, groups):
-    """Activations (B, N, C, *sp) -> (N, B*C, *sp), channels laid out (group, example, c)."""
-    b, n, c, *spatial = shape_of(x)
+def _fold_channels(x, groups, bdim=0):
+    """Activations (B, N, C, *sp), with B at dim ``bdim``, -> (N, B*C, *sp), channels laid out
+    (group, example, c). Without groups it is one permute (none where B is already second,
+    as ``_unfold_channels`` leaves it) and a reshape."""
     if groups == 1:  # (example, c): no group axis to split off
-        x = ops.permute(x, 1, 0, 2, *range(3, 3 + len(spatial)))
+        rank = len(shape_of(x))
+        n_dim, c_dim, *spatial_dims = [d for d in range(rank) if d != bdim]
+        order = (n_dim, bdim, c_dim, *spatial_dims)
+        if order != tuple(range(rank)):
+            x = ops.permute(x, *order)
+        n, b, c, *spatial = shape_of(x)
         return ops.reshape(x, n, b * c, *spatial)
+    x = _front(x, bdim)
+    b, n, c, *spatial = shape_of(x)
     x = ops.reshape(x, b, n, groups, c // groups, *spatial)
     x = ops.permute(x, 1, 2, 0, 3, *range(4, 4 + len(spatial)))
     return ops.reshape(x, n, b * c, *spatial)
@@ -601,20 +622,18 @@ def convolution_batch(values, bdims, **params):
     if x_bdim is None and w_bdim is None:  # only the bias is batched
         return _add_batched_bias(_conv(x, weight, None, **params), None, bias, b_bdim)
     if w_bdim is None:  # the examples are more images
-        x = _front(x, x_bdim)
-        lead = shape_of(x)[:2]
-        folded = _fold_leading(x, len(shape_of(x)) - 2)
+        folded, lead, out_bdim = _fold_leading_at(x, x_bdim, len(shape_of(x)) - 2)
         if b_bdim is None:
-            return _unfold_leading(_conv(folded, weight, bias, **params), lead), 0
+            return _unfold_leading(_conv(folded, weight, bias, **params), lead), out_bdim
         out = _unfold_leading(_conv(folded, weight, None, **params), lead)
-        return _add_batched_bias(out, 0, bias, b_bdim)
+        return _add_batched_bias(out, out_bdim, bias, b_bdim)
     weight = _front(weight, w_bdim)
     if x_bdim is None:  # the examples are more output channels
         weight = _fold_weight(weight, _conv_weight_dim("out", transposed), groups)
         out = _conv(x, weight, _fold_bias(bias, b_bdim, b, groups), **params)
         return _unfold_channels(out, b, groups)
     # both batched: the examples are more groups
-    x = _fold_channels(_front(x, x_bdim), 1)
+    x = _fold_channels(x, 1, x_bdim)
     weight = _fold_weight(weight, 0, 1)
     out = _conv(x, weight, _fold_bias(bias, b_bdim, b, 1), **{**params, "groups": b * groups})
     return _unfold_channels(out, b, 1)
@@ -627,17 +646,15 @@ def conv_backward_input_batch(values, bdims, *, input_shape, **params):
     groups, transposed = params["groups"], params["transposed"]
     n, c_in, *spatial = input_shape
     if w_bdim is None:  # the examples are more images
-        ct = _front(ct, ct_bdim)
-        lead = shape_of(ct)[:2]
-        out = _conv_backward_input_of(_fold_leading(ct, len(shape_of(ct)) - 2), weight,
-                                      (b * n, c_in, *spatial), params)
-        return _unfold_leading(out, lead), 0
+        folded, lead, out_bdim = _fold_leading_at(ct, ct_bdim, len(shape_of(ct)) - 2)
+        out = _conv_backward_input_of(folded, weight, (b * n, c_in, *spatial), params)
+        return _unfold_leading(out, lead), out_bdim
     weight = _front(weight, w_bdim)
     if ct_bdim is None:  # the examples are more input channels
         weight = _fold_weight(weight, _conv_weight_dim("in", transposed), groups)
         out = _conv_backward_input_of(ct, weight, (n, b * c_in, *spatial), params)
         return _unfold_channels(out, b, groups)
-    ct = _fold_channels(_front(ct, ct_bdim), 1)
+    ct = _fold_channels(ct, 1, ct_bdim)
     weight = _fold_weight(weight, 0, 1)
     out = _conv_backward_input_of(ct, weight, (n, b * c_in, *spatial),
                                   {**params, "groups": b * groups})
@@ -655,16 +672,16 @@ def conv_backward_weight_batch(values, bdims, *, weight_shape, with_bias, **para
         axis = "in" if ct_bdim is None else "out"
         dim = _conv_weight_dim(axis, transposed)
         if ct_bdim is None:
-            x = _fold_channels(_front(x, x_bdim), groups)
+            x = _fold_channels(x, groups, x_bdim)
         else:
-            ct = _fold_channels(_front(ct, ct_bdim), groups)
+            ct = _fold_channels(ct, groups, ct_bdim)
         shape = list(weight_shape)
         shape[dim] *= b
         out = _conv_backward_weight_of(ct, x, shape, params)
         return _unfold_weight(out, dim, b, groups), 0
     # both batched (per-sample gradients): one grouped convolution, B*g groups
-    ct = _fold_channels(_front(ct, ct_bdim), 1)
-    x = _fold_channels(_front(x, x_bdim), 1)
+    ct = _fold_channels(ct, 1, ct_bdim)
+    x = _fold_channels(x, 1, x_bdim)
     shape = (b * weight_shape[0], *weight_shape[1:])
     out = _conv_backward_weight_of(ct, x, shape, {**params, "groups": b * groups})
     return _unfold_weight(out, 0, b, 1), 0
@@ -1032,10 +1049,8 @@ def _pool_batch(prim):
     """Pooling loops over every dim before (C, *spatial): the batch joins them."""
     def rule(values, bdims, **params):
         (x,), (bdim,) = values, bdims
-        x = _front(x, bdim)
-        keep = _spatial_of(params) + 1
-        lead = shape_of(x)[:len(shape_of(x)) - keep]
-        return _unfold_leading(bind(prim, _fold_leading(x, keep), **params), lead), 0
+        folded, lead, out_bdim = _fold_leading_at(x, bdim, _spatial_of(params) + 1)
+        return _unfold_leading(bind(prim, folded, **params), lead), out_bdim
     return rule
 
 
@@ -1654,19 +1669,16 @@ def _linear_pair(name, forward_impl, backward_impl):
 
     def forward_batch(values, bdims, **params):
         (x,), (bdim,) = values, bdims
-        x = _front(x, bdim)
-        keep = _spatial_of(params) + 1
-        lead = shape_of(x)[:len(shape_of(x)) - keep]
-        return _unfold_leading(bind(forward_p, _fold_leading(x, keep), **params), lead), 0
+        folded, lead, out_bdim = _fold_leading_at(x, bdim, _spatial_of(params) + 1)
+        return _unfold_leading(bind(forward_p, folded, **params), lead), out_bdim
 
     def backward_batch(values, bdims, *, input_shape, **params):
         (ct,), (bdim,) = values, bdims
-        ct = _front(ct, bdim)
         keep = _spatial_of(params) + 1
-        lead = shape_of(ct)[:len(shape_of(ct)) - keep]
+        folded, lead, out_bdim = _fold_leading_at(ct, bdim, keep)
         folded_shape = (math.prod(lead),) + tuple(input_shape[len(input_shape) - keep:])
-        out = bind(backward_p, _fold_leading(ct, keep), input_shape=folded_shape, **params)
-        return _unfold_leading(out, lead), 0
+        out = bind(backward_p, folded, input_shape=folded_shape, **params)
+        return _unfold_leading(out, lead), out_bdim
 
     vjp_rules[forward_p] = forward_vjp
     vjp_rules[backward_p] = backward_vjp

@@ -881,6 +881,52 @@ def test_per_sample_weight_gradient_is_one_grouped_convolution(monkeypatch):
     assert calls == [((1, 5 * 6, 4, 4), (1, 5 * 4, 6, 6), 5 * 2)], calls
 
 
+_AT_EVERY_DIM = {  # name -> (f, its batched argument's unbatched shape, the other arguments)
+    "max_pool2d": (lambda x: F.max_pool2d(x, 2), (3, 2, 6, 6), ()),
+    "avg_pool2d": (lambda x: F.avg_pool2d(x, 3, 1, 1), (3, 2, 6, 6), ()),
+    "conv2d, shared weight": (lambda x, w: F.conv2d(x, w, padding=1), (3, 2, 6, 6),
+                              ((4, 2, 3, 3),)),
+    "conv2d, groups 2": (lambda x, w: F.conv2d(x, w, groups=2), (3, 4, 6, 6), ((4, 2, 3, 3),)),
+    "conv2d, batched weight": (lambda x, w: F.conv2d(x, w), (3, 2, 6, 6), ((4, 2, 3, 3),)),
+}
+
+
+@pytest.mark.parametrize("in_dim", range(5))
+@pytest.mark.parametrize("name", sorted(_AT_EVERY_DIM))
+def test_a_batch_dim_anywhere_gives_torch_funcs_result(name, in_dim):
+    """The pooling and convolution rules fold a batch dim among the leading dims where it is
+    (``_fold_leading_at``) and take it from any dim into the channels (``_fold_channels``);
+    the value, the per-example gradient and the tangent are torch.func's, whatever dim the
+    examples come in (float64, for the convolutions' reductions)."""
+    f, shape, others = _AT_EVERY_DIM[name]
+    g = torch.Generator().manual_seed(in_dim)
+    x = normal(g, *shape[:in_dim], 3, *shape[in_dim:])
+    args = [x] + [normal(g, 3, *s) if name.endswith("batched weight") else normal(g, *s)
+                  for s in others]
+    in_dims = (in_dim,) + tuple(0 if name.endswith("batched weight") else None for _ in others)
+    loss = lambda *a: f(*a).sin().sum()  # noqa: E731
+    t = normal(g, *x.shape)
+    tangent = lambda api: api.vmap(  # noqa: E731
+        lambda x, x_dot, *o: api.jvp(lambda x: f(x, *o), (x,), (x_dot,))[1],
+        in_dims=(in_dim, in_dim) + in_dims[1:])(x, t, *args[1:])
+    for run in (lambda api: api.vmap(f, in_dims=in_dims)(*args),
+                lambda api: api.vmap(api.grad(loss, argnums=tuple(range(len(args)))),
+                                     in_dims=in_dims)(*args),
+                tangent):
+        assert_same(run(mf), run(tf))
+
+
+def test_pooling_a_convolutions_batched_output_copies_nothing():
+    """A convolution under vmap leaves its batch dim second, (N, B, C, H, W) (the groups
+    trick's output, seen without a copy); pooling folds it there, where moving it in front
+    first made reshape copy the whole activation."""
+    g = torch.Generator().manual_seed(0)
+    x, ws = normal(g, 4, 2, 8, 8), normal(g, 3, 5, 2, 3, 3)
+    f = lambda w: F.max_pool2d(F.relu(F.conv2d(x, w)), 2)  # noqa: E731
+    assert_same(mf.vmap(f)(ws), tf.vmap(f)(ws))
+    assert _kernel_calls(mf.vmap(f), ws, name="aten::copy_") == 0
+
+
 # --- regression tests: the issue tracker ---------------------------------------------------------
 @pytest.mark.parametrize("loss", [F.nll_loss, F.cross_entropy])
 def test_ignore_index_is_honoured(loss):
