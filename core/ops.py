@@ -327,20 +327,28 @@ def permute(x, *dims):
             f"permute(x, {dims}): expected {rank} dims for a tensor of shape {shape_of(x)}, "
             f"got {len(dims)}. Fix: name every dim once."
         )
-    dims = tuple(normalize_dim(d, rank, op="permute") for d in dims)
-    if dims == tuple(range(rank)):
+    normalized = tuple(normalize_dim(d, rank, op="permute") for d in dims)
+    if len(set(normalized)) != rank:
+        raise InvalidOptionError(
+            f"permute(x, {dims}): permute(): duplicate dims are not allowed (as in torch): "
+            f"each of the {rank} dims must appear once. Fix: name every dim once.")
+    if normalized == tuple(range(rank)):
         return x
-    return bind(P.permute_p, x, dims=dims)
+    return bind(P.permute_p, x, dims=normalized)
 
 
 def transpose(x, dim0, dim1):
     rank = _rank(x)
     if rank == 0:
         return x
-    dims = list(range(rank))
     d0, d1 = normalize_dim(dim0, rank, op="transpose"), normalize_dim(dim1, rank, op="transpose")
-    dims[d0], dims[d1] = dims[d1], dims[d0]
-    return permute(x, *dims)
+    if d0 == d1:
+        return x
+    if type(x) is torch.Tensor:  # NOTE [Plain tensors skip the checks]
+        return x.transpose(d0, d1)
+    dims = list(range(rank))  # (the dims are checked: permute_p directly, not permute)
+    dims[d0], dims[d1] = d1, d0
+    return bind(P.permute_p, x, dims=tuple(dims))
 
 
 def t(x):
