@@ -180,7 +180,7 @@ code("""
 batch, batch_classes = x[[0, 50, 100, 150]], y[[0, 50, 100, 150]]
 """)
 
-code("""
+trained("""
 %%grad --wrt trained --tape --quiet --value
 logits = functional_call(model, trained, (batch,))
 loss = F.cross_entropy(logits, batch_classes)
@@ -188,7 +188,7 @@ loss
 """)
 
 md("""
-Step through it from the seed: the backward pass walks the 12 entries from the mean of the
+Step through it from the seed: the backward pass walks the 11 entries from the mean of the
 cross-entropy (`sum` and `div`) back through `log_softmax` and the three `linear` layers, and
 each layer's entry sends contributions to its `weight` and `bias`, which then appear by name
 in the gradient map. The gradient dict `dtrained` is what `grad` returned in the training loop,
