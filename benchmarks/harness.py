@@ -324,6 +324,62 @@ def profile(fn: Callable, label: str, *, seconds: float = 0.5, top: int = 12) ->
     return Profile(label, calls, total, rows, share, torch_c / total, top)
 
 
+# NOTE [Kernel time of a missed target]
+# cProfile says where the Python time goes; it cannot say whether the kernels themselves
+# differ. torch.profiler records every aten op with its own CPU time (the kernel, with its
+# dispatch) and, on a GPU, every kernel launch, the kernels' time on the device and the
+# runtime calls that make the CPU wait for the GPU. Side by side for the engine and for
+# torch.func on the same case, these say whether a miss is the kernels' (more launches, a
+# sync, a slower kernel) or the Python around them (the same kernels, more wall time).
+_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+_SYNCS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
+          "cudaMemcpy")
+
+
+@dataclasses.dataclass
+class KernelTime:
+    """torch.profiler of ``calls`` calls of one contender; every figure is per call."""
+
+    label: str
+    calls: int
+    wall_s: float  # under the profiler
+    aten_s: float  # the aten ops' own CPU time: the kernels (on a GPU: their launches)
+    aten_ops: float  # aten ops called from Python (not from inside another aten op)
+    launches: float | None = None  # CUDA kernel launches (None on the CPU)
+    device_s: float | None = None  # the kernels' time on the GPU
+    syncs: float | None = None  # runtime calls that wait for the GPU
+
+
+def kernel_time(fn: Callable, label: str, *, device: str, calls: int = 20) -> KernelTime:
+    """``fn`` called ``calls`` times under torch.profiler, after two warm calls (NOTE [Kernel
+    time of a missed target])."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    cuda = device == "cuda"
+    fn()
+    fn()
+    _sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync()  # (one synchronize, left out of the count below)
+        wall = time.perf_counter() - start
+    events = prof.events()
+    aten = [e for e in events if e.name.startswith("aten::")]
+    result = KernelTime(
+        label, calls, wall / calls,
+        aten_s=sum(e.self_cpu_time_total for e in aten) / 1e6 / calls,
+        aten_ops=sum(e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")
+                     for e in aten) / calls)
+    if cuda:
+        on_device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        result.launches = sum(e.name in _LAUNCHES for e in events) / calls
+        result.device_s = sum(e.device_time_total for e in on_device) / 1e6 / calls
+        result.syncs = max(0, sum(e.name in _SYNCS for e in events) - 1) / calls
+    return result
+
+
 @dataclasses.dataclass
 class HotSpots:
     """Profiles merged: each function's share of the own (and cumulative) time, averaged

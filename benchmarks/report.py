@@ -86,6 +86,8 @@ class Suite:
     first_result_reps: int = 0
     targets: list = dataclasses.field(default_factory=list)
     profiles: dict = dataclasses.field(default_factory=dict)  # "contender on case" -> Profile
+    # "contender on case" -> (its KernelTime, torch.func's on the same case)
+    kernel_times: dict = dataclasses.field(default_factory=dict)
     detailed: list = dataclasses.field(default_factory=list)  # the profiles shown in full
     hot_spots: list = dataclasses.field(default_factory=list)  # per engine contender
 
@@ -439,6 +441,35 @@ def _share_line(profile) -> str:
             f"{share['other']:.0%}.")
 
 
+def kernel_times_section(kernel_times: dict) -> str:
+    """The torch.profiler table of the profiled cases (NOTE [Kernel time of a missed target]
+    in harness.py): the engine's contender and torch.func on the same case."""
+    on_gpu = any(k.launches is not None for pair in kernel_times.values() for k in pair)
+    headers = ["profiled", "contender", "wall per call (profiled)", "aten ops called",
+               "aten own CPU time", "rest: Python (and the profiler)"]
+    if on_gpu:
+        headers += ["CUDA kernel launches", "GPU kernel time", "syncs"]
+    rows = []
+    for key, pair in kernel_times.items():
+        for who, k in zip((key.split(" on ", 1)[0], "torch.func"), pair):
+            row = [key, who, format_seconds(k.wall_s), f"{k.aten_ops:.0f}",
+                   format_seconds(k.aten_s), format_seconds(max(0.0, k.wall_s - k.aten_s))]
+            if on_gpu:
+                row += ["—", "—", "—"] if k.launches is None else [
+                    f"{k.launches:.0f}", format_seconds(k.device_s), f"{k.syncs:g}"]
+            rows.append(row)
+    return ("\n### Below Python: torch.profiler\n\n"
+            "The same cases under torch.profiler, per call, with torch.func on each beside the "
+            "engine (NOTE [Kernel time of a missed target] in harness.py). *aten own CPU time* "
+            "is the aten ops' own time: the kernels and their dispatch, and for torch.func its "
+            "batching and autograd layers too, which run inside the aten ops; *rest* is the "
+            "wall time outside them, Python. "
+            + ("On the GPU, equal launches and kernel time with no sync mean the miss is the "
+               "CPU's time between launches. " if on_gpu else "")
+            + "The profiler adds a few microseconds to every op.\n\n"
+            + _table(headers, rows))
+
+
 def profiles_section(suite) -> str:
     if not suite.profiles:
         return "No target was missed by a minifunctorch contender that could be profiled.\n"
@@ -459,6 +490,8 @@ def profiles_section(suite) -> str:
                      f"{1 - core - program - profile.torch_c_share:.0%}", top])
     out.append(_table(["profiled", "missed", "per call (profiled)", "core/ Python",
                        "jit program", "torch C calls", "rest", "top own time"], rows))
+    if suite.kernel_times:
+        out.append(kernel_times_section(suite.kernel_times))
     for spots in suite.hot_spots:
         out.append(f"\n### Hot spots: {spots.label}\n\n{_share_line(spots)} Shares are "
                    "averaged over the cases, so that each case weighs the same; cumulative "

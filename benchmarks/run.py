@@ -147,6 +147,13 @@ def _profile_misses(suite, *, max_profiles, log):
             continue
         log(f"profiling {key} ...")
         suite.profiles[key] = harness.profile(result.fn, key)
+        baseline = _result_of(suite, row.profile_case, harness.TORCH_FUNC)
+        if baseline is not None and baseline.ok:  # NOTE [Kernel time of a missed target]
+            device = suite.env.get("device", "cpu")
+            suite.kernel_times[key] = (
+                harness.kernel_time(result.fn, key, device=device),
+                harness.kernel_time(baseline.fn, f"torch.func on {row.profile_case.label}",
+                                    device=device))
         suite.profiles[key].targets.append(row.target.split(" ", 1)[0])
         if id(row) in worst_ids:
             suite.detailed.append(key)

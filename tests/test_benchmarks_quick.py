@@ -109,13 +109,35 @@ def test_timing_profile_and_report_on_a_tiny_case(tmp_path):
         assert by_contender[harness.TORCH_FUNC].iqr is not None
     profile = harness.profile(checked[1][harness.MFT].fn, "tiny", seconds=0.02)
     assert profile.calls >= 3 and profile.by_tottime
+    kernels = tuple(harness.kernel_time(checked[1][contender].fn, contender, device="cpu",
+                                        calls=3) for contender in (harness.MFT, harness.TORCH_FUNC))
+    for k in kernels:  # the chain's ops, each called from Python once per op of the chain
+        assert k.aten_ops >= cases.QUICK.s1_ops and 0 < k.aten_s < k.wall_s
+        assert k.launches is None and k.device_s is None and k.syncs is None  # the CPU
+    key = f"{harness.MFT} on tiny"
     suite = report.Suite(env={"device": "cpu"}, quick=False, groups={"S1": [checked]},
-                         s1_ops=cases.QUICK.s1_ops, threads=1, profiles={"tiny": profile},
-                         detailed=["tiny"], hot_spots=[harness.hot_spots([profile], "tiny")])
+                         s1_ops=cases.QUICK.s1_ops, threads=1, profiles={key: profile},
+                         detailed=[key], hot_spots=[harness.hot_spots([profile], "tiny")],
+                         kernel_times={key: kernels})
     suite.targets = report.evaluate_targets(suite)
     assert any(row.case == "S1 grad (per op)" for row in suite.targets)
     markdown, image = report.write(suite, tmp_path)
-    assert "per op" in markdown.read_text() and image.stat().st_size > 0
+    text = markdown.read_text()
+    assert "per op" in text and image.stat().st_size > 0
+    assert "### Below Python: torch.profiler" in text and "CUDA kernel launches" not in text
+    assert f"| {key} | torch.func | " in text
+
+
+def test_kernel_time_counts_the_aten_ops_called_from_python():
+    x = torch.randn(8)
+    k = harness.kernel_time(lambda: torch.sin(x).exp() + 1, "three ops", device="cpu", calls=4)
+    assert k.calls == 4 and k.aten_ops == 3  # sin, exp, add: none is inside another
+    on_gpu = harness.KernelTime("gpu", 4, 30e-6, 10e-6, 3.0, launches=3.0, device_s=4e-6,
+                                syncs=0.0)
+    section = report.kernel_times_section({"minifunctorch on a case": (on_gpu, on_gpu)})
+    assert "| CUDA kernel launches | GPU kernel time | syncs |" in section
+    assert "| minifunctorch on a case | minifunctorch | 30 µs | 3 | 10 µs | 20 µs | 3 | " \
+        in section
 
 
 def test_jit_contenders_follow_the_engine(monkeypatch):
