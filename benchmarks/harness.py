@@ -227,7 +227,8 @@ def format_seconds(seconds: float | None) -> str:
     if seconds is None:
         return "—"
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if abs(seconds) >= scale:
+        # (999.6 µs is shown as 1 ms: three digits of it in µs would print as 1e+03 µs)
+        if abs(seconds) >= 0.9995 * scale:
             return f"{seconds / scale:.3g} {unit}"
     return f"{seconds / 1e-9:.3g} ns"
 
@@ -363,9 +364,13 @@ def kernel_time(fn: Callable, label: str, *, device: str, calls: int = 20) -> Ke
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        _sync()  # (one synchronize, left out of the count below)
+        _sync()
         wall = time.perf_counter() - start
     events = prof.events()
+    if cuda:  # the syncs that profiling itself makes (the one above, the profiler's own)
+        with torch_profile(activities=activities) as empty:
+            _sync()
+        own_syncs = sum(e.name in _SYNCS for e in empty.events())
     aten = [e for e in events if e.name.startswith("aten::")]
     result = KernelTime(
         label, calls, wall / calls,
@@ -376,7 +381,7 @@ def kernel_time(fn: Callable, label: str, *, device: str, calls: int = 20) -> Ke
         on_device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
         result.launches = sum(e.name in _LAUNCHES for e in events) / calls
         result.device_s = sum(e.device_time_total for e in on_device) / 1e6 / calls
-        result.syncs = max(0, sum(e.name in _SYNCS for e in events) - 1) / calls
+        result.syncs = max(0, sum(e.name in _SYNCS for e in events) - own_syncs) / calls
     return result
 
 

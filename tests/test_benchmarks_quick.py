@@ -128,6 +128,13 @@ def test_timing_profile_and_report_on_a_tiny_case(tmp_path):
     assert f"| {key} | torch.func | " in text
 
 
+@pytest.mark.parametrize("seconds, shown", [
+    (0.0009996, "1 ms"), (0.0009994, "999 µs"), (2.5, "2.5 s"), (0.9996, "1 s"),
+    (1.5e-6, "1.5 µs"), (9.996e-7, "1 µs"), (4e-9, "4 ns"), (None, "—")])
+def test_format_seconds_never_prints_a_thousand_of_a_unit(seconds, shown):
+    assert harness.format_seconds(seconds) == shown
+
+
 def test_kernel_time_counts_the_aten_ops_called_from_python():
     x = torch.randn(8)
     k = harness.kernel_time(lambda: torch.sin(x).exp() + 1, "three ops", device="cpu", calls=4)
