@@ -80,10 +80,12 @@ QUICK = Sizes(s1_shape=(4, 4), s1_ops=10, s2_batches=(8,), s2_dims=(12, 8, 4),
               s9_examples=(3, 2), s10_models=3, s10_image=10, s10_channels=(2, 3),
               s10_classes=4, s10_batch=4, inductor=False)
 
-# Where the inductor contenders run: compiling costs seconds per graph, so only the cases
-# that the inductor targets are about (S2), plus one second-order and one ensemble case, and
-# the MAML meta-step (S8: compiled with its outer backward).
-INDUCTOR_NOTE = "not built for this case (compile time): see S2, S4 vmap(hessian), S5, S8"
+# Where the inductor contenders run: compiling costs seconds per graph (S7, S9 and S10 take
+# 3-17 s each on a 2-core CPU), so the cases that the inductor targets are about (S2), one
+# second-order case, the ensembles (S5, S10), the MAML meta-step (S8: compiled with its outer
+# backward) and the CNN programs (S7, S9), not the S1 chains or every S3/S4 Jacobian.
+INDUCTOR_NOTE = ("not built for this case (compile time): see S2, S4 vmap(hessian), S5, "
+                 "S7-S10")
 QUICK_INDUCTOR_NOTE = "not built in --quick (compile time)"
 NO_INDUCTOR_NOTE = "not built: run with --no-inductor (compile time)"
 
@@ -415,7 +417,7 @@ def s7_cases(sizes, device) -> list:
     c1, c2 = sizes.s7_channels
     name = f"CNN {c1}-{c2} on 1×{side}×{side}, B={batch}"
     return [engine_case("S7", name, cnn_per_sample_grads(model), (params, buffers, x, y),
-                        sizes=sizes, loop=cnn_per_sample_grads_loop(model),
+                        sizes=sizes, inductor=True, loop=cnn_per_sample_grads_loop(model),
                         notes={HAND: S7_HAND_NOTE}, rtol=1e-4, atol=1e-5)]
 
 
@@ -596,7 +598,7 @@ def s9_cases(sizes, device) -> list:
     c1, c2 = sizes.s9_channels
     name = f"CNN {c1}-{c2} on {sizes.s9_in_channels}×{side}×{side}, N={n}, M={m}"
     return [engine_case("S9", name, empirical_ntk(net), (params, x1, x2), sizes=sizes,
-                        loop=empirical_ntk_loop(net), notes={HAND: S9_HAND_NOTE},
+                        inductor=True, loop=empirical_ntk_loop(net), notes={HAND: S9_HAND_NOTE},
                         rtol=1e-4, atol=1e-5)]
 
 
@@ -679,7 +681,7 @@ def s10_cases(sizes, device) -> list:
         in_dims = (0, 0, None) if shared else (0, 0, 0)
         cases.append(engine_case(
             "S10", f"{n_models} CNNs {c1}-{c2} on 1×{side}×{side}, {what}, B={batch}",
-            cnn_ensemble(models, in_dims), (x,), sizes=sizes,
+            cnn_ensemble(models, in_dims), (x,), sizes=sizes, inductor=True,
             loop=cnn_ensemble_loop(models, shared), hand=cnn_ensemble_hand(models, shared),
             rtol=1e-4, atol=1e-5))
     return cases
