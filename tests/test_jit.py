@@ -282,6 +282,32 @@ def test_inductor_backend():
     assert repr(jf) == "jit(<lambda>, backend='inductor')"
 
 
+def test_a_program_with_kept_kernel_outputs_compiles_to_one_graph():
+    """NOTE [Kernels with two outputs] (core/nn.py): while dynamo traces an exported program
+    (jit's inductor backend), max pooling's indices and the convolution's grad_bias are
+    computed, not taken from the cache, whose data pointers and weak references dynamo cannot
+    follow (it broke the graph at every take), and pooling keeps its NCHW layout (NOTE [Max
+    pooling on the CPU runs channels-last]). Dynamo alone, with its eager backend: no C++."""
+    weight, bias = rand(0, 8, 2, 3, 3), rand(1, 8)
+    xs = rand(2, 4, 2, 34, 34)  # pooled as (4, 8, 32, 32): the channels-last size
+
+    def loss(weight, bias, x):
+        h = F.max_pool2d(F.relu(F.conv2d(x, weight, bias)), 2)
+        return h.square().sum()
+    f = grad(loss, argnums=(0, 1))
+    program = trace(f)(weight, bias, xs)
+    assert {"max_pool_indices", "convolution_backward_bias"} <= {
+        equation.prim.name for equation in program.equations}
+    module = program.to_fx()
+    explanation = torch._dynamo.explain(module)(weight, bias, xs)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, \
+        explanation.break_reasons
+    assert "channels_last" not in explanation.graphs[0].code
+    compiled = torch.compile(module, backend="eager")
+    assert_close(compiled(weight, bias, xs), module(weight, bias, xs), rtol=0, atol=0)
+    assert_close(compiled(weight, bias, xs), tuple(f(weight, bias, xs)))
+
+
 # --- the generated code's rewrites: the same bits, faster (fast_code.py) ------------------------
 def _reused(f, *args):
     """The source lines of f's program whose equations write into a dead operand."""
