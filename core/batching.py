@@ -529,7 +529,7 @@ batching_rules[P.matmul_p] = matmul_batch
 # --- shape -------------------------------------------------------------------------------------
 def permute_batch(values, bdims, *, dims):
     (x,), (bdim,) = values, bdims
-    physical = (bdim,) + tuple(d if d < bdim else d + 1 for d in dims)  # physical_dim, inline
+    physical = (bdim,) + tuple(physical_dim(d, bdim) for d in dims)
     return bind(P.permute_p, x, dims=physical), 0
 batching_rules[P.permute_p] = permute_batch
 

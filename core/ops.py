@@ -342,10 +342,10 @@ def transpose(x, dim0, dim1):
     if rank == 0:
         return x
     d0, d1 = normalize_dim(dim0, rank, op="transpose"), normalize_dim(dim1, rank, op="transpose")
+    if type(x) is torch.Tensor:  # NOTE [Plain tensors skip the checks]
+        return x.transpose(d0, d1)  # (a view, even of d0 == d1, as permute gave)
     if d0 == d1:
         return x
-    if type(x) is torch.Tensor:  # NOTE [Plain tensors skip the checks]
-        return x.transpose(d0, d1)
     dims = list(range(rank))  # (the dims are checked: permute_p directly, not permute)
     dims[d0], dims[d1] = d1, d0
     return bind(P.permute_p, x, dims=tuple(dims))
