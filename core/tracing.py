@@ -64,7 +64,8 @@ class Tracing(Dispatcher):
     def _operand(self, value):
         if isinstance(value, TracerValue) and value.dispatcher is self:
             return value.var
-        if isinstance(value, NUMBERS):
+        if isinstance(value, NUMBERS) or value is None:
+            # (None: an optional array left out, such as a convolution's bias)
             return Literal(value)
         if isinstance(value, (torch.Tensor, Value)):
             return self._constant(value)

@@ -97,6 +97,22 @@ def test_jit_of_a_per_example_mlp_gradient():
     assert_close(per_example(params, xs, targets), expected)
 
 
+def test_jit_of_ops_with_an_optional_array_left_out():
+    """A convolution without a bias and nll_loss without class weights bind their primitive
+    with None in that place; the trace keeps it as a literal (it refused it before)."""
+    def loss(w, x, target):
+        logits = F.conv2d(x.unsqueeze(0), w).flatten(1)
+        return F.nll_loss(F.log_softmax(logits, 1), target.unsqueeze(0))
+
+    w, xs, targets = rand(0, 4, 3, 3, 3), rand(1, 5, 3, 4, 4), torch.tensor([0, 2, 1, 3, 0])
+    per_example = vmap(grad(loss), in_dims=(None, 0, 0))
+    expected = tf.vmap(tf.grad(loss), in_dims=(None, 0, 0))(w, xs, targets)
+    assert_close(jit(per_example)(w, xs, targets), expected)
+    program = trace(per_example)(w, xs, targets)
+    assert "convolution" in str(program) and " None " in str(program)
+    assert_close(program(w, xs, targets), expected)
+
+
 # --- the cache ---------------------------------------------------------------------------------
 def test_new_shapes_and_dtypes_trace_again():
     jf = jit(f)
