@@ -341,6 +341,26 @@ def test_random_functions_cost_nothing_outside_vmap():
     _bit_equal(ours, tf.grad(lambda x: (F.dropout(x, 0.5) * x).sum())(x5[0]))
 
 
+@pytest.mark.parametrize("name", ["dropout", "feature_dropout", "alpha_dropout",
+                                  "feature_alpha_dropout", "dropout_"])
+def test_dropout_that_draws_nothing_returns_its_input_as_torch_does(name):
+    """In eval mode (train=False), or with p=0, torch's dropouts return the input tensor itself
+    and draw no numbers; inside vmap(grad) the engine hands back the same FuncTensor, costing no
+    op at any level, in every randomness mode ('error' too: nothing is drawn)."""
+    func = getattr(torch, name)
+    x = torch.randn(3, 2, 4)
+    for api in (tf, mf):
+        seen = []
+
+        def f(v):
+            for p, train in ((0.3, False), (0.0, True)):
+                seen.append(func(v, p, train) is v)
+            return (func(v, 0.3, False) * v).sum()
+        ours = api.vmap(api.grad(f))(x)
+        torch.testing.assert_close(ours, 2 * x)
+        assert seen == [True, True], (api.__name__, seen)
+
+
 # --- the back door: aten's random ops called on batched values -----------------------------------
 aten = torch.ops.aten
 ATEN_CASES = [
