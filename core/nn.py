@@ -52,7 +52,8 @@ from . import primitives as P
 from .autograd import conj, vjp_rules, wants_cotangent
 from .batching import batch_size, batching_rules, move_bdim, to_front
 from .dispatch import complex_ready
-from .errors import InPlaceError, MissingRuleError, ShapeMismatchError, TransformUsageError
+from .errors import (InPlaceError, InputDtypeError, MissingRuleError, ShapeMismatchError,
+                     TransformUsageError)
 from .fast_code import register_fresh
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import as_tensor, unwrap_tree
@@ -3137,6 +3138,11 @@ def _check_target(op, x, target):
             f"{op}(input, target): expected integer class indices, got dtype {target.dtype}. "
             "Fix: pass a long tensor (or class probabilities to cross_entropy)."
         )
+    if target.dtype not in (torch.int64, torch.uint8):  # torch's kernel takes these two
+        raise InputDtypeError(
+            f"{op}(input, target): expected target dtype to be Long or Byte, but got "
+            f"{target.dtype} (as in torch). Fix: pass target.long()."
+        )
 
 
 def _target_weights(target, weight, ignore_index, dtype):
@@ -3144,10 +3150,115 @@ def _target_weights(target, weight, ignore_index, dtype):
     ignore_index; and the targets with ignored ones replaced by class 0, safe to gather."""
     kept = ops.ne(target, ignore_index)
     safe = ops.where(kept, target, 0)
+    if safe.dtype == torch.uint8:  # (torch's kernels take byte targets; gather takes long)
+        safe = ops.convert(safe, torch.int64)
     if weight is None:
         return ops.convert(kept, dtype), safe
     flat = ops.gather(weight, 0, ops.reshape(safe, -1))
     return ops.where(kept, ops.reshape(flat, *shape_of(target)), 0.0), safe
+
+
+# NOTE [nll_loss: torch's kernels as a linear pair]
+# nll_loss is linear in the log-probabilities: it picks -w[t] * x[t] per target and reduces.
+# Written with ops it is about ten ops (ne, where, gather, squeeze, mul, sum, div, ...), each
+# of which every transform level dispatches, and about six more in its vjp; it is the most
+# common loss of a classifier, so it is a pair of primitives here, like avg_pool (NOTE [A
+# linear kernel and its transpose]): nll_loss (torch's forward kernel) and nll_loss_backward
+# (its backward kernel), each the other's transpose, each its own jvp. Under vmap the batch
+# joins N: one kernel with reduction='none', then each example's own sum or weighted mean,
+# which is how torch.func batches it too (its nll_loss decomposition). The targets and class
+# weights carry no derivative; a class weight that is a transform's value (differentiated or
+# batched), and inputs of more than two dims, take the ops below instead.
+_REDUCTIONS = ("none", "mean", "sum")  # torch's enum order
+
+
+def _total_weight(target, weight, ignore_index, dtype):
+    """The mean's denominator (plain tensors): the summed weights of the kept targets."""
+    kept = target != ignore_index
+    if weight is None:
+        return kept.sum().to(dtype)
+    return torch.where(kept, weight[torch.where(kept, target, 0)], 0).sum().to(dtype)
+
+
+def _nll_loss_impl(x, target, weight, *, reduction, ignore_index):
+    return torch._C._nn.nll_loss_nd(x, target, weight, _REDUCTIONS.index(reduction),
+                                    ignore_index)
+
+
+def _nll_loss_backward_impl(ct, target, weight, *, input_shape, reduction, ignore_index):
+    total = (_total_weight(target, weight, ignore_index, ct.dtype) if reduction == "mean"
+             else ct.new_ones(()))
+    return aten.nll_loss_backward(ct, ct.new_empty(input_shape), target, weight,
+                                  _REDUCTIONS.index(reduction), ignore_index, total)
+
+
+nll_loss_p = P.primitive("nll_loss", _nll_loss_impl)
+nll_loss_backward_p = P.primitive("nll_loss_backward", _nll_loss_backward_impl)
+
+
+def nll_loss_vjp(x, target, weight, **params):
+    x_shape = shape_of(x)
+    return (bind(nll_loss_p, x, target, weight, **params),
+            lambda ct: (bind(nll_loss_backward_p, ct, target, weight, input_shape=x_shape,
+                             **params), None, None))
+vjp_rules[nll_loss_p] = nll_loss_vjp
+
+
+def nll_loss_backward_vjp(ct, target, weight, *, input_shape, **params):
+    return (bind(nll_loss_backward_p, ct, target, weight, input_shape=input_shape, **params),
+            lambda g: (bind(nll_loss_p, g, target, weight, **params), None, None))
+vjp_rules[nll_loss_backward_p] = nll_loss_backward_vjp
+jvp_rules[nll_loss_p] = linear_jvp(nll_loss_p)
+jvp_rules[nll_loss_backward_p] = linear_jvp(nll_loss_backward_p)
+
+
+def _nll_rows(values, bdims, rank):
+    """A batched nll_loss (or its backward) as one flat call: the first operand (B, *example)
+    and the targets (B*N,), the batch joined with N (an unbatched operand is broadcast);
+    ``rank`` is the rank of one example's input (1: (C,), N = 1; 2: (N, C))."""
+    (x, target, _), (x_bdim, t_bdim, _) = values, bdims
+    b = batch_size(values, bdims)
+    x, target = to_front((x, target), (x_bdim, t_bdim), expand_unbatched=True, size=b)
+    n = 1 if rank == 1 else shape_of(target)[1]
+    return x, ops.reshape(target, b * n), b, n
+
+
+def _example_weights(target, weight, ignore_index, b, n):
+    """Each example's mean denominator, (B,): the summed weights of its kept targets (a
+    bool count without class weights, which the division promotes)."""
+    weights = ops.ne(target, ignore_index)
+    if weight is not None:
+        weights, _ = _target_weights(target, weight, ignore_index, weight.dtype)
+    return weights if n == 1 else ops.sum(ops.reshape(weights, b, n), (1,))
+
+
+def nll_loss_batch(values, bdims, *, reduction, ignore_index):
+    weight = values[2]
+    rank = len(shape_of(values[0])) - (bdims[0] is not None)
+    x, target, b, n = _nll_rows(values, bdims, rank)
+    loss = bind(nll_loss_p, ops.reshape(x, b * n, shape_of(x)[-1]), target, weight,
+                reduction="none", ignore_index=ignore_index)  # (B*N,)
+    if reduction == "none":
+        return (loss if rank == 1 else ops.reshape(loss, b, n)), 0
+    if n != 1:
+        loss = ops.sum(ops.reshape(loss, b, n), (1,))
+    if reduction == "mean":
+        loss = ops.div(loss, _example_weights(target, weight, ignore_index, b, n))
+    return loss, 0
+batching_rules[nll_loss_p] = nll_loss_batch
+
+
+def nll_loss_backward_batch(values, bdims, *, input_shape, reduction, ignore_index):
+    weight = values[2]
+    ct, target, b, n = _nll_rows(values, bdims, len(input_shape))
+    if reduction == "mean":  # each example's cotangent over its own denominator
+        ct = ops.div(ct, _example_weights(target, weight, ignore_index, b, n))
+    if reduction != "none" and n != 1:  # one cotangent per example, the same for its N terms
+        ct = ops.expand(ops.unsqueeze(ct, 1), b, n)
+    out = bind(nll_loss_backward_p, ops.reshape(ct, b * n), target, weight,
+               input_shape=(b * n, input_shape[-1]), reduction="none", ignore_index=ignore_index)
+    return ops.reshape(out, b, *input_shape), 0
+batching_rules[nll_loss_backward_p] = nll_loss_backward_batch
 
 
 def _nll_loss(log_probs, target, weight, ignore_index, reduction, op="nll_loss"):
@@ -3157,6 +3268,11 @@ def _nll_loss(log_probs, target, weight, ignore_index, reduction, op="nll_loss")
     with the ignored targets replaced by a valid class (ignore_index is often -100, which no
     gather may read); the zero weight then removes it."""
     _check_target(op, log_probs, target)
+    if (len(shape_of(log_probs)) in (1, 2) and not isinstance(weight, Value)
+            and reduction in _REDUCTIONS):
+        # NOTE [nll_loss: torch's kernels as a linear pair]
+        return bind(nll_loss_p, log_probs, target, weight, reduction=reduction,
+                    ignore_index=ignore_index)
     class_dim = _class_dim(log_probs)
     weights, safe = _target_weights(target, weight, ignore_index, log_probs.dtype)
     picked = ops.squeeze(ops.gather(log_probs, class_dim, ops.unsqueeze(safe, class_dim)),

@@ -238,6 +238,8 @@ CASES = [
          lambda g: (normal(g, 2, 4, 3, 2), indices(g, 4, 2, 3, 2))),
     case("nll_loss_none_1d", lambda x, t: F.nll_loss(x, t, reduction="none"),
          lambda g: (normal(g, 4), indices(g, 4))),
+    case("nll_loss_1d_mean_weight", lambda x, t, w: F.nll_loss(x, t, w),
+         lambda g: (normal(g, 4), indices(g, 4), positive(g, 4)), hessian=True),
     case("cross_entropy", F.cross_entropy, lambda g: (normal(g, 5, 4), indices(g, 4, 5)),
          hessian=True),
     case("cross_entropy_weight_ignore_smoothing", lambda x, t, w: F.cross_entropy(
@@ -834,6 +836,10 @@ _SAMPLES = {
                             dict(kernel_size=(2, 2), output_size=(3, 4))),
     "fractional_max_pool_indices": ((_T(2, 3, 7, 6), torch.rand(2, 3, 2, dtype=DTYPE)),
                                     dict(kernel_size=(2, 2), output_size=(3, 4))),
+    "nll_loss": ((_T(4, 5), torch.tensor([0, 2, 4, 1]), _T(5).abs()),
+                 dict(reduction="mean", ignore_index=2)),
+    "nll_loss_backward": ((_T(), torch.tensor([0, 2, 4, 1]), None),
+                          dict(input_shape=(4, 5), reduction="sum", ignore_index=-100)),
     "ctc_loss": ((_T(6, 2, 4).log_softmax(-1), torch.tensor([[1, 2, 3], [2, 2, 0]]),
                   torch.tensor([6, 5]), torch.tensor([3, 2])), dict(blank=0, zero_infinity=False)),
     "ctc_loss_backward": ((_T(2), _T(6, 2, 4).log_softmax(-1), torch.tensor([1, 2, 3, 2, 2]),
@@ -946,6 +952,45 @@ def test_ignore_index_is_honoured(loss):
                 tf.vmap(lambda x: loss(x, other, ignore_index=3))(torch.stack([x, -x])))
     kept = target != -100
     torch.testing.assert_close(mf.grad_and_value(f)(x)[1], loss(x[kept], target[kept]))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("rows", [1, 3], ids=["one_row", "three_rows"])
+def test_per_sample_nll_loss_gradients_are_one_kernel_call_each_way(rows, reduction):
+    """NOTE [nll_loss: torch's kernels as a linear pair]: under vmap(grad) the examples join N,
+    so the forward is one nll_loss kernel and the backward one nll_loss_backward kernel, with
+    the per-example means of torch.func (targets ignored in some examples and not others)."""
+    g = torch.Generator().manual_seed(0)
+    xs, weight = normal(g, 5, rows, 4), positive(g, 4)
+    # (no example has all its targets ignored: its mean would be 0/0 in both engines)
+    targets = torch.tensor([[0, 1, 2], [1, 3, 3], [2, 0, 3], [0, 3, 1], [1, 2, 3]])[:, :rows]
+
+    def f(x, t):
+        loss = F.nll_loss(F.log_softmax(x, 1), t, weight, ignore_index=3, reduction=reduction)
+        return loss.sum()
+    per_sample = mf.vmap(mf.grad(f))
+    assert_same(per_sample(xs, targets), tf.vmap(tf.grad(f))(xs, targets))
+    assert _kernel_calls(per_sample, xs, targets, name="aten::nll_loss_forward") == 1
+    assert _kernel_calls(per_sample, xs, targets, name="aten::nll_loss_backward") == 1
+    # (the ops' form scattered the cotangent into zeros: no longer)
+    assert _kernel_calls(per_sample, xs, targets, name="aten::scatter_add_") == 0
+
+
+def test_nll_loss_takes_the_target_dtypes_of_torchs_kernel():
+    """Long or Byte targets, as torch's kernel (torch.func's own decomposition gathers with a
+    byte target and fails: the oracle here is the same loss with long targets)."""
+    x, target = normal(torch.Generator().manual_seed(0), 3, 4), torch.tensor([0, 1, 2])
+    for reduction in ("mean", "sum", "none"):
+        f = lambda x, t: F.nll_loss(x, t, reduction=reduction).sum()  # noqa: E731
+        assert_same(mf.vmap(mf.grad(f))(x[:, None], target.to(torch.uint8)[:, None]),
+                    tf.vmap(tf.grad(f))(x[:, None], target[:, None]))
+    with pytest.raises(RuntimeError, match="expected target dtype to be Long or Byte"):
+        F.nll_loss(x, target.int())
+    with pytest.raises(TransformUsageError,
+                       match=r"^nll_loss\(input, target\): expected target dtype to be Long or "
+                             r"Byte, but got torch.int32 .*Fix: pass target.long\(\)") as error:
+        mf.grad(lambda x: F.nll_loss(x, target.int()))(x)
+    assert isinstance(error.value, RuntimeError)
 
 
 def test_multilabel_margin_loss_agrees_with_torchs_kernel():

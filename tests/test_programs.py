@@ -170,10 +170,14 @@ CASES = [
     unary("complex_numbers", lambda x: _complex_numbers(x)),
     # a captured tensor (a constant of the program)
     unary("captured_constant", lambda x: x * CONSTANT + CONSTANT.sum()),
-    # the transposes of getitem, gather and diagonal appear in backward programs
+    # the transposes of getitem, gather and diagonal appear in backward programs (cross_entropy's
+    # is nll_loss_backward: NOTE [nll_loss: torch's kernels as a linear pair])
     unary("grad_getitem", grad(lambda x: (x[1:, ::2] ** 2).sum() + x[0, -1]), (3, 4)),
     Case("grad_cross_entropy", grad(lambda logits, target: F.cross_entropy(logits, target)),
          lambda s: (rand(s, 4, 3), torch.randint(0, 3, (4,),
+                                                 generator=torch.Generator().manual_seed(s)))),
+    Case("grad_gather", grad(lambda x, index: torch.gather(x, 1, index).sin().sum()),
+         lambda s: (rand(s, 3, 4), torch.randint(0, 4, (3, 2),
                                                  generator=torch.Generator().manual_seed(s)))),
     unary("grad_trace", grad(lambda x: torch.sin(torch.trace(x))), (3, 3)),
     unary("grad_softmax", grad(lambda x: (torch.softmax(x, dim=-1) * x).sum())),
