@@ -12,6 +12,7 @@ import contextlib
 import torch
 
 from . import ops, torch_api
+from . import tensor as tensor_module
 from . import primitives as P
 from .dispatch import Dispatcher, name_of, no_concrete_value
 from .errors import (
@@ -309,6 +310,10 @@ def physical_dim(dim, bdim):
 # (one batched value and a number, or two batched values with the same bdim and rank):
 # Batched.apply applies them directly then (NOTE [The commonest cases, written out])
 _KEEPS_BDIM: set = set()
+# (the front door does the commonest of these cases itself: NOTE [vmap's elementwise ops at
+# the front door] in tensor.py)
+tensor_module.batched_value_type = BatchedValue
+tensor_module.keeps_batch_dim = _KEEPS_BDIM
 
 
 def elementwise_batch(prim):

@@ -76,6 +76,7 @@ class Dispatcher:
     """
 
     transform_name = "dispatch"
+    exited = False  # its transform has returned (NOTE [Values that escape a transform])
 
     def __init__(self, inner=None, *, name=None, call=None):
         self.inner = inner
@@ -363,6 +364,7 @@ class _TransformScope:
         # (through a weak reference: the level holding a partial that holds the level would
         # be a cycle, and keep its tape alive until the cyclic collector runs)
         self.level.apply = functools.partial(_apply_after_exit, weakref.ref(self.level))
+        self.level.exited = True
 
 
 def _apply_after_exit(level_ref, prim, *args, **params):

@@ -47,6 +47,59 @@ def test_transforms_return_plain_tensors():
         assert type(result) is torch.Tensor, type(result)
 
 
+def _elementwise(x):
+    return [torch.sin(x), x.exp(), x * 2, 3.0 * x, x + 1, x / 4, x - 0.5, x.abs(),
+            torch.sigmoid(x), x.tanh() * 1.5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.complex128])
+@pytest.mark.parametrize("in_dims", [0, 1])
+def test_vmaps_elementwise_ops_at_the_front_door(monkeypatch, in_dims, dtype):
+    """NOTE [vmap's elementwise ops at the front door] (tensor.py): a batched tensor over a
+    plain one and an elementwise function, maybe with a number: the kernel runs on the payload
+    at the front door, the batch dim stays where it was, the result has the kernel's dtype
+    (abs of a complex number is real); no level's apply runs. Every result is torch.func's."""
+    applied = []
+    apply = Batched.apply
+
+    def counting(self, prim, *args, **params):
+        applied.append(prim.name)
+        return apply(self, prim, *args, **params)
+    monkeypatch.setattr(Batched, "apply", counting)
+    xs = (batch if in_dims == 0 else batch.T).to(dtype)
+    shapes = []
+
+    def f(x):
+        outs = _elementwise(x)
+        shapes.append([(tuple(o.shape), o.dtype) for o in outs])
+        return outs
+    ours, theirs = mf.vmap(f, in_dims=in_dims)(xs), tf.vmap(f, in_dims=in_dims)(xs)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert shapes[0] == shapes[1]
+    assert applied == []
+    # the other elementwise calls take the levels' path, as before: a number on the left of
+    # a subtraction, two batched operands, nested vmaps (the payload is a value, not a tensor)
+    g = lambda x: (1 - x, x * x)  # noqa: E731
+    for a, b in zip(mf.vmap(g, in_dims=in_dims)(xs), tf.vmap(g, in_dims=in_dims)(xs)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert applied == ["sub", "mul"]
+    nested = lambda x: _elementwise(x)  # noqa: E731
+    for a, b in zip(mf.vmap(mf.vmap(nested))(xs[None]), tf.vmap(tf.vmap(nested))(xs[None])):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_an_escaped_batched_value_is_refused_inside_a_later_vmap():
+    """The front door's elementwise path (above) also refuses a value whose vmap returned."""
+    kept = []
+    mf.vmap(lambda a: (kept.append(a), a.sin())[1])(batch)
+    with pytest.raises(RuntimeError, match="escaped"):
+        mf.vmap(lambda b: b + torch.sin(kept[0]))(batch)
+    with pytest.raises(RuntimeError, match="escaped"):
+        mf.vmap(lambda b: b + kept[0] * 2)(batch)
+    torch.testing.assert_close(mf.vmap(torch.sin)(batch), batch.sin())
+
+
 def test_nn_module_code_accepts_the_values():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.GELU(),
                                 torch.nn.Linear(4, 1)).double()
