@@ -177,8 +177,9 @@ class Tape:
     def label_of_constant(self, value) -> str:
         """How the tape names an argument that is not one of its own values: a number as a
         literal, a labelled tensor or a value of another level by its name, any other tensor
-        as c0, c1, ... in the order the tape first saw it (the tensor itself is not touched)."""
-        if isinstance(value, NUMBERS):
+        as c0, c1, ... in the order the tape first saw it (the tensor itself is not touched);
+        an optional array left out (a convolution's bias) is None, as in programs."""
+        if isinstance(value, NUMBERS) or value is None:
             return repr(value)
         if isinstance(value, Value):
             return value.name

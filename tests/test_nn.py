@@ -976,6 +976,19 @@ def test_per_sample_nll_loss_gradients_are_one_kernel_call_each_way(rows, reduct
     assert _kernel_calls(per_sample, xs, targets, name="aten::scatter_add_") == 0
 
 
+def test_a_tape_shows_an_optional_array_left_out_as_none():
+    """nll_loss without class weights and a convolution without a bias: one tape entry each,
+    the absent array written None, as a program writes it."""
+    g = torch.Generator().manual_seed(0)
+    x, w, target = normal(g, 2, 3, 5, 5), normal(g, 4, 3, 3, 3), torch.tensor([1, 0])
+    with mf.capture_tapes() as tapes:
+        mf.grad(lambda w: F.cross_entropy(F.conv2d(x, w).flatten(1), target))(w)
+    lines = [entry.format() for entry in tapes[0].entries]
+    assert [line.split(" = ")[1].split()[0] for line in lines] == [
+        "convolution", "reshape", "log_softmax", "nll_loss"]
+    assert " None " in lines[0] and " None " in lines[-1], lines
+
+
 def test_nll_loss_takes_the_target_dtypes_of_torchs_kernel():
     """Long or Byte targets, as torch's kernel (torch.func's own decomposition gathers with a
     byte target and fails: the oracle here is the same loss with long targets)."""

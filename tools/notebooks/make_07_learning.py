@@ -188,10 +188,10 @@ loss
 """)
 
 md("""
-Step through it from the seed: the backward pass walks the 11 entries from the mean of the
-cross-entropy (`sum` and `div`) back through `log_softmax` and the three `linear` layers, and
-each layer's entry sends contributions to its `weight` and `bias`, which then appear by name
-in the gradient map. The gradient dict `dtrained` is what `grad` returned in the training loop,
+Step through it from the seed: the backward pass walks the 7 entries from the cross-entropy's
+`nll_loss` (one entry: torch's kernel, whose backward is torch's `nll_loss_backward` kernel)
+back through `log_softmax` and the three `linear` layers, and each layer's entry sends
+contributions to its `weight` and `bias`, which then appear by name in the gradient map. The gradient dict `dtrained` is what `grad` returned in the training loop,
 and the update uses it the same way:
 """)
 
