@@ -3401,8 +3401,11 @@ def binary_cross_entropy_with_logits(x, target, weight=None, size_average=None, 
 def _pointwise_loss(op, x, target, reduction, weight, elementwise_loss):
     if op != "l1_loss":  # |x - t| takes complex numbers (abs's derivative); torch's others don't
         _refuse_complex(op, x, target)
-    shape = ops.broadcast_shapes(shape_of(x), shape_of(target), op=op)
-    loss = elementwise_loss(ops.sub(ops.expand(x, *shape), ops.expand(target, *shape)))
+    x_shape, t_shape = shape_of(x), shape_of(target)
+    if x_shape != t_shape:  # (torch broadcasts them, and warns)
+        shape = ops.broadcast_shapes(x_shape, t_shape, op=op)
+        x, target = ops.expand(x, *shape), ops.expand(target, *shape)
+    loss = elementwise_loss(ops.sub(x, target))
     if weight is None:
         return _reduce(loss, reduction, op)
     if shape_of(weight) != shape_of(x):

@@ -42,6 +42,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Using padding='same'"),
     pytest.mark.filterwarnings("ignore:There is a performance drop"),
     pytest.mark.filterwarnings("ignore:reduction. 'mean' divides"),
+    pytest.mark.filterwarnings("ignore:Using a target size"),
 ]
 
 
@@ -265,6 +266,8 @@ CASES = [
         x, t, reduction="sum"), lambda g: (normal(g, 3, 4), unit(g, 3, 4)), diff=(0, 1)),
     case("mse_loss_weight", lambda x, t, w: F.mse_loss(x, t, weight=w),
          lambda g: (normal(g, 3, 4), normal(g, 3, 4), positive(g, 3, 4)), diff=(0, 1)),
+    case("mse_loss_broadcast", lambda x, t: F.mse_loss(x, t),
+         lambda g: (normal(g, 3, 4), normal(g, 1, 4)), diff=(0, 1), hessian=True),
     case("l1_loss", lambda x, t: F.l1_loss(x, t, reduction="sum"),
          lambda g: (normal(g, 3, 4), normal(g, 3, 4)), diff=(0, 1)),
     case("smooth_l1_loss", lambda x, t: F.smooth_l1_loss(x, t, beta=0.7),
