@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import aten_api, ops, torch_api
+from . import aten_api, ops, passes, torch_api
 from . import primitives as P
 from .autograd import conj, sum_to_size, vjp_rules, wants_cotangent
 from .batching import batching_rules, broadcasting_batch, elementwise_batch, same_shape_batch
@@ -827,6 +827,7 @@ binary_rules(tanh_backward_p, lambda ct, y, out: one_minus_square(y),
              lambda ct, y, out: mul(mul(ct, y), -2))
 binary_rules(sigmoid_backward_p, lambda ct, y, out: mul(y, sub(1, y)),
              lambda ct, y, out: mul(ct, sub(1, mul(y, 2))))
+passes.keeps_diagonal.update({tanh_backward_p, sigmoid_backward_p})  # (0 where ct is 0)
 aten_api.register(aten.tanh_backward.default)(lambda ct, y: bind(tanh_backward_p, ct, y))
 aten_api.register(aten.sigmoid_backward.default)(lambda ct, y: bind(sigmoid_backward_p, ct, y))
 
@@ -864,6 +865,7 @@ binary_rules(threshold_backward_p,
              lambda ct, y, out, *, threshold: where(gt(y, threshold), 1.0, 0.0), None)
 aten_api.register(aten.threshold_backward.default)(
     lambda ct, y, threshold: bind(threshold_backward_p, ct, y, threshold=threshold))
+passes.keeps_diagonal.add(threshold_backward_p)  # (0 where ct is 0)
 
 
 fused_backward_rules(P.relu_p, threshold_backward_p, threshold=0)

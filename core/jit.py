@@ -31,7 +31,7 @@ from .fast_code import reusable_equations, unless_recorded
 from .tensor import as_tensor, engine_code, unwrap
 from .values import Value
 from .errors import TransformUsageError
-from .passes import simplify
+from .passes import fold_identity_bases, simplify
 from .tracing import trace_flat
 
 
@@ -154,7 +154,8 @@ class jit:
         return optree.tree_unflatten(compiled.out_treedef, list(outputs))
 
     def _compile(self, args, kwargs, key):
-        program = simplify(trace_flat(self.function, args, kwargs))
+        program = simplify(fold_identity_bases(simplify(trace_flat(self.function, args,
+                                                                   kwargs))))
         compiled = _Compiled(program, self.backend, key)
         if not compiled.has_transformed_constants:
             self._cache[key] = compiled

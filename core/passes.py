@@ -7,7 +7,11 @@
 - ``fold_identities``: an operation that returns its input unchanged is dropped: ``mul x 1``,
   ``div x 1``, ``expand``/``reshape`` to the same shape, a ``permute`` undone by another.
 - ``simplify``: all of them, until nothing changes.
+- ``fold_identity_bases``: jit's, after ``simplify``: the identity basis of a Jacobian is
+  computed with as a diagonal matrix, by its diagonal.
 """
+import weakref
+
 from . import primitives as P
 from .ir import Equation, Literal, Var
 
@@ -217,3 +221,129 @@ def simplify(program):
             fold_identities(fold_symbolic_zeros(program))))
         if len(program.equations) == before:
             return program
+
+
+# NOTE [An identity basis is a diagonal matrix]
+# jacrev pulls back the rows of an identity matrix (vmap of the vjp over them) and jacfwd
+# pushes its columns forward, so a traced Jacobian starts from an (n, n) identity constant,
+# and its first steps are dense matrix arithmetic on a diagonal matrix: ``tanh_backward(I,
+# y)`` is diag(1 - y^2), and ``diag(d) @ W`` is n^2 k multiplications where d[:, None] * W
+# takes n k. For a tall jacrev or a wide jacfwd that first matmul is most of the work. This
+# pass follows the diagonal through the ops that keep a matrix diagonal (an elementwise op
+# whose value is 0 where its first operand is 0, with an operand that varies along one dim:
+# mul, tanh_backward, threshold_backward, ...), and computes a matmul of it as a broadcast
+# product by its diagonal; every dense equation is kept, and dead-code elimination drops
+# the ones nothing reads any more. Each product d_i * w is the dense matmul's (which adds
+# zeros to it), but the result may have another memory layout (a broadcast product follows
+# its operands' strides, a matmul's output is contiguous), so a later elementwise kernel may
+# round a last bit differently. NaN and inf differ: in the dense product a NaN in row i of W
+# spreads along column i of the diagonal's zeros, and here it stays in its row, as in the
+# Jacobian itself. Only identities the engine made for a Jacobian are
+# read so (``identity_basis``): a captured tensor that happens to equal an identity at trace
+# time may be written later. torch.func computes the dense products.
+_identity_bases = weakref.WeakValueDictionary()  # id -> an identity the engine made
+# the primitives p with p(0, y) == 0, elementwise: p(diag(d), y) is diag(p(d, y)) for a y
+# that varies along one dim (elementwise.py registers its backward kernels here)
+keeps_diagonal = {P.mul_p}
+
+
+def identity_basis(n, dtype, device):
+    """``torch.eye(n)``, made for a Jacobian's basis (``fold_identity_bases`` reads it as a
+    diagonal matrix)."""
+    import torch
+    eye = torch.eye(n, dtype=dtype, device=device)
+    _identity_bases[id(eye)] = eye
+    return eye
+
+
+def _is_identity_basis(value):
+    return _identity_bases.get(id(value)) is value
+
+
+def fold_identity_bases(program):
+    """Compute with a Jacobian's identity basis by its diagonal (NOTE [An identity basis is a
+    diagonal matrix]).
+
+    >>> import torch
+    >>> from minifunctorch.core import jacfwd, trace
+    >>> from minifunctorch.core.passes import fold_identity_bases, simplify
+    >>> a = torch.ones(2, 3)
+    >>> print(simplify(fold_identity_bases(simplify(trace(jacfwd(lambda x: a @ x.sin()))(
+    ...     torch.zeros(3))))))
+    { lambda b:f32[3,3] c:f32[3,2] ; a:f32[3] .
+      let d:f32[3] = diagonal b offset=0 dim1=0 dim2=1
+          e:f32[3] = cos a
+          f:f32[3] = mul d e
+          g:f32[3,1] = unsqueeze f dim=1
+          h:f32[3,2] = mul g c
+          i:f32[2,3] = permute h dims=(1,0)
+      in (i,) }
+    """
+    diagonal = {}  # var -> the var of its diagonal, for a var that is a diagonal matrix
+    rows = {}  # var -> the var of its diagonal, for a diagonal matrix unsqueezed at dim 1
+    equations = []
+
+    def vector(operand, n):
+        """``operand`` as what it is along one dim of an (n, n) matrix, or None."""
+        if isinstance(operand, Literal):
+            return operand
+        if not isinstance(operand, Var) or operand in diagonal or operand in rows:
+            return None
+        if operand.shape == (n,):
+            return operand
+        if operand.shape in ((1, n), (n, 1)):
+            flat = Var((n,), operand.dtype)
+            equations.append(Equation(P.reshape_p, [operand], {"shape": (n,)}, flat))
+            return flat
+        return None
+
+    def diagonal_of(var):
+        n = var.shape[0]
+        d = Var((n,), var.dtype)
+        equations.append(Equation(P.diagonal_p, [var], {"offset": 0, "dim1": 0, "dim2": 1}, d))
+        return d
+
+    for var, value in program.constants:
+        if len(var.shape) == 2 and var.shape[0] == var.shape[1] and _is_identity_basis(value):
+            diagonal[var] = diagonal_of(var)
+    for equation in program.equations:
+        prim, inputs, out = equation.prim, equation.inputs, equation.out
+        square = len(out.shape) == 2 and out.shape[0] == out.shape[1]
+        if prim in keeps_diagonal and square and len(inputs) == 2:
+            first, second = inputs
+            n = out.shape[0]
+            if first in diagonal and first.shape == out.shape:
+                other = vector(second, n)
+                operands = [diagonal[first], other]
+            elif prim is P.mul_p and second in diagonal and second.shape == out.shape:
+                other = vector(first, n)
+                operands = [other, diagonal[second]]
+            else:
+                other = None
+            if other is not None:
+                d = Var((n,), out.dtype)
+                equations.append(Equation(prim, operands, equation.params, d))
+                diagonal[out] = d
+        elif prim is P.unsqueeze_p and equation.params["dim"] == 1 and inputs[0] in diagonal:
+            rows[out] = diagonal[inputs[0]]
+        elif prim is P.matmul_p and isinstance(inputs[1], Var) and (
+                inputs[0] in diagonal or inputs[0] in rows):
+            m = inputs[1]
+            d = diagonal.get(inputs[0]) or rows[inputs[0]]
+            if len(m.shape) == 2 and m.shape[0] == d.shape[0] and m.dtype == d.dtype:
+                column = Var((d.shape[0], 1), d.dtype)  # diag(d) @ m is d[:, None] * m
+                equations.append(Equation(P.unsqueeze_p, [d], {"dim": 1}, column))
+                if inputs[0] in diagonal:
+                    equations.append(Equation(P.mul_p, [column, m], {}, out))
+                else:  # (n, 1, n) @ (n, k): each row of the diagonal times m, (n, 1, k)
+                    scaled = Var((d.shape[0], m.shape[1]), out.dtype)
+                    equations.append(Equation(P.mul_p, [column, m], {}, scaled))
+                    equations.append(Equation(P.unsqueeze_p, [scaled], {"dim": 1}, out))
+                continue
+        elif prim is P.matmul_p and inputs[1] in diagonal and isinstance(inputs[0], Var):
+            m, d = inputs[0], diagonal[inputs[1]]
+            if len(m.shape) == 2 and m.shape[1] == d.shape[0] and m.dtype == d.dtype:
+                equations.append(Equation(P.mul_p, [m, d], {}, out))  # m @ diag(d)
+                continue
+        equations.append(equation)
+    return program.replace(equations=equations)

@@ -38,6 +38,7 @@ from .errors import (
 )
 from .forward import Forward, ForwardValue
 from .grad_mode import level_scope
+from .passes import identity_basis
 from .tensor import (
     FuncTensor,
     as_tensor,
@@ -1232,9 +1233,12 @@ def _identity_basis(leaves):
     """
     sizes = [math.prod(leaf.shape) for leaf in leaves]
     total = sum(sizes)
-    rows = torch.eye(total, dtype=leaves[0].dtype, device=leaves[0].device)
+    # (an identity that jit's programs may compute with by its diagonal: NOTE [An identity
+    # basis is a diagonal matrix] in passes.py)
+    rows = identity_basis(total, leaves[0].dtype, leaves[0].device)
     if len(leaves) == 1:  # the identity itself: no block to slice out (a slice costs ~5 µs)
-        return [rows.reshape((total, *leaves[0].shape))], sizes
+        shape = (total, *leaves[0].shape)
+        return [rows if rows.shape == shape else rows.reshape(shape)], sizes
     basis, start = [], 0
     for leaf, size in zip(leaves, sizes):
         basis.append(rows[:, start:start + size].reshape((total, *leaf.shape)))

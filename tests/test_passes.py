@@ -251,3 +251,62 @@ def test_simplify_leaves_results_unchanged(name, f, make):
     # each pass alone leaves results unchanged too
     for one_pass in (eliminate_dead_code, eliminate_common_subexpressions, fold_symbolic_zeros):
         assert_close(one_pass(program)(*args), program(*args))
+
+
+# --- fold_identity_bases -------------------------------------------------------------------------
+def _matmuls(program):
+    return [tuple(tuple(o.shape) for o in e.inputs) for e in program.equations
+            if e.prim.name == "matmul"]
+
+
+def _layer(a, activation):
+    # (the basis meets traced values first: an op of it with constants, such as `* 2.0` at
+    # the end, is computed once at trace time into a plain constant)
+    return lambda x: activation(a @ torch.sin(x))
+
+
+def _basis_matmuls(program, basis):
+    """The matmuls whose left operand is (basis, basis) or (basis, 1, basis)."""
+    return [shapes for shapes in _matmuls(program) if shapes[0] in ((basis, basis),
+                                                                     (basis, 1, basis))]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")  # (torch.func's jacfwd)
+@pytest.mark.parametrize("activation", [torch.tanh, torch.sigmoid, torch.relu],
+                         ids=["tanh", "sigmoid", "relu"])
+@pytest.mark.parametrize("n, m", [(3, 40), (40, 3)], ids=["tall", "wide"])
+@pytest.mark.parametrize("mode", ["jacrev", "jacfwd"])
+def test_jit_computes_with_a_jacobians_identity_basis_by_its_diagonal(mode, n, m, activation):
+    """NOTE [An identity basis is a diagonal matrix] (passes.py): jit's Jacobian programs have
+    no matmul of the (basis, basis) identity (or of a diagonal matrix made from it) any more,
+    and they compute torch.func's Jacobian. The pass keeps every dense equation, which
+    dead-code elimination then drops."""
+    import torch.func as tf
+    from minifunctorch.core import jacfwd, jit
+    from minifunctorch.core.passes import fold_identity_bases
+    a, x = rand(0, m, n), rand(2, n)
+    f = _layer(a, activation)
+    transform = {"jacrev": jacrev, "jacfwd": jacfwd}[mode](f)
+    basis = m if mode == "jacrev" else n
+    dense = simplify(trace(transform)(x))
+    assert len(_basis_matmuls(dense, basis)) == 1, _matmuls(dense)
+    folded = simplify(fold_identity_bases(dense))
+    assert _basis_matmuls(folded, basis) == [], _matmuls(folded)
+    assert len(folded.equations) <= len(dense.equations) + 3
+    expected = getattr(tf, mode)(f)(x)
+    assert_close(folded(x), expected)
+    jf = jit(transform)
+    assert_close(jf(x), expected)
+    assert_close(jf(-x), getattr(tf, mode)(f)(-x))  # the cached program again
+
+
+def test_an_identity_the_user_made_is_not_read_as_a_diagonal():
+    """Only the identities the engine made for a Jacobian: a captured tensor that equals one
+    when traced may be written afterwards, and the program must read its new numbers."""
+    from minifunctorch.core import jit
+    eye, w = torch.eye(4), rand(0, 4, 3)
+    jf = jit(lambda x: (eye * x) @ w)
+    x = rand(1, 4)
+    assert_close(jf(x), torch.diag(x) @ w)
+    eye.fill_(1.0)  # no longer an identity
+    assert_close(jf(x), (torch.ones(4, 4) * x) @ w)
