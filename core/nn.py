@@ -3189,7 +3189,8 @@ def _total_weight(target, weight, ignore_index, dtype):
     kept = target != ignore_index
     if weight is None:
         return kept.sum().to(dtype)
-    return torch.where(kept, weight[torch.where(kept, target, 0)], 0).sum().to(dtype)
+    safe = torch.where(kept, target, 0).long()  # (a byte tensor would index as a mask)
+    return torch.where(kept, weight[safe], 0).sum().to(dtype)
 
 
 def _nll_loss_impl(x, target, weight, *, reduction, ignore_index):

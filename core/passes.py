@@ -12,6 +12,8 @@
 """
 import weakref
 
+import torch
+
 from . import primitives as P
 from .ir import Equation, Literal, Var
 
@@ -250,7 +252,6 @@ keeps_diagonal = {P.mul_p}
 def identity_basis(n, dtype, device):
     """``torch.eye(n)``, made for a Jacobian's basis (``fold_identity_bases`` reads it as a
     diagonal matrix)."""
-    import torch
     eye = torch.eye(n, dtype=dtype, device=device)
     _identity_bases[id(eye)] = eye
     return eye

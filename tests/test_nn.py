@@ -10,6 +10,7 @@ fused are bit-exact with torch.func in float32, per-sample gradients of a convol
 one grouped convolution, batch norm's running statistics, the regression tests of the issue
 tracker, refusals, and small nn.Module models through functional_call.
 """
+import itertools
 import warnings
 
 import pytest
@@ -996,10 +997,12 @@ def test_nll_loss_takes_the_target_dtypes_of_torchs_kernel():
     """Long or Byte targets, as torch's kernel (torch.func's own decomposition gathers with a
     byte target and fails: the oracle here is the same loss with long targets)."""
     x, target = normal(torch.Generator().manual_seed(0), 3, 4), torch.tensor([0, 1, 2])
-    for reduction in ("mean", "sum", "none"):
-        f = lambda x, t: F.nll_loss(x, t, reduction=reduction).sum()  # noqa: E731
+    weight = positive(torch.Generator().manual_seed(1), 4)
+    for reduction, w in itertools.product(("mean", "sum", "none"), (None, weight)):
+        f = lambda x, t: F.nll_loss(x, t, w, reduction=reduction).sum()  # noqa: E731
         assert_same(mf.vmap(mf.grad(f))(x[:, None], target.to(torch.uint8)[:, None]),
                     tf.vmap(tf.grad(f))(x[:, None], target[:, None]))
+        assert_same(mf.grad(f)(x, target.to(torch.uint8)), tf.grad(f)(x, target))
     with pytest.raises(RuntimeError, match="expected target dtype to be Long or Byte"):
         F.nll_loss(x, target.int())
     with pytest.raises(TransformUsageError,
