@@ -310,3 +310,23 @@ def test_an_identity_the_user_made_is_not_read_as_a_diagonal():
     assert_close(jf(x), torch.diag(x) @ w)
     eye.fill_(1.0)  # no longer an identity
     assert_close(jf(x), (torch.ones(4, 4) * x) @ w)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_a_nan_in_the_jacobian_stays_in_its_row_under_jit():
+    """NOTE [An identity basis is a diagonal matrix]: where one output is NaN, the dense
+    product (torch.func, and the engine's eager jacrev) spreads it over the whole Jacobian
+    (0 * NaN in every row); jit's diagonal product keeps it in that output's row, and every
+    other row is the exact Jacobian."""
+    import torch.func as tf
+    from minifunctorch.core import jit
+    a, x = rand(0, 6, 3), rand(1, 3)
+    a[2, 0] = float("nan")
+    f = _layer(a, torch.tanh)
+    dense = tf.jacrev(f)(x)
+    assert torch.isnan(dense).all()
+    assert torch.isnan(jacrev(f)(x)).all()  # the eager engine computes the dense products
+    ours = jit(jacrev(f))(x)
+    assert torch.isnan(ours[2]).any() and not torch.isnan(ours[[0, 1, 3, 4, 5]]).any()
+    by_hand = (1 - f(x) ** 2)[:, None] * a * torch.cos(x)[None, :]
+    assert_close(ours[[0, 1, 3, 4, 5]], by_hand[[0, 1, 3, 4, 5]])
