@@ -3239,8 +3239,9 @@ def _nll_rows(values, bdims, rank):
 def _example_weights(target, weight, ignore_index, b, n):
     """Each example's mean denominator, (B,): the summed weights of its kept targets (a
     bool count without class weights, which the division promotes)."""
-    weights = ops.ne(target, ignore_index)
-    if weight is not None:
+    if weight is None:
+        weights = ops.ne(target, ignore_index)
+    else:
         weights, _ = _target_weights(target, weight, ignore_index, weight.dtype)
     return weights if n == 1 else ops.sum(ops.reshape(weights, b, n), (1,))
 
