@@ -1225,6 +1225,13 @@ def _refuse_complex_inputs(transform, selected, call, what="inputs"):
             )
 
 
+def _reshaped(t, shape):
+    """``t.reshape(shape)``, or ``t`` itself where it has that shape already: a Jacobian of
+    a 1-D output is its rows as they are, and under an outer vmap a reshape is an op of it
+    (and a view to record) that changes nothing."""
+    return t if tuple(t.shape) == shape else t.reshape(shape)
+
+
 def _identity_basis(leaves):
     """The rows of an identity matrix, split into one block per leaf and shaped like it.
 
@@ -1301,7 +1308,7 @@ def _jacrev(f, argnums, has_aux, chunk_size, args):
 
         def block(g, o=o, n=n, offset=offset):
             rows = g if len(sizes) == 1 else g[offset:offset + n]
-            return rows.reshape((*o.shape, *g.shape[1:]))
+            return _reshaped(rows, (*o.shape, *g.shape[1:]))
         per_arg = tuple(optree.tree_map(block, tree) for tree in per_input)
         jacobians.append(per_arg[0] if isinstance(argnums, int) else per_arg)
     jacobian = optree.tree_unflatten(out_treedef, jacobians)
@@ -1355,7 +1362,7 @@ def _jacfwd(f, argnums, has_aux, randomness, args):
         blocks, begin = [], 0
         for x, n in zip(in_leaves, sizes):
             columns = t if len(sizes) == 1 else t[..., begin:begin + n]
-            blocks.append(columns.reshape((*out_shape, *x.shape)))
+            blocks.append(_reshaped(columns, (*out_shape, *x.shape)))
             begin += n
         per_arg = optree.tree_unflatten(in_treedef, blocks)
         return per_arg[0] if isinstance(argnums, int) else per_arg
