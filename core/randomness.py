@@ -388,7 +388,7 @@ def _dropout_kind(feature, alpha, in_place):
     def kind(levels, func, name, args, kwargs):
         positional = dict(zip(("input", "p", "train"), args), **kwargs)
         x, p, train = positional["input"], positional["p"], positional["train"]
-        if not train or p == 0:
+        if (not train or p == 0) and 0 <= p <= 1:
             return x  # torch returns the input itself (an eval-mode nn.Dropout costs nothing)
         if not 0 < p < 1 or x.numel() == 0 or (feature and x.dim() < 2):
             return NotImplemented  # no numbers are drawn (or torch reports the argument)

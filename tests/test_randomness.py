@@ -359,6 +359,9 @@ def test_dropout_that_draws_nothing_returns_its_input_as_torch_does(name):
         ours = api.vmap(api.grad(f))(x)
         torch.testing.assert_close(ours, 2 * x)
         assert seen == [True, True], (api.__name__, seen)
+        # a probability out of [0, 1] is refused in eval mode too, as torch does
+        with pytest.raises(RuntimeError, match="dropout probability has to be between 0 and 1"):
+            api.vmap(lambda v: func(v, 1.5, False))(x)
 
 
 # --- the back door: aten's random ops called on batched values -----------------------------------
