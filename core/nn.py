@@ -3184,23 +3184,15 @@ def _target_weights(target, weight, ignore_index, dtype):
 _REDUCTIONS = ("none", "mean", "sum")  # torch's enum order
 
 
-def _total_weight(target, weight, ignore_index, dtype):
-    """The mean's denominator (plain tensors): the summed weights of the kept targets."""
-    kept = target != ignore_index
-    if weight is None:
-        return kept.sum().to(dtype)
-    safe = torch.where(kept, target, 0).long()  # (a byte tensor would index as a mask)
-    return torch.where(kept, weight[safe], 0).sum().to(dtype)
-
-
 def _nll_loss_impl(x, target, weight, *, reduction, ignore_index):
     return torch._C._nn.nll_loss_nd(x, target, weight, _REDUCTIONS.index(reduction),
                                     ignore_index)
 
 
 def _nll_loss_backward_impl(ct, target, weight, *, input_shape, reduction, ignore_index):
-    total = (_total_weight(target, weight, ignore_index, ct.dtype) if reduction == "mean"
-             else ct.new_ones(()))
+    # (the mean's denominator: the summed weights of the kept targets)
+    total = (ops.sum(_target_weights(target, weight, ignore_index, ct.dtype)[0])
+             if reduction == "mean" else ct.new_ones(()))
     return aten.nll_loss_backward(ct, ct.new_empty(input_shape), target, weight,
                                   _REDUCTIONS.index(reduction), ignore_index, total)
 
