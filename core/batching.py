@@ -112,6 +112,10 @@ class Batched(Dispatcher):
                     return BatchedValue(self, out, x.bdim)
         if len(args) == 1:
             x = args[0]
+            if prim in _VIEWS:
+                out = _view_of_chain(prim, x, params)
+                if out is not None:
+                    return out
             rule = batching_rules.get(prim)
             if rule is None:
                 raise missing_rule_error(prim, "batching", "vmap")
@@ -532,6 +536,64 @@ batching_rules[P.matmul_p] = matmul_batch
 
 
 # --- shape -------------------------------------------------------------------------------------
+# NOTE [A view of nested batched values in one step]
+# Under nested vmaps (vmap(jacrev(f)) is two, the NTK's vmap(vmap(vjp ... vmap)) three) a
+# value is a chain of BatchedValues, one per level that batches it, over one tensor. A view
+# op on it, level by level, runs each level's rule, which moves that level's batch dim in
+# front with a permute bound one level down, then binds the view there: k levels make about
+# 2k applies for one reshape, and the batching rules of convolutions make many reshapes.
+# What the levels compute in the end is plain: the bottom tensor with every batch dim in
+# front, outermost first, then the view with its dims shifted past them, and batch dim 0 at
+# every level. So a chain of only BatchedValues over a plain tensor is viewed in one step,
+# with that very layout (so the values and strides are those of the level-by-level path).
+# Any other chain (a level of grad or jvp inside it, a traced tensor at the bottom, a level
+# whose transform has returned) takes the rules. functorch's first BatchedTensor did the
+# same with one wrapper of several batch dims (its ``BatchDims``); torch.func now keeps
+# one wrapper per level and pays the walk in C++.
+def _view_of_chain(prim, x, params):
+    """A view primitive on this level's value ``x``, computed on the bottom tensor if ``x``
+    is a chain of BatchedValues; None where the rules must run."""
+    links = []  # innermost level first
+    while type(x) is BatchedValue:
+        if x.dispatcher.exited:
+            return None
+        links.append(x)
+        x = x.payload
+    if type(x) is not torch.Tensor:
+        return None
+    k = len(links)
+    if k == 1:  # (the common case, written out)
+        bdim = links[0].bdim
+        if bdim:
+            x = x.movedim(bdim, 0)
+    else:
+        dims = list(range(x.dim()))
+        order = [dims.pop(link.bdim) for link in reversed(links)]  # outermost first
+        order += dims
+        if order != sorted(order):
+            x = x.permute(order)
+    if prim is P.reshape_p:
+        out = x.reshape((*x.shape[:k], *params["shape"]))
+    elif prim is P.permute_p:
+        out = x.permute(*range(k), *[d + k for d in params["dims"]])
+    elif prim is P.unsqueeze_p:
+        out = x.unsqueeze(params["dim"] + k)
+    elif prim is P.squeeze_p:
+        out = x.squeeze(tuple([d + k for d in params["dim"]]))
+    else:  # expand: missing leading dims are new dims of size 1, after the batch dims
+        shape = params["shape"]
+        missing = len(shape) - (x.dim() - k)
+        if missing:
+            x = x.reshape((*x.shape[:k], *(1,) * missing, *x.shape[k:]))
+        out = x.expand((*x.shape[:k], *shape))
+    for link in reversed(links):
+        out = BatchedValue(link.dispatcher, out, 0)
+    return out
+
+
+_VIEWS = frozenset((P.reshape_p, P.permute_p, P.unsqueeze_p, P.squeeze_p, P.expand_p))
+
+
 def permute_batch(values, bdims, *, dims):
     (x,), (bdim,) = values, bdims
     physical = (bdim,) + tuple(physical_dim(d, bdim) for d in dims)

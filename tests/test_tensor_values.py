@@ -89,6 +89,49 @@ def test_vmaps_elementwise_ops_at_the_front_door(monkeypatch, in_dims, dtype):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def _views(x):
+    """Every view primitive on an example of shape (3, 4): reshape, permute, unsqueeze,
+    squeeze and expand (with a new leading dim), and a chain of them."""
+    return (x.reshape(12), x.permute(1, 0), x.unsqueeze(1), x.unsqueeze(0).squeeze(0),
+            x.expand(2, 3, 4), x.t().reshape(2, 6).unsqueeze(-1).expand(2, 6, 5))
+
+
+@pytest.mark.parametrize("in_dims", [(0, 0, 0), (1, 0, 2), (2, 1, 1)])
+def test_a_view_of_nested_batched_values_takes_one_step(monkeypatch, in_dims):
+    """NOTE [A view of nested batched values in one step] (batching.py): under three vmaps,
+    a view op is computed on the bottom tensor by the innermost level, with no rule and no
+    level below it applied, and gives torch.func's values and the level-by-level path's
+    values and strides."""
+    from minifunctorch.core import batching
+    torch.manual_seed(0)
+    xs = torch.randn(5, 6, 7, 3, 4)  # three batch dims, then the example's (3, 4)
+    xs = xs.movedim(2, 2 + in_dims[2]).movedim(1, 1 + in_dims[1]).movedim(0, in_dims[0])
+
+    def nest(api):
+        return api.vmap(api.vmap(api.vmap(_views, in_dims=in_dims[2]), in_dims=in_dims[1]),
+                        in_dims=in_dims[0])
+
+    applied = []
+    apply = Batched.apply
+
+    def counting(self, prim, *args, **params):
+        applied.append(prim.name)
+        return apply(self, prim, *args, **params)
+    monkeypatch.setattr(Batched, "apply", counting)
+    ours = nest(mf)(xs)
+    assert applied == ["reshape", "permute", "unsqueeze", "unsqueeze", "squeeze", "expand",
+                       "permute", "reshape", "unsqueeze", "expand"]
+    for a, b in zip(ours, nest(tf)(xs)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    monkeypatch.setattr(batching, "_VIEWS", frozenset())  # the rules, level by level
+    applied.clear()
+    level_by_level = nest(mf)(xs)
+    assert len(applied) > 20
+    for a, b in zip(ours, level_by_level):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert a.stride() == b.stride()
+
+
 def test_an_escaped_batched_value_is_refused_inside_a_later_vmap():
     """The front door's elementwise path (above) also refuses a value whose vmap returned."""
     kept = []
