@@ -37,8 +37,8 @@ from .batching import (BatchedValue, batch_size, batched_level, batching_rules, 
                        same_shape_batch, to_front)
 from .elementwise import logical_and
 from .dispatch import complex_ready
-from .errors import (InvalidOptionError, MissingRuleError, ShapeMismatchError,
-                     TransformUsageError, UnsupportedOperationError)
+from .errors import (InputDtypeError, InvalidOptionError, MissingRuleError,
+                     ShapeMismatchError, TransformUsageError, UnsupportedOperationError)
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import call_with_tensors, runner, unwrap
 from .values import Value, bind, bottom_tensor, top_dispatcher
@@ -1437,6 +1437,12 @@ def embedding_sparse_batch(values, bdims, **params):
 batching_rules[embedding_sparse_p] = embedding_sparse_batch
 
 
+def _embedding_weight_error(call, weight):
+    return ShapeMismatchError(
+        f"'weight' must be 2-D ({call}: got shape {ops.shape_of(weight)}, as in torch). Fix: "
+        "pass the (rows, features) embedding matrix.")
+
+
 @aten_api.register(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """NOTE [embedding's two derivatives]
@@ -1447,9 +1453,12 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     that backward and an untouched tangent, so both derivatives match torch.func's."""
     op = "embedding(weight, indices)"
     if _rank(weight) != 2:
-        raise TransformUsageError(f"{op}: weight must be 2-d, got shape {ops.shape_of(weight)}.")
+        raise _embedding_weight_error(op, weight)
     if indices.dtype.is_floating_point:
-        raise TransformUsageError(f"{op}: indices must be integers, got {indices.dtype}.")
+        raise InputDtypeError(
+            "Expected tensor for argument #1 'indices' to have one of the following scalar "
+            f"types: Long, Int; but got {indices.dtype} instead ({op}, as in torch). Fix: pass "
+            "integer indices (indices.long()).")
     rows = ops.shape_of(weight)[0]
     indices = _long(indices)
     if sparse:
@@ -1513,9 +1522,7 @@ def _layout(value):
 def embedding_renorm_(weight, indices, max_norm, norm_type):
     call = "F.embedding(input, weight, max_norm=...)"
     if _rank(weight) != 2:
-        raise TransformUsageError(
-            f"{call}: weight must be 2-d, got shape {ops.shape_of(weight)}. Fix: pass the "
-            "(rows, features) embedding matrix.")
+        raise _embedding_weight_error(call, weight)
     w_bottom, (rows_dim, features_dim), w_batch = _layout(weight)
     i_bottom, _, i_batch = _layout(indices)
     if w_bottom.device.type == "meta":
@@ -1647,7 +1654,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     if per_sample_weights is not None and mode != "sum":
         raise TransformUsageError(f"{op}: per_sample_weights needs mode='sum', got {mode!r}.")
     if _rank(weight) != 2:
-        raise TransformUsageError(f"{op}: weight must be 2-d, got shape {ops.shape_of(weight)}.")
+        raise _embedding_weight_error(op, weight)
     rows, features = ops.shape_of(weight)
     input = _long(input)
     if _rank(input) == 2:

@@ -52,8 +52,9 @@ from . import primitives as P
 from .autograd import conj, vjp_rules, wants_cotangent
 from .batching import batch_size, batching_rules, move_bdim, to_front
 from .dispatch import complex_ready
-from .errors import (InPlaceError, InputDtypeError, MissingRuleError, ShapeMismatchError,
-                     TransformUsageError)
+from .errors import (DimOutOfRangeError, InPlaceError, InputDtypeError, InvalidOptionError,
+                     MissingRuleError, ShapeMismatchError, TransformUsageError, TypecheckError,
+                     UnsupportedOperationError)
 from .fast_code import register_fresh
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import as_tensor, unwrap_tree
@@ -207,10 +208,10 @@ def linear(x, weight, bias=None):
     # rare forms, as the ops torch decomposes them into: a vector weight (a dot product per
     # row), a bias that broadcasts ((), (1,), one per row)
     if len(weight_shape) == 1 and bias is not None:
-        raise TransformUsageError(
-            "F.linear(input, weight, bias): a 1-D weight takes no bias in torch (it raises "
-            "'mat2 must be a matrix'). Fix: pass a (1, in_features) weight, or add the bias "
-            "afterwards.")
+        raise ShapeMismatchError(
+            "mat2 must be a matrix, got 1-D tensor (F.linear(input, weight, bias): a 1-D "
+            "weight takes no bias in torch). Fix: pass a (1, in_features) weight, or add the "
+            "bias afterwards.")
     out = ops.matmul(x, weight if len(weight_shape) < 2 else ops.t(weight))
     return out if bias is None else ops.add(out, bias)
 
@@ -727,6 +728,23 @@ def _check_conv_dtypes(op, x, weight, bias):
                 f".to({x.dtype}).")
 
 
+def _check_conv_bias(op, weight, bias, params):
+    """torch's check of a convolution's bias: one value per output channel. (Under vmap the
+    rules reshape a batched bias before the kernel sees it, so the kernel cannot check it.)"""
+    if bias is None:
+        return
+    w_shape, b_shape = shape_of(weight), shape_of(bias)
+    if len(w_shape) < 2:
+        return  # (the kernel refuses the weight first, in torch's words)
+    out_channels = w_shape[1] * params["groups"] if params["transposed"] else w_shape[0]
+    if len(b_shape) != 1 or b_shape[0] != out_channels:
+        given = "Given transposed=1, " if params["transposed"] else "Given "
+        raise ShapeMismatchError(
+            f"{given}weight of size {list(w_shape)}, expected bias to be 1-dimensional with "
+            f"{out_channels} elements, but got bias of size {list(b_shape)} instead ({op}("
+            f"input, weight, bias), as in torch). Fix: pass one bias value per output channel.")
+
+
 def _complex_conv(op, x, weight, bias, **params):
     """NOTE [A complex convolution is three real ones]
     aten.convolution and aten.convolution_backward have no complex kernel on the CPU (torch
@@ -761,6 +779,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     params = _conv_params("convolution", spatial, stride, padding, dilation, transposed,
                           output_padding, groups)
     _check_conv_dtypes("convolution", x, weight, bias)
+    _check_conv_bias("convolution", weight, bias, params)
     if x.dtype.is_complex:
         return _complex_conv("convolution", x, weight, bias, **params)
     return _conv(x, weight, bias, **params)
@@ -785,9 +804,10 @@ def _same_padding(op, x, weight, stride, dilation):
     (torch's _convolution_mode). Returns the (possibly right-padded) input and the symmetric
     padding."""
     if any(s != 1 for s in stride):
-        raise TransformUsageError(
-            f"{op}(..., padding='same', stride={stride}): padding='same' needs stride 1, as in "
-            "torch. Fix: pass explicit padding."
+        raise InvalidOptionError(
+            f"padding='same' is not supported for strided convolutions ({op}(..., "
+            f"padding='same', stride={stride}), as in torch). Fix: pass explicit padding, or "
+            "stride=1."
         )
     kernel = shape_of(weight)[2:]
     left = [d * (k - 1) // 2 for d, k in zip(dilation, kernel)]
@@ -807,10 +827,10 @@ def _conv_front(spatial, transposed):
     def call(x, weight, bias, stride, padding, output_padding, groups, dilation):
         rank = len(shape_of(x))
         if rank not in (spatial + 1, spatial + 2):
-            raise TransformUsageError(
-                f"{name}(input, ...): expected a {spatial + 2}-D (batched) or {spatial + 1}-D "
-                f"(unbatched) input, got shape {shape_of(x)}. Fix: give an input with "
-                "(N,) C and the spatial dims."
+            raise ShapeMismatchError(
+                f"Expected {spatial + 1}D (unbatched) or {spatial + 2}D (batched) input to "
+                f"{name}, but got input of size: {list(shape_of(x))} ({name}(input, ...), as "
+                "in torch). Fix: give an input with (N,) C and the spatial dims."
             )
         unbatched = rank == spatial + 1
         if unbatched:
@@ -818,10 +838,16 @@ def _conv_front(spatial, transposed):
         stride = _ntuple(stride, spatial, "stride", name)
         dilation = _ntuple(dilation, spatial, "dilation", name)
         if isinstance(padding, str):
-            if transposed or padding not in ("same", "valid"):
-                raise TransformUsageError(
-                    f"{name}(..., padding={padding!r}): expected 'same' or 'valid' (and only "
-                    "for convolutions, not transposed ones), as in torch. Fix: pass ints."
+            if transposed:
+                raise TypecheckError(
+                    f"{name}(): argument 'padding' must be tuple of ints, not str ({name}(..., "
+                    f"padding={padding!r}), as in torch: 'same' and 'valid' are for "
+                    "convolutions, not transposed ones). Fix: pass ints."
+                )
+            if padding not in ("same", "valid"):
+                raise InvalidOptionError(
+                    f"Invalid padding string: {padding!r} ({name}(..., padding={padding!r}), as "
+                    "in torch). Fix: pass 'same', 'valid' or ints."
                 )
             if padding == "valid":
                 padding = 0
@@ -830,6 +856,7 @@ def _conv_front(spatial, transposed):
         params = _conv_params(name, spatial, stride, padding, dilation, transposed,
                               output_padding, groups)
         _check_conv_dtypes(name, x, weight, bias)
+        _check_conv_bias(name, weight, bias, params)
         if x.dtype.is_complex:
             out = _complex_conv(name, x, weight, bias, **params)
         else:
@@ -908,9 +935,12 @@ def constant_pad_nd(x, pad, value=0):
     pad = tuple(int(p) for p in pad)
     rank = len(shape_of(x))
     if len(pad) % 2 or len(pad) // 2 > rank:
-        raise TransformUsageError(
-            f"constant_pad_nd(x, pad={pad}): expected an even number of pads, at most two per "
-            f"dim of the input's shape {shape_of(x)}. Fix: pass (left, right) pairs, last dim "
+        words = ("Padding length must be divisible by 2" if len(pad) % 2 else
+                 "Padding length should be less than or equal to two times the input dimension "
+                 f"but got padding length {len(pad)} and input of dimension {rank}")
+        raise ShapeMismatchError(
+            f"{words} (constant_pad_nd(x, pad={pad}), as in torch: at most two pads per dim "
+            f"of the input's shape {shape_of(x)}). Fix: pass (left, right) pairs, last dim "
             "first."
         )
     if not any(pad):
@@ -945,23 +975,29 @@ def _pad_by_gathering(x, pad, mode):
     rank = len(shape_of(x))
     for dim, before, after in _padded_dims(pad, rank):
         size = shape_of(x)[dim]
+        call = f"pad(x, {list(pad)}, mode={mode!r})"
         if size + before + after < (0 if mode == "circular" else 1):  # (as torch)
-            raise TransformUsageError(
-                f"pad(x, {list(pad)}, mode={mode!r}): dim {dim} of size {size} padded by "
-                f"({before}, {after}) would have size {size + before + after}. Fix: crop less."
+            letter = "WHD"[rank - 1 - dim]
+            words = ("Negative padding value is resulting in an empty dimension"
+                     if mode == "circular" else f"input ({letter}: {size}) is too small. "
+                     f"Calculated output {letter}: {size + before + after}")
+            raise ShapeMismatchError(
+                f"{words} ({call}, as in torch: dim {dim} of size {size} padded by ({before}, "
+                f"{after}) would have size {size + before + after}). Fix: crop less."
             )
         if mode == "reflect" and (before >= size or after >= size):
-            raise TransformUsageError(
-                f"pad(x, {list(pad)}, mode='reflect'): a reflect pad must be smaller than the "
-                f"dim it pads (dim {dim} has size {size}). Fix: use smaller pads, or "
-                "mode='replicate'."
+            raise ShapeMismatchError(
+                "Padding size should be less than the corresponding input dimension, but got: "
+                f"padding ({before}, {after}) at dimension {dim} of input {list(shape_of(x))} "
+                f"({call}, as in torch: a reflection stays inside the dim). Fix: use smaller "
+                "pads, or mode='replicate'."
             )
         kept = size - max(0, -before) - max(0, -after)
         if mode == "circular" and (before > kept or after > kept):
-            raise TransformUsageError(
-                f"pad(x, {list(pad)}, mode='circular'): a circular pad can be at most the size "
-                f"of the dim it pads, after cropping (dim {dim} keeps {kept} of {size}). Fix: "
-                "use smaller pads."
+            raise ShapeMismatchError(
+                f"Padding value causes wrapping around more than once ({call}: a circular pad "
+                f"can be at most the size of the dim it pads, after cropping; dim {dim} keeps "
+                f"{kept} of {size}). Fix: use smaller pads."
             )
         positions = _pad_positions(mode, size, before, after)
         shape = [1] * rank
@@ -983,21 +1019,23 @@ def pad(x, pad, mode="constant", value=None):
     if mode == "constant":
         return constant_pad_nd(x, pad, 0 if value is None else value)
     if mode not in ("reflect", "replicate", "circular"):
-        raise TransformUsageError(
-            f"pad(x, {list(pad)}, mode={mode!r}): expected 'constant', 'reflect', 'replicate' "
-            "or 'circular'."
+        raise UnsupportedOperationError(
+            f"Unrecognised padding mode {mode} (pad(x, {list(pad)}, mode={mode!r}), as in "
+            "torch). Fix: use 'constant', 'reflect', 'replicate' or 'circular'."
         )
     if value is not None and value != 0:
-        raise TransformUsageError(
-            f"pad(x, {list(pad)}, mode={mode!r}, value={value}): a fill value is only used by "
-            "mode='constant'. Fix: drop value."
+        raise InvalidOptionError(
+            f'Padding mode "{mode}" doesn\'t take in value argument (pad(x, {list(pad)}, '
+            f"mode={mode!r}, value={value}), as in torch: a fill value is only used by "
+            "mode='constant'). Fix: drop value."
         )
     rank = len(shape_of(x))
     if rank not in _PAD_RANKS.get(len(pad), ()):
-        raise TransformUsageError(
-            f"pad(x, {list(pad)}, mode={mode!r}): torch pads the last 1, 2 or 3 dims of a "
-            f"2-5 D input in this mode (2, 4 or 6 pads for 2-3, 3-4 or 4-5 dims), got "
-            f"{len(pad)} pads for an input of shape {shape_of(x)}. Fix: reshape the input."
+        raise UnsupportedOperationError(
+            f"Padding size {len(pad)} is not supported for {rank}D input tensor (pad(x, "
+            f"{list(pad)}, mode={mode!r}), as in torch: this mode pads the last 1, 2 or 3 dims "
+            "of a 2-5 D input, with 2, 4 or 6 pads for 2-3, 3-4 or 4-5 dims). Fix: reshape "
+            "the input."
         )
     return _pad_by_gathering(x, pad, mode)
 
@@ -2281,10 +2319,22 @@ def _batch_norm(op, x, weight, bias, running_mean, running_var, training, moment
             out = ops.add(out, ops.getitem(bias, (0,)))
         return out
     if len(shape) < 2:
-        raise TransformUsageError(
-            f"{op}(input, ...): expected an input with at least 2 dims (N, C, ...), got shape "
-            f"{shape}. Fix: add a batch dim."
-        )
+        if training or running_mean is None or running_var is None:
+            raise DimOutOfRangeError(
+                "Dimension out of range (expected to be in range of [-1, 0], but got 1) "
+                f"({op}(input, ...) reads the channels at dim 1, as in torch; the input has "
+                f"shape {shape}). Fix: give an input with at least 2 dims (N, C, ...).")
+        raise ShapeMismatchError(
+            f"running_mean should contain 0 elements not {math.prod(shape_of(running_mean))} "
+            f"({op}(input, ...) reads the channels at dim 1, as in torch; the input has shape "
+            f"{shape}). Fix: give an input with at least 2 dims (N, C, ...).")
+    for label, v in (("weight", weight), ("bias", bias), ("running_mean", running_mean),
+                     ("running_var", running_var)):
+        if v is not None and math.prod(shape_of(v)) != shape[1]:
+            raise ShapeMismatchError(
+                f"{label} should contain {shape[1]} elements not {math.prod(shape_of(v))} "
+                f"({op}(input, ...) of an input of shape {shape}, as in torch). Fix: pass one "
+                f"value per channel, {shape[1]} in all.")
     eps = float(eps)
     if training or running_mean is None or running_var is None:
         if math.prod(shape) // shape[1] == 1:
@@ -2303,10 +2353,10 @@ def _batch_norm(op, x, weight, bias, running_mean, running_var, training, moment
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
     if not training and (running_mean is None or running_var is None):
-        raise TransformUsageError(
-            "batch_norm(input, running_mean, running_var, training=False): eval mode normalizes "
-            "with the running statistics, but they are None. Fix: pass them, or "
-            "training=True."
+        raise InvalidOptionError(
+            "running_mean must be defined in evaluation mode (batch_norm(input, running_mean, "
+            "running_var, training=False) normalizes with the running statistics, as in torch, "
+            "and they are None). Fix: pass them, or training=True."
         )
     return _batch_norm("batch_norm", x, weight, bias, running_mean, running_var, training,
                        momentum, eps)
@@ -2998,11 +3048,16 @@ def _group_norm(x, num_groups, weight, bias, eps):
     """group_norm's output, mean and rstd (the statistics as native_group_norm gives them)."""
     _refuse_complex("group_norm", x, weight, bias)
     shape = shape_of(x)
-    if len(shape) < 2 or shape[1] % num_groups:
-        raise TransformUsageError(
-            f"group_norm(input, num_groups={num_groups}): expected an input (N, C, ...) whose "
-            f"channels divide into the groups, got shape {shape}. Fix: pick num_groups that "
-            "divides C."
+    if len(shape) < 2:
+        raise ShapeMismatchError(
+            f"Expected at least 2 dimensions for input tensor but received {len(shape)} "
+            f"(group_norm(input, num_groups={num_groups}) of shape {shape}, as in torch). Fix: "
+            "give an input (N, C, ...).")
+    if shape[1] % num_groups:
+        raise ShapeMismatchError(
+            "Expected number of channels in input to be divisible by num_groups, but got input "
+            f"of shape {list(shape)} and num_groups={num_groups} (group_norm(input, "
+            f"num_groups={num_groups}), as in torch). Fix: pick num_groups that divides C."
         )
     eps = float(eps)
     if not _kernels_serve(x, (shape[1],), weight, bias):
@@ -3145,16 +3200,24 @@ def _check_target(op, x, target):
             f"input of shape {shape}, got {t_shape}. Fix: targets are (N, d1, ...) for an "
             "input (N, C, d1, ...)."
         )
-    if target.dtype.is_floating_point:
-        raise TransformUsageError(
-            f"{op}(input, target): expected integer class indices, got dtype {target.dtype}. "
-            "Fix: pass a long tensor (or class probabilities to cross_entropy)."
-        )
     if target.dtype not in (torch.int64, torch.uint8):  # torch's kernel takes these two
         raise InputDtypeError(
-            f"{op}(input, target): expected target dtype to be Long or Byte, but got "
-            f"{target.dtype} (as in torch). Fix: pass target.long()."
+            f"expected target dtype to be Long or Byte, but got {_dtype_word(target.dtype)} "
+            f"({op}(input, target): class indices, as in torch). Fix: pass target.long() (or, "
+            "to cross_entropy, float class probabilities of the input's shape)."
         )
+
+
+_DTYPE_WORDS = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+                torch.bfloat16: "BFloat16", torch.int8: "Char", torch.int16: "Short",
+                torch.int32: "Int", torch.int64: "Long", torch.uint8: "Byte",
+                torch.bool: "Bool", torch.complex64: "ComplexFloat",
+                torch.complex128: "ComplexDouble"}
+
+
+def _dtype_word(dtype) -> str:
+    """A dtype as torch's messages name it (its ScalarType: ``Float`` for torch.float32)."""
+    return _DTYPE_WORDS.get(dtype, str(dtype))
 
 
 def _target_weights(target, weight, ignore_index, dtype):
@@ -3327,10 +3390,13 @@ def cross_entropy(x, target, weight=None, size_average=None, ignore_index=-100, 
     weight_view = None if weight is None else _channel_view(weight, rank, class_dim)
     if target.dtype.is_floating_point:  # class probabilities
         if shape_of(target) != shape_of(x):
-            raise TransformUsageError(
-                f"cross_entropy(input, target): class probabilities must have the input's "
-                f"shape {shape_of(x)}, got {shape_of(target)}. Fix: pass one probability per "
-                "class, or class indices."
+            # (torch reads a float target of another shape as class indices, and refuses it)
+            raise InputDtypeError(
+                f"expected target dtype to be Long or Byte, but got "
+                f"{_dtype_word(target.dtype)} (cross_entropy(input, target): a float target is "
+                f"class probabilities only with the input's shape {shape_of(x)}, as in torch; "
+                f"got {shape_of(target)}). Fix: pass one probability per class, or class "
+                "indices (long)."
             )
         if label_smoothing:
             target = ops.add(ops.mul(target, 1 - label_smoothing), label_smoothing / classes)

@@ -22,11 +22,16 @@ import torch.nn.functional as F
 import minifunctorch.core as mf
 from minifunctorch.core import nn as mf_nn
 from minifunctorch.core.errors import (
+    DimOutOfRangeError,
     InPlaceError,
+    InputDtypeError,
+    InvalidOptionError,
     MissingRuleError,
     RandomnessError,
+    ShapeMismatchError,
     TransformError,
     TransformUsageError,
+    UnsupportedOperationError,
 )
 from op_table import DTYPE, OpCase, distinct, indices, normal, positive
 from oracle import (
@@ -1006,8 +1011,8 @@ def test_nll_loss_takes_the_target_dtypes_of_torchs_kernel():
     with pytest.raises(RuntimeError, match="expected target dtype to be Long or Byte"):
         F.nll_loss(x, target.int())
     with pytest.raises(TransformUsageError,
-                       match=r"^nll_loss\(input, target\): expected target dtype to be Long or "
-                             r"Byte, but got torch.int32 .*Fix: pass target.long\(\)") as error:
+                       match=r"^expected target dtype to be Long or Byte, but got Int "
+                             r"\(nll_loss\(input, target\): .*Fix: pass target.long\(\)") as error:
         mf.grad(lambda x: F.nll_loss(x, target.int()))(x)
     assert isinstance(error.value, RuntimeError)
 
@@ -1136,28 +1141,114 @@ def test_dropout_in_training_mode_is_random_not_wrong():
 
 
 # --- refusals ------------------------------------------------------------------------------------
+# Each misuse raises the engine's error, whose message starts with torch's own words and
+# then names the call and the fix, and which is also the built-in exception torch raises for
+# the same call on plain tensors (so code that catches torch's errors catches these).
 @pytest.mark.parametrize("call, error, message", [
     (lambda x: F.conv2d(x, torch.ones(2, 3, 3, 3, dtype=DTYPE), padding="same", stride=2),
-     TransformUsageError, r"^conv2d\(\.\.\., padding='same', stride=\(2, 2\)\): .*stride 1"),
-    (lambda x: F.pad(x[0], (4, 4), mode="reflect"), TransformUsageError,
-     r"^pad\(x, \[4, 4\], mode='reflect'\): a reflect pad must be smaller"),
-    (lambda x: F.pad(x, (1, 1), mode="replicate"), TransformUsageError,
-     r"^pad\(x, \[1, 1\], mode='replicate'\): torch pads the last"),
-    (lambda x: F.pad(x[0], (-3, 2), mode="circular"), TransformUsageError,
-     r"^pad\(x, \[-3, 2\], mode='circular'\): a circular pad can be at most the size of the "
-     r"dim it pads, after cropping \(dim 2 keeps 1 of 4\)"),
-    (lambda x: F.pad(x[0], (-3, -2), mode="replicate"), TransformUsageError,
-     r"^pad\(x, \[-3, -2\], mode='replicate'\): dim 2 of size 4 padded by \(-3, -2\) would "
-     r"have size -1"),
-    (lambda x: F.batch_norm(x, None, None), TransformUsageError,
-     r"^batch_norm\(input, running_mean, running_var, training=False\): eval mode"),
+     InvalidOptionError, r"^padding='same' is not supported for strided convolutions "
+     r"\(conv2d\(\.\.\., padding='same', stride=\(2, 2\)\), as in torch\)"),
+    (lambda x: F.conv2d(x, torch.ones(2, 3, 3, 3, dtype=DTYPE), padding="full"),
+     InvalidOptionError, r"^Invalid padding string: 'full' \(conv2d\(\.\.\., padding='full'\)"),
+    (lambda x: F.conv2d(x[0, 0, 0], torch.ones(2, 3, 3, 3, dtype=DTYPE)), ShapeMismatchError,
+     r"^Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d, but got input of size: "
+     r"\[4\] \(conv2d\(input, \.\.\.\)"),
+    (lambda x: F.conv2d(x, torch.ones(2, 3, 3, 3, dtype=DTYPE), torch.ones(3, dtype=DTYPE)),
+     ShapeMismatchError, r"^Given weight of size \[2, 3, 3, 3\], expected bias to be "
+     r"1-dimensional with 2 elements, but got bias of size \[3\] instead \(conv2d\("),
+    (lambda x: F.pad(x[0], (4, 4), mode="reflect"), ShapeMismatchError,
+     r"^Padding size should be less than the corresponding input dimension, but got: padding "
+     r"\(4, 4\) at dimension 2 of input \[3, 4, 4\] \(pad\(x, \[4, 4\], mode='reflect'\)"),
+    (lambda x: F.pad(x, (1, 1), mode="replicate"), UnsupportedOperationError,
+     r"^Padding size 2 is not supported for 4D input tensor \(pad\(x, \[1, 1\], "
+     r"mode='replicate'\)"),
+    (lambda x: F.pad(x[0], (-3, -2), mode="replicate"), ShapeMismatchError,
+     r"^input \(W: 4\) is too small\. Calculated output W: -1 \(pad\(x, \[-3, -2\], "
+     r"mode='replicate'\), as in torch: dim 2 of size 4 padded by \(-3, -2\) would have size "
+     r"-1\)"),
+    (lambda x: F.pad(x, (1, 1), mode="reflect", value=2.0), InvalidOptionError,
+     r'^Padding mode "reflect" doesn\'t take in value argument'),
+    (lambda x: F.pad(x, (1, 1), mode="wrap"), UnsupportedOperationError,
+     r"^Unrecognised padding mode wrap \(pad\(x, \[1, 1\], mode='wrap'\)"),
+    (lambda x: F.batch_norm(x, None, None), InvalidOptionError,
+     r"^running_mean must be defined in evaluation mode \(batch_norm\(input, running_mean, "
+     r"running_var, training=False\)"),
+    (lambda x: F.batch_norm(x, None, None, torch.ones(4, dtype=DTYPE), training=True),
+     ShapeMismatchError, r"^weight should contain 3 elements not 4 \(batch_norm\(input, "),
+    (lambda x: F.batch_norm(x, torch.zeros(2, dtype=DTYPE), torch.ones(3, dtype=DTYPE)),
+     ShapeMismatchError, r"^running_mean should contain 3 elements not 2 \(batch_norm\("),
+    (lambda x: F.batch_norm(x[0, 0, 0], None, None, training=True), DimOutOfRangeError,
+     r"^Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\) "
+     r"\(batch_norm\(input, \.\.\.\)"),
+    (lambda x: F.group_norm(x, 2), ShapeMismatchError,
+     r"^Expected number of channels in input to be divisible by num_groups, but got input of "
+     r"shape \[2, 3, 4, 4\] and num_groups=2 \(group_norm\("),
     (lambda x: F.nll_loss(x[0, 0], torch.tensor([0, 1])), TransformUsageError,
      r"^nll_loss\(input, target\): expected class indices of shape \(4,\)"),
+    (lambda x: F.nll_loss(x[:, :, 0, 0], torch.tensor([0.0, 1.0])), InputDtypeError,
+     r"^expected target dtype to be Long or Byte, but got Float \(nll_loss\(input, target\)"),
+    (lambda x: F.cross_entropy(x[:, :, 0, 0], torch.tensor([0.0, 1.0])), InputDtypeError,
+     r"^expected target dtype to be Long or Byte, but got Float \(cross_entropy\(input, "
+     r"target\): a float target is class probabilities only with the input's shape"),
+    (lambda x: F.linear(x[0, 0], torch.ones(4, dtype=DTYPE), torch.ones((), dtype=DTYPE)),
+     ShapeMismatchError, r"^mat2 must be a matrix, got 1-D tensor \(F\.linear\("),
+    (lambda x: F.embedding(torch.tensor([0, 1]), x[0, 0, 0]), ShapeMismatchError,
+     r"^'weight' must be 2-D \(embedding\(weight, indices\): got shape \(4,\)"),
+    (lambda x: F.embedding(x[0, 0, 0], torch.ones(3, 2, dtype=DTYPE)), InputDtypeError,
+     r"^Expected tensor for argument #1 'indices' to have one of the following scalar types: "
+     r"Long, Int; but got torch.float64 instead \(embedding\(weight, indices\)"),
 ])
 def test_refusals_are_clear(call, error, message):
     x = torch.randn(2, 3, 4, 4, dtype=DTYPE)
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as ours:
         mf.grad(lambda x: call(x)[0].sum())(x)
+    with pytest.raises(Exception) as torchs:
+        call(x)
+    assert isinstance(ours.value, type(torchs.value)), (type(torchs.value), ours.value)
+
+
+def test_a_circular_pad_that_wraps_twice_is_refused():
+    """torch's circular pad of a dim cropped to fewer elements than the pad reads memory it
+    is also writing (it raises for some shapes and returns values for others): the engine
+    refuses it, in torch's words for the wrapping."""
+    x = torch.randn(3, 4, 4, dtype=DTYPE)
+    with pytest.raises(ShapeMismatchError,
+                       match=r"^Padding value causes wrapping around more than once \(pad\(x, "
+                             r"\[-3, 2\], mode='circular'\): .*dim 2 keeps 1 of 4"):
+        mf.grad(lambda x: F.pad(x, (-3, 2), mode="circular").sum())(x)
+
+
+@pytest.mark.parametrize("in_dims", [(None, 0, 0), (0, 0, 0)])
+@pytest.mark.parametrize("bias_shape", [(), (3, 1), (4,)])
+def test_a_batched_convolution_bias_of_the_wrong_shape_is_refused(in_dims, bias_shape):
+    """The batching rules of a convolution reshape a batched bias before the kernel sees it:
+    a bias of the wrong shape was read as another (or crashed inside). It is refused before,
+    in torch's words, as torch refuses it outside vmap."""
+    x, w = torch.randn(2, 2, 6, 6, dtype=DTYPE), torch.randn(3, 2, 3, 3, dtype=DTYPE)
+    b = torch.randn(bias_shape, dtype=DTYPE)
+    args = [torch.stack([a, 2 * a]) if d == 0 else a for a, d in zip((x, w, b), in_dims)]
+    with pytest.raises(ShapeMismatchError, match=r"^Given weight of size \[3, 2, 3, 3\], "
+                       r"expected bias to be 1-dimensional with 3 elements, but got bias of "
+                       rf"size \[{', '.join(map(str, bias_shape))}\] instead"):
+        mf.vmap(F.conv2d, in_dims=in_dims)(*args)
+    with pytest.raises(RuntimeError, match="expected bias to be 1-dimensional"):
+        F.conv2d(x, w, b)
+
+
+@pytest.mark.parametrize("in_dims", [(None, 0, 0), (0, 0, 0)])
+def test_batched_batch_norm_operands_of_the_wrong_size_are_refused(in_dims):
+    """batch_norm under vmap with a batched weight of the wrong size used to compute a value
+    where torch and torch.func raise."""
+    x, b = torch.randn(4, 3, 2, dtype=DTYPE), torch.randn(3, dtype=DTYPE)
+    w = torch.randn(4, dtype=DTYPE)
+    args = [torch.stack([a, 2 * a]) if d == 0 else a for a, d in zip((x, w, b), in_dims)]
+
+    def f(x, w, b):
+        return F.batch_norm(x, None, None, w, b, training=True)
+    with pytest.raises(ShapeMismatchError, match=r"^weight should contain 3 elements not 4"):
+        mf.vmap(f, in_dims=in_dims)(*args)
+    with pytest.raises(RuntimeError, match=r"^weight should contain 3 elements not 4"):
+        tf.vmap(f, in_dims=in_dims)(*args)
 
 
 @pytest.mark.parametrize("op", [torch.ops.aten._native_batch_norm_legit.default,
