@@ -1439,7 +1439,7 @@ batching_rules[embedding_sparse_p] = embedding_sparse_batch
 
 def _embedding_weight_error(call, weight):
     return ShapeMismatchError(
-        f"'weight' must be 2-D ({call}: got shape {ops.shape_of(weight)}, as in torch). Fix: "
+        f"{call}: 'weight' must be 2-D (as in torch; got shape {ops.shape_of(weight)}). Fix: "
         "pass the (rows, features) embedding matrix.")
 
 
@@ -1456,9 +1456,9 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
         raise _embedding_weight_error(op, weight)
     if indices.dtype.is_floating_point:
         raise InputDtypeError(
-            "Expected tensor for argument #1 'indices' to have one of the following scalar "
-            f"types: Long, Int; but got {indices.dtype} instead ({op}, as in torch). Fix: pass "
-            "integer indices (indices.long()).")
+            f"{op}: Expected tensor for argument #1 'indices' to have one of the following "
+            f"scalar types: Long, Int; but got {indices.dtype} instead (as in torch). Fix: "
+            "pass integer indices (indices.long()).")
     rows = ops.shape_of(weight)[0]
     indices = _long(indices)
     if sparse:

@@ -209,9 +209,9 @@ def linear(x, weight, bias=None):
     # row), a bias that broadcasts ((), (1,), one per row)
     if len(weight_shape) == 1 and bias is not None:
         raise ShapeMismatchError(
-            "mat2 must be a matrix, got 1-D tensor (F.linear(input, weight, bias): a 1-D "
-            "weight takes no bias in torch). Fix: pass a (1, in_features) weight, or add the "
-            "bias afterwards.")
+            "F.linear(input, weight, bias): mat2 must be a matrix, got 1-D tensor (as in "
+            "torch: a 1-D weight takes no bias). Fix: pass a (1, in_features) weight, or add "
+            "the bias afterwards.")
     out = ops.matmul(x, weight if len(weight_shape) < 2 else ops.t(weight))
     return out if bias is None else ops.add(out, bias)
 
@@ -740,9 +740,10 @@ def _check_conv_bias(op, weight, bias, params):
     if len(b_shape) != 1 or b_shape[0] != out_channels:
         given = "Given transposed=1, " if params["transposed"] else "Given "
         raise ShapeMismatchError(
-            f"{given}weight of size {list(w_shape)}, expected bias to be 1-dimensional with "
-            f"{out_channels} elements, but got bias of size {list(b_shape)} instead ({op}("
-            f"input, weight, bias), as in torch). Fix: pass one bias value per output channel.")
+            f"{op}(input, weight, bias): {given}weight of size {list(w_shape)}, expected bias "
+            f"to be 1-dimensional with {out_channels} elements, but got bias of size "
+            f"{list(b_shape)} instead (as in torch). Fix: pass one bias value per output "
+            "channel.")
 
 
 def _complex_conv(op, x, weight, bias, **params):
@@ -805,9 +806,8 @@ def _same_padding(op, x, weight, stride, dilation):
     padding."""
     if any(s != 1 for s in stride):
         raise InvalidOptionError(
-            f"padding='same' is not supported for strided convolutions ({op}(..., "
-            f"padding='same', stride={stride}), as in torch). Fix: pass explicit padding, or "
-            "stride=1."
+            f"{op}(..., padding='same', stride={stride}): padding='same' is not supported for "
+            "strided convolutions (as in torch). Fix: pass explicit padding, or stride=1."
         )
     kernel = shape_of(weight)[2:]
     left = [d * (k - 1) // 2 for d, k in zip(dilation, kernel)]
@@ -828,9 +828,9 @@ def _conv_front(spatial, transposed):
         rank = len(shape_of(x))
         if rank not in (spatial + 1, spatial + 2):
             raise ShapeMismatchError(
-                f"Expected {spatial + 1}D (unbatched) or {spatial + 2}D (batched) input to "
-                f"{name}, but got input of size: {list(shape_of(x))} ({name}(input, ...), as "
-                "in torch). Fix: give an input with (N,) C and the spatial dims."
+                f"{name}(input, ...): Expected {spatial + 1}D (unbatched) or {spatial + 2}D "
+                f"(batched) input to {name}, but got input of size: {list(shape_of(x))} (as in "
+                "torch). Fix: give an input with (N,) C and the spatial dims."
             )
         unbatched = rank == spatial + 1
         if unbatched:
@@ -840,13 +840,13 @@ def _conv_front(spatial, transposed):
         if isinstance(padding, str):
             if transposed:
                 raise TypecheckError(
-                    f"{name}(): argument 'padding' must be tuple of ints, not str ({name}(..., "
-                    f"padding={padding!r}), as in torch: 'same' and 'valid' are for "
+                    f"{name}(..., padding={padding!r}): {name}(): argument 'padding' must be "
+                    "tuple of ints, not str (as in torch: 'same' and 'valid' are for "
                     "convolutions, not transposed ones). Fix: pass ints."
                 )
             if padding not in ("same", "valid"):
                 raise InvalidOptionError(
-                    f"Invalid padding string: {padding!r} ({name}(..., padding={padding!r}), as "
+                    f"{name}(..., padding={padding!r}): Invalid padding string: {padding!r} (as "
                     "in torch). Fix: pass 'same', 'valid' or ints."
                 )
             if padding == "valid":
@@ -939,7 +939,7 @@ def constant_pad_nd(x, pad, value=0):
                  "Padding length should be less than or equal to two times the input dimension "
                  f"but got padding length {len(pad)} and input of dimension {rank}")
         raise ShapeMismatchError(
-            f"{words} (constant_pad_nd(x, pad={pad}), as in torch: at most two pads per dim "
+            f"constant_pad_nd(x, pad={pad}): {words} (as in torch: at most two pads per dim "
             f"of the input's shape {shape_of(x)}). Fix: pass (left, right) pairs, last dim "
             "first."
         )
@@ -982,21 +982,21 @@ def _pad_by_gathering(x, pad, mode):
                      if mode == "circular" else f"input ({letter}: {size}) is too small. "
                      f"Calculated output {letter}: {size + before + after}")
             raise ShapeMismatchError(
-                f"{words} ({call}, as in torch: dim {dim} of size {size} padded by ({before}, "
+                f"{call}: {words} (as in torch: dim {dim} of size {size} padded by ({before}, "
                 f"{after}) would have size {size + before + after}). Fix: crop less."
             )
         if mode == "reflect" and (before >= size or after >= size):
             raise ShapeMismatchError(
-                "Padding size should be less than the corresponding input dimension, but got: "
-                f"padding ({before}, {after}) at dimension {dim} of input {list(shape_of(x))} "
-                f"({call}, as in torch: a reflection stays inside the dim). Fix: use smaller "
-                "pads, or mode='replicate'."
+                f"{call}: Padding size should be less than the corresponding input dimension, "
+                f"but got: padding ({before}, {after}) at dimension {dim} of input "
+                f"{list(shape_of(x))} (as in torch: a reflection stays inside the dim). Fix: use "
+                "smaller pads, or mode='replicate'."
             )
         kept = size - max(0, -before) - max(0, -after)
         if mode == "circular" and (before > kept or after > kept):
             raise ShapeMismatchError(
-                f"Padding value causes wrapping around more than once ({call}: a circular pad "
-                f"can be at most the size of the dim it pads, after cropping; dim {dim} keeps "
+                f"{call}: Padding value causes wrapping around more than once (a circular pad "
+                f"can be at most the size of the dim it pads, after cropping: dim {dim} keeps "
                 f"{kept} of {size}). Fix: use smaller pads."
             )
         positions = _pad_positions(mode, size, before, after)
@@ -1020,22 +1020,22 @@ def pad(x, pad, mode="constant", value=None):
         return constant_pad_nd(x, pad, 0 if value is None else value)
     if mode not in ("reflect", "replicate", "circular"):
         raise UnsupportedOperationError(
-            f"Unrecognised padding mode {mode} (pad(x, {list(pad)}, mode={mode!r}), as in "
+            f"pad(x, {list(pad)}, mode={mode!r}): Unrecognised padding mode {mode} (as in "
             "torch). Fix: use 'constant', 'reflect', 'replicate' or 'circular'."
         )
     if value is not None and value != 0:
         raise InvalidOptionError(
-            f'Padding mode "{mode}" doesn\'t take in value argument (pad(x, {list(pad)}, '
-            f"mode={mode!r}, value={value}), as in torch: a fill value is only used by "
+            f"pad(x, {list(pad)}, mode={mode!r}, value={value}): Padding mode \"{mode}\" "
+            "doesn't take in value argument (as in torch: a fill value is only used by "
             "mode='constant'). Fix: drop value."
         )
     rank = len(shape_of(x))
     if rank not in _PAD_RANKS.get(len(pad), ()):
         raise UnsupportedOperationError(
-            f"Padding size {len(pad)} is not supported for {rank}D input tensor (pad(x, "
-            f"{list(pad)}, mode={mode!r}), as in torch: this mode pads the last 1, 2 or 3 dims "
-            "of a 2-5 D input, with 2, 4 or 6 pads for 2-3, 3-4 or 4-5 dims). Fix: reshape "
-            "the input."
+            f"pad(x, {list(pad)}, mode={mode!r}): Padding size {len(pad)} is not supported "
+            f"for {rank}D input tensor (as in torch: this mode pads the last 1, 2 or 3 dims of "
+            "a 2-5 D input, with 2, 4 or 6 pads for 2-3, 3-4 or 4-5 dims). Fix: reshape the "
+            "input."
         )
     return _pad_by_gathering(x, pad, mode)
 
@@ -2321,20 +2321,20 @@ def _batch_norm(op, x, weight, bias, running_mean, running_var, training, moment
     if len(shape) < 2:
         if training or running_mean is None or running_var is None:
             raise DimOutOfRangeError(
-                "Dimension out of range (expected to be in range of [-1, 0], but got 1) "
-                f"({op}(input, ...) reads the channels at dim 1, as in torch; the input has "
-                f"shape {shape}). Fix: give an input with at least 2 dims (N, C, ...).")
+                f"{op}(input, ...): Dimension out of range (expected to be in range of [-1, "
+                f"0], but got 1) (as in torch: the channels are dim 1, and the input has shape "
+                f"{shape}). Fix: give an input with at least 2 dims (N, C, ...).")
         raise ShapeMismatchError(
-            f"running_mean should contain 0 elements not {math.prod(shape_of(running_mean))} "
-            f"({op}(input, ...) reads the channels at dim 1, as in torch; the input has shape "
-            f"{shape}). Fix: give an input with at least 2 dims (N, C, ...).")
+            f"{op}(input, ...): running_mean should contain 0 elements not "
+            f"{math.prod(shape_of(running_mean))} (as in torch: the channels are dim 1, and the "
+            f"input has shape {shape}). Fix: give an input with at least 2 dims (N, C, ...).")
     for label, v in (("weight", weight), ("bias", bias), ("running_mean", running_mean),
                      ("running_var", running_var)):
         if v is not None and math.prod(shape_of(v)) != shape[1]:
             raise ShapeMismatchError(
-                f"{label} should contain {shape[1]} elements not {math.prod(shape_of(v))} "
-                f"({op}(input, ...) of an input of shape {shape}, as in torch). Fix: pass one "
-                f"value per channel, {shape[1]} in all.")
+                f"{op}(input, ...): {label} should contain {shape[1]} elements not "
+                f"{math.prod(shape_of(v))} (as in torch; the input has shape {shape}). Fix: "
+                f"pass one value per channel, {shape[1]} in all.")
     eps = float(eps)
     if training or running_mean is None or running_var is None:
         if math.prod(shape) // shape[1] == 1:
@@ -2354,9 +2354,9 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
                momentum=0.1, eps=1e-5):
     if not training and (running_mean is None or running_var is None):
         raise InvalidOptionError(
-            "running_mean must be defined in evaluation mode (batch_norm(input, running_mean, "
-            "running_var, training=False) normalizes with the running statistics, as in torch, "
-            "and they are None). Fix: pass them, or training=True."
+            "batch_norm(input, running_mean, running_var, training=False): running_mean must "
+            "be defined in evaluation mode (as in torch: eval mode normalizes with the running "
+            "statistics, and they are None). Fix: pass them, or training=True."
         )
     return _batch_norm("batch_norm", x, weight, bias, running_mean, running_var, training,
                        momentum, eps)
@@ -2782,6 +2782,13 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
     normalized_shape = _ntuple(normalized_shape, 1, "normalized_shape", "layer_norm") \
         if isinstance(normalized_shape, int) else tuple(int(s) for s in normalized_shape)
     dims = _normalized_dims("layer_norm", x, normalized_shape)
+    for label, v in (("weight", weight), ("bias", bias)):
+        if v is not None and tuple(shape_of(v)) != normalized_shape:
+            raise ShapeMismatchError(
+                "layer_norm(input, normalized_shape, weight, bias): Expected "
+                f"{label} to be of same shape as normalized_shape, but got {label} of shape "
+                f"{list(shape_of(v))} and normalized_shape = {list(normalized_shape)} (as in "
+                f"torch). Fix: pass a {label} of shape {normalized_shape}.")
     eps = float(eps)
     if not _kernels_serve(x, normalized_shape, weight, bias):
         return _layer_norm_formula(x, dims, weight, bias, eps)
@@ -3050,14 +3057,14 @@ def _group_norm(x, num_groups, weight, bias, eps):
     shape = shape_of(x)
     if len(shape) < 2:
         raise ShapeMismatchError(
-            f"Expected at least 2 dimensions for input tensor but received {len(shape)} "
-            f"(group_norm(input, num_groups={num_groups}) of shape {shape}, as in torch). Fix: "
-            "give an input (N, C, ...).")
+            f"group_norm(input, num_groups={num_groups}): Expected at least 2 dimensions for "
+            f"input tensor but received {len(shape)} (as in torch; shape {shape}). Fix: give "
+            "an input (N, C, ...).")
     if shape[1] % num_groups:
         raise ShapeMismatchError(
-            "Expected number of channels in input to be divisible by num_groups, but got input "
-            f"of shape {list(shape)} and num_groups={num_groups} (group_norm(input, "
-            f"num_groups={num_groups}), as in torch). Fix: pick num_groups that divides C."
+            f"group_norm(input, num_groups={num_groups}): Expected number of channels in input "
+            f"to be divisible by num_groups, but got input of shape {list(shape)} and "
+            f"num_groups={num_groups} (as in torch). Fix: pick num_groups that divides C."
         )
     eps = float(eps)
     if not _kernels_serve(x, (shape[1],), weight, bias):
@@ -3189,6 +3196,19 @@ def _class_dim(x):
     return 0 if len(shape_of(x)) == 1 else 1
 
 
+def _check_class_weight(op, x, weight, prefix=""):
+    """torch's check of a per-class weight: 1-D, one value per class. (Under vmap a batched
+    weight of another shape would broadcast instead of failing.)"""
+    if weight is None:
+        return
+    classes, w_shape = shape_of(x)[_class_dim(x)], shape_of(weight)
+    if len(w_shape) != 1 or w_shape[0] != classes:
+        raise ShapeMismatchError(
+            f"{op}(input, target, weight): {prefix}weight tensor should be defined either for "
+            f"all {classes} classes or no classes but got weight tensor of shape: "
+            f"{list(w_shape)} (as in torch). Fix: pass one weight per class, {classes} in all.")
+
+
 def _check_target(op, x, target):
     shape, t_shape = shape_of(x), shape_of(target)
     expected = shape[1:] if len(shape) == 1 else (shape[0],) + tuple(shape[2:])
@@ -3202,9 +3222,9 @@ def _check_target(op, x, target):
         )
     if target.dtype not in (torch.int64, torch.uint8):  # torch's kernel takes these two
         raise InputDtypeError(
-            f"expected target dtype to be Long or Byte, but got {_dtype_word(target.dtype)} "
-            f"({op}(input, target): class indices, as in torch). Fix: pass target.long() (or, "
-            "to cross_entropy, float class probabilities of the input's shape)."
+            f"{op}(input, target): expected target dtype to be Long or Byte, but got "
+            f"{_dtype_word(target.dtype)} (as in torch: class indices). Fix: pass target.long() "
+            "(or, to cross_entropy, float class probabilities of the input's shape)."
         )
 
 
@@ -3337,6 +3357,7 @@ def _nll_loss(log_probs, target, weight, ignore_index, reduction, op="nll_loss")
     with the ignored targets replaced by a valid class (ignore_index is often -100, which no
     gather may read); the zero weight then removes it."""
     _check_target(op, log_probs, target)
+    _check_class_weight(op, log_probs, weight)
     if (len(shape_of(log_probs)) in (1, 2) and not isinstance(weight, Value)
             and reduction in _REDUCTIONS):
         # NOTE [nll_loss: torch's kernels as a linear pair]
@@ -3383,6 +3404,8 @@ def cross_entropy(x, target, weight=None, size_average=None, ignore_index=-100, 
     is (1 - e) * nll + e / C * (the sum of -log p over the classes, weighted)."""
     _refuse_complex("cross_entropy", x)
     reduction = _reduction(size_average, reduce, reduction)
+    _check_class_weight("cross_entropy", x, weight,
+                        "cross_entropy: " if target.dtype.is_floating_point else "")
     class_dim = _class_dim(x)
     classes = shape_of(x)[class_dim]
     log_probs = ops.log_softmax(x, class_dim)
@@ -3392,11 +3415,11 @@ def cross_entropy(x, target, weight=None, size_average=None, ignore_index=-100, 
         if shape_of(target) != shape_of(x):
             # (torch reads a float target of another shape as class indices, and refuses it)
             raise InputDtypeError(
-                f"expected target dtype to be Long or Byte, but got "
-                f"{_dtype_word(target.dtype)} (cross_entropy(input, target): a float target is "
-                f"class probabilities only with the input's shape {shape_of(x)}, as in torch; "
-                f"got {shape_of(target)}). Fix: pass one probability per class, or class "
-                "indices (long)."
+                f"cross_entropy(input, target): expected target dtype to be Long or Byte, but "
+                f"got {_dtype_word(target.dtype)} (as in torch: a float target is class "
+                f"probabilities only with the input's shape {shape_of(x)}, and it has shape "
+                f"{shape_of(target)}). Fix: pass one probability per class, or class indices "
+                "(long)."
             )
         if label_smoothing:
             target = ops.add(ops.mul(target, 1 - label_smoothing), label_smoothing / classes)
@@ -4095,12 +4118,42 @@ def _prelu_kernel(x, weight):
     return ops.where(ops.gt(x, 0), x, ops.mul(weight, x))
 
 
+def _check_bilinear(x1, x2, weight, bias):
+    """torch's checks of bilinear's operands, in its words: the reshapes below would read
+    some mismatched shapes as others."""
+    s1, s2, w = shape_of(x1), shape_of(x2), shape_of(weight)
+    words = None
+    if len(w) != 3:
+        words = f"bilinear(): expected a 3-D weight (out, in1, in2), got shape {list(w)}"
+    elif len(s1) != len(s2):
+        words = f"bilinear(): input dimensions do not match: got {len(s1)} and {len(s2)}"
+    elif s1[:-1] != s2[:-1]:
+        dim = next(i for i, (a, b) in enumerate(zip(s1[:-1], s2[:-1])) if a != b)
+        words = (f"bilinear(): input batch dimensions do not match at dim {dim}: got "
+                 f"{s1[dim]} and {s2[dim]}")
+    elif s1[-1] != w[1]:
+        words = (f"bilinear(): input1 size does not match weight size: got {s1[-1]} but "
+                 f"expected {w[1]}")
+    elif s2[-1] != w[2]:
+        words = (f"bilinear(): input2 size does not match weight size: got {s2[-1]} but "
+                 f"expected {w[2]}")
+    elif bias is not None and shape_of(bias)[:1] != w[:1]:
+        words = (f"bilinear(): bias size does not match weight size: got "
+                 f"{(shape_of(bias) or (None,))[0]} but expected {w[0]}")
+    if words is not None:
+        raise ShapeMismatchError(
+            f"F.bilinear(input1, input2, weight, bias): {words} (as in torch; shapes {s1}, {s2}, "
+            f"{w}). Fix: input1 (..., in1), input2 (..., in2), weight (out, in1, in2), bias "
+            "(out,).")
+
+
 @torch_api.register(F.bilinear, torch.bilinear)
 @aten_api.register(aten.bilinear.default)
 def bilinear(x1, x2, weight, bias=None):
     """out[..., o] = x1 W[o] x2 + b[o]: one matmul of x1 against every W[o], then a product
     with x2 summed over its features."""
     _refuse_complex("bilinear", x1, x2, weight, bias)
+    _check_bilinear(x1, x2, weight, bias)
     lead = shape_of(x1)[:-1]
     outputs, in1, in2 = shape_of(weight)
     rows = math.prod(lead)

@@ -361,9 +361,11 @@ def t(x):
 
 
 def _infer_shape(shape, numel, op, old_shape):
-    shape = list(shape)
+    requested, shape = list(shape), list(shape)
     if shape.count(-1) > 1:
-        raise TransformUsageError(f"{op}(x, {tuple(shape)}): at most one -1 is allowed.")
+        raise ShapeMismatchError(
+            f"{op}(x, {tuple(shape)}): only one dimension can be inferred (as in torch: at most "
+            "one -1). Fix: give every size but one.")
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
         if not known:
@@ -373,9 +375,10 @@ def _infer_shape(shape, numel, op, old_shape):
                 "is ambiguous (as in torch). Fix: give every size.")
         shape[shape.index(-1)] = numel // known
     if math.prod(shape) != numel:
-        raise TransformUsageError(
-            f"{op}(x, {tuple(shape)}): shape {tuple(shape)} is invalid for a tensor of shape "
-            f"{old_shape} ({numel} elements). Fix: keep the number of elements."
+        raise ShapeMismatchError(
+            f"{op}(x, {tuple(requested)}): shape '{list(requested)}' is invalid for input of "
+            f"size {numel} (as in torch; the tensor has shape {old_shape}). Fix: keep the "
+            "number of elements."
         )
     return tuple(shape)
 
@@ -405,6 +408,11 @@ def flatten(x, start_dim=0, end_dim=-1):
         return reshape(x, 1)
     start = normalize_dim(start_dim, len(old), op="flatten")
     end = normalize_dim(end_dim, len(old), op="flatten")
+    if start > end:
+        raise ShapeMismatchError(
+            f"flatten(x, {start_dim}, {end_dim}): flatten() has invalid args: start_dim cannot "
+            f"come after end_dim (as in torch; the tensor has shape {old}). Fix: give "
+            "start_dim <= end_dim.")
     return reshape(x, *old[:start], math.prod(old[start:end + 1]), *old[end + 1:])
 
 
@@ -432,16 +440,20 @@ def expand(x, *sizes):
     old = shape_of(x)
     offset = len(sizes) - len(old)
     if offset < 0:
-        raise TransformUsageError(
-            f"expand(x, {sizes}): the target has fewer dims than the tensor's shape {old}. "
-            "Fix: give at least as many sizes as the tensor has dims."
+        raise ShapeMismatchError(
+            f"expand(x, {sizes}): the number of sizes provided ({len(sizes)}) must be greater "
+            f"or equal to the number of dimensions in the tensor ({len(old)}) (as in torch; the "
+            f"tensor has shape {old}). Fix: give at least as many sizes as the tensor has "
+            "dims."
         )
     new = tuple(old[i - offset] if s == -1 else s for i, s in enumerate(sizes))
     for i, size in enumerate(old):
         if size != 1 and size != new[i + offset]:
-            raise TransformUsageError(
-                f"expand(x, {sizes}): dim {i} of size {size} cannot expand to "
-                f"{new[i + offset]}. Fix: only dims of size 1 can grow."
+            raise ShapeMismatchError(
+                f"expand(x, {sizes}): The expanded size of the tensor ({new[i + offset]}) must "
+                f"match the existing size ({size}) at non-singleton dimension {i + offset}.  "
+                f"Target sizes: {list(sizes)}.  Tensor sizes: {list(old)} (as in torch). Fix: "
+                "only dims of size 1 can grow."
             )
     if new == old:
         return x
@@ -538,8 +550,9 @@ def _normalize_index(index, shape):
         size = shape[dim]
         if isinstance(item, int):
             if not -size <= item < size:
-                raise TransformUsageError(
-                    f"x[{item}]: index {item} is out of bounds for dim {dim} of size {size}."
+                raise DimOutOfRangeError(
+                    f"x[{item}]: index {item} is out of bounds for dimension {dim} with size "
+                    f"{size} (as in torch). Fix: index within the dim."
                 )
             normalized.append(item % size)
         else:
@@ -575,12 +588,18 @@ def diag(x, diagonal=0):
         return diag_embed(x, offset=diagonal, dim1=0, dim2=1)
     if rank == 2:
         return bind(P.diagonal_p, x, offset=diagonal, dim1=0, dim2=1)
-    raise TransformUsageError(f"diag(x): expected a 1-D or 2-D tensor, got shape {shape_of(x)}.")
+    raise ShapeMismatchError(
+        f"diag(x): diag(): Supports 1D or 2D tensors. Got {rank}D (as in torch; shape "
+        f"{shape_of(x)}). Fix: use torch.diagonal(x, dim1=..., dim2=...) for a batch of "
+        "matrices.")
 
 
 def trace(x):
     if _rank(x) != 2:
-        raise TransformUsageError(f"trace(x): expected a 2-D tensor, got shape {shape_of(x)}.")
+        raise ShapeMismatchError(
+            f"trace(x): trace: expected a matrix, but got tensor with dim {_rank(x)} (as in "
+            f"torch; shape {shape_of(x)}). Fix: use torch.diagonal(x, dim1=..., "
+            "dim2=...).sum(-1) for a batch of matrices.")
     return sum(diagonal(x))
 
 

@@ -954,17 +954,18 @@ def roll(x, shifts, dims=None):
     shifts = _int_tuple((shifts,)) if not isinstance(shifts, (tuple, list)) else _int_tuple(shifts)
     if dims is None or (isinstance(dims, (tuple, list)) and len(dims) == 0):
         if len(shifts) != 1:
-            raise TransformUsageError(
-                f"roll(x, shifts={shifts}): without dims, expected one shift (the tensor is "
-                f"rolled flattened), got {len(shifts)}. Fix: pass dims, one per shift."
+            raise ShapeMismatchError(
+                f"roll(x, shifts={shifts}): shifts and dimensions must align. shifts: "
+                f"{len(shifts)}, dims:0 (as in torch: without dims the tensor is rolled "
+                "flattened, by one shift). Fix: pass dims, one per shift."
             )
         shape = ops.shape_of(x)
         return ops.reshape(roll(ops.reshape(x, -1), shifts, 0), *shape)
     dims = _int_tuple((dims,)) if not isinstance(dims, (tuple, list)) else _int_tuple(dims)
     if len(dims) != len(shifts):
-        raise TransformUsageError(
-            f"roll(x, shifts={shifts}, dims={dims}): expected one shift per dim, got "
-            f"{len(shifts)} shifts and {len(dims)} dims. Fix: give them the same length."
+        raise ShapeMismatchError(
+            f"roll(x, shifts={shifts}, dims={dims}): shifts and dimensions must align. shifts: "
+            f"{len(shifts)}, dims:{len(dims)} (as in torch). Fix: give one shift per dim."
         )
     shape = ops.shape_of(x)
     if not shape:
@@ -988,9 +989,12 @@ def rot90(x, k=1, dims=(0, 1)):
     rank = _rank(x)
     d0, d1 = (ops.normalize_dim(d, rank, op="rot90") for d in dims)
     if len(dims) != 2 or d0 == d1:
-        raise TransformUsageError(
-            f"rot90(x, k={k}, dims={tuple(dims)}): expected two different dims, got "
-            f"{tuple(dims)}. Fix: name the plane of the rotation with two dims."
+        words = (f"expected total rotation dims == 2, but got dims = {len(dims)}"
+                 if len(dims) != 2 else "expected rotation dims to be different, but got "
+                 f"dim0 = {dims[0]} and dim1 = {dims[1]}")
+        raise ShapeMismatchError(
+            f"rot90(x, k={k}, dims={tuple(dims)}): {words} (as in torch). Fix: name the plane "
+            "of the rotation with two different dims."
         )
     k = k % 4
     if k == 1:
@@ -1011,9 +1015,10 @@ def repeat(x, *sizes):
     sizes = _int_tuple(sizes)
     shape = ops.shape_of(x)
     if len(sizes) < len(shape):
-        raise TransformUsageError(
-            f"repeat(x, {sizes}): expected at least {len(shape)} repeats for a tensor of shape "
-            f"{shape}, got {len(sizes)}. Fix: give one repeat per dim."
+        raise ShapeMismatchError(
+            f"repeat(x, {sizes}): Number of dimensions of repeat dims can not be smaller than "
+            f"number of dimensions of tensor (as in torch; the tensor has shape {shape}). Fix: "
+            "give one repeat per dim."
         )
     padded = (1,) * (len(sizes) - len(shape)) + shape
     spread = [size for s in padded for size in (1, s)]
@@ -1127,10 +1132,17 @@ def narrow(x, dim, start, length):
     size = ops.shape_of(x)[dim]
     start = start + size if start < 0 else start
     if not (0 <= start and length >= 0 and start + length <= size):
-        raise TransformUsageError(
-            f"narrow(x, {dim}, {start}, {length}): expected start + length <= {size} (the "
-            f"size of dim {dim}), got start={start} and length={length}. Fix: narrow within "
-            "the dim."
+        if length < 0:
+            words, error = "narrow(): length must be non-negative.", ShapeMismatchError
+        elif not 0 <= start <= size:
+            words, error = (f"start out of range (expected to be in range of [{-size}, {size}], "
+                            f"but got {start}).", DimOutOfRangeError)
+        else:
+            words, error = (f"start ({start}) + length ({length}) exceeds dimension size "
+                            f"({size}).", ShapeMismatchError)
+        raise error(
+            f"narrow(x, {dim}, {start}, {length}): {words} (as in torch: dim {dim} has size "
+            f"{size}). Fix: narrow within the dim."
         )
     return _slice(x, dim, start, start + length)
 
@@ -1161,9 +1173,10 @@ def split(x, split_size_or_sections=None, dim=0, *, split_size=None):
     size = ops.shape_of(x)[dim]
     step = _int(split_size_or_sections)
     if step <= 0 and size:
-        raise TransformUsageError(
-            f"split(x, {step}, dim={dim}): expected a positive split size, got {step}. Fix: "
-            "pass the size of each piece."
+        raise ShapeMismatchError(
+            f"split(x, {step}, dim={dim}): split_size can only be 0 if dimension size is 0, but "
+            f"got dimension size of {size} (as in torch). Fix: pass the (positive) size of "
+            "each piece."
         )
     sizes = [builtins.min(step, size - start) for start in range(0, size, step)] if size else [0]
     return _pieces(x, dim, sizes)
@@ -1176,9 +1189,13 @@ def split_with_sizes(x, split_sizes, dim=0):
     sizes = _int_tuple(split_sizes)
     size = ops.shape_of(x)[dim]
     if builtins.sum(sizes) != size or builtins.min(sizes, default=0) < 0:
-        raise TransformUsageError(
-            f"split(x, {list(sizes)}, dim={dim}): expected sizes that sum to {size} (the size "
-            f"of dim {dim}), got a sum of {builtins.sum(sizes)}. Fix: make the sizes add up."
+        words = (f"split_with_sizes expects split_sizes have only non-negative entries, but "
+                 f"got split_sizes={list(sizes)}" if builtins.min(sizes, default=0) < 0 else
+                 f"split_with_sizes expects split_sizes to sum exactly to {size} (input "
+                 f"tensor's size at dimension {dim}), but got split_sizes={list(sizes)}")
+        raise ShapeMismatchError(
+            f"split(x, {list(sizes)}, dim={dim}): {words} (as in torch). Fix: make the sizes "
+            "add up."
         )
     return _pieces(x, dim, sizes)
 
@@ -1189,8 +1206,9 @@ def chunk(x, chunks, dim=0):
     dim = ops.normalize_dim(_int(dim), _rank(x), op="chunk")
     chunks = _int(chunks)
     if chunks <= 0:
-        raise TransformUsageError(f"chunk(x, {chunks}): expected a positive number of chunks, "
-                                  f"got {chunks}. Fix: pass chunks >= 1.")
+        raise ShapeMismatchError(
+            f"chunk(x, {chunks}): chunk expects `chunks` to be greater than 0, got: {chunks} "
+            "(as in torch). Fix: pass chunks >= 1.")
     size = ops.shape_of(x)[dim]
     if size == 0:
         return (x,) * chunks
@@ -1273,11 +1291,18 @@ def movedim(x, source, destination):
     rank = _rank(x)
     source = _dim_list(source, rank, "movedim")
     destination = _dim_list(destination, rank, "movedim")
-    if len(source) != len(destination) or len(set(source)) != len(source) or \
-            len(set(destination)) != len(destination):
-        raise TransformUsageError(
-            f"movedim(x, {source}, {destination}): expected as many distinct sources as "
-            "distinct destinations. Fix: name each dim once, in both lists."
+    words = None
+    if len(source) != len(destination):
+        words = (f"movedim: Invalid source or destination dims: source ({source} dims) should "
+                 f"contain the same number of dims as destination ({destination} dims)")
+    elif len(set(source)) != len(source):
+        words = f"movedim: repeated dim in `source` ({source})"
+    elif len(set(destination)) != len(destination):
+        words = f"movedim: repeated dim in `destination` ({destination})"
+    if words is not None:
+        raise ShapeMismatchError(
+            f"movedim(x, {source}, {destination}): {words} (as in torch). Fix: name each dim "
+            "once, in both lists."
         )
     order = [None] * rank
     for s, d in zip(source, destination):
@@ -1302,10 +1327,10 @@ def unflatten(x, dim, sizes):
         known = math.prod(s for s in sizes if s != -1)
         sizes[sizes.index(-1)] = shape[dim] // known if known else 0
     if math.prod(sizes) != shape[dim]:
-        raise TransformUsageError(
-            f"unflatten(x, {dim}, {tuple(sizes)}): the sizes multiply to {math.prod(sizes)}, "
-            f"but dim {dim} has size {shape[dim]}. Fix: give sizes whose product is "
-            f"{shape[dim]}."
+        raise ShapeMismatchError(
+            f"unflatten(x, {dim}, {tuple(sizes)}): unflatten: Provided sizes {sizes} don't "
+            f"multiply up to the size of dim {dim} ({shape[dim]}) in the input tensor (as in "
+            f"torch). Fix: give sizes whose product is {shape[dim]}."
         )
     return ops.reshape(x, *shape[:dim], *sizes, *shape[dim + 1:])
 
@@ -1396,10 +1421,11 @@ def linalg_cross(x, y, *, dim=-1):
     dim = ops.normalize_dim(_int(dim), rank, op="linalg.cross") - rank  # from the right
     for name, t in (("input", x), ("other", y)):
         if _rank(t) < -dim or ops.shape_of(t)[dim] != 3:
-            raise TransformUsageError(
-                f"linalg.cross(x, y, dim={dim}): expected size 3 at dim {dim} of both "
-                f"tensors, got shape {ops.shape_of(t)} for the {name}. Fix: pick the dim of "
-                "size 3."
+            raise ShapeMismatchError(
+                f"linalg.cross(x, y, dim={dim}): linalg.cross: inputs dimension {dim} must have "
+                f"length 3. Got {ops.shape_of(x)[dim] if _rank(x) >= -dim else None} and "
+                f"{ops.shape_of(y)[dim] if _rank(y) >= -dim else None} (as in torch; shapes "
+                f"{ops.shape_of(x)} and {ops.shape_of(y)}). Fix: pick the dim of size 3."
             )
     return ops.sub(ops.mul(roll(x, -1, dim), roll(y, -2, dim)),
                    ops.mul(roll(x, -2, dim), roll(y, -1, dim)))

@@ -1011,8 +1011,8 @@ def test_nll_loss_takes_the_target_dtypes_of_torchs_kernel():
     with pytest.raises(RuntimeError, match="expected target dtype to be Long or Byte"):
         F.nll_loss(x, target.int())
     with pytest.raises(TransformUsageError,
-                       match=r"^expected target dtype to be Long or Byte, but got Int "
-                             r"\(nll_loss\(input, target\): .*Fix: pass target.long\(\)") as error:
+                       match=r"^nll_loss\(input, target\): expected target dtype to be Long or "
+                             r"Byte, but got Int .*Fix: pass target.long\(\)") as error:
         mf.grad(lambda x: F.nll_loss(x, target.int()))(x)
     assert isinstance(error.value, RuntimeError)
 
@@ -1146,57 +1146,69 @@ def test_dropout_in_training_mode_is_random_not_wrong():
 # the same call on plain tensors (so code that catches torch's errors catches these).
 @pytest.mark.parametrize("call, error, message", [
     (lambda x: F.conv2d(x, torch.ones(2, 3, 3, 3, dtype=DTYPE), padding="same", stride=2),
-     InvalidOptionError, r"^padding='same' is not supported for strided convolutions "
-     r"\(conv2d\(\.\.\., padding='same', stride=\(2, 2\)\), as in torch\)"),
+     InvalidOptionError, r"^conv2d\(\.\.\., padding='same', stride=\(2, 2\)\): padding='same' "
+     r"is not supported for strided convolutions \(as in torch\)"),
     (lambda x: F.conv2d(x, torch.ones(2, 3, 3, 3, dtype=DTYPE), padding="full"),
-     InvalidOptionError, r"^Invalid padding string: 'full' \(conv2d\(\.\.\., padding='full'\)"),
+     InvalidOptionError, r"^conv2d\(\.\.\., padding='full'\): Invalid padding string: 'full'"),
     (lambda x: F.conv2d(x[0, 0, 0], torch.ones(2, 3, 3, 3, dtype=DTYPE)), ShapeMismatchError,
-     r"^Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d, but got input of size: "
-     r"\[4\] \(conv2d\(input, \.\.\.\)"),
+     r"^conv2d\(input, \.\.\.\): Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d, "
+     r"but got input of size: \[4\]"),
     (lambda x: F.conv2d(x, torch.ones(2, 3, 3, 3, dtype=DTYPE), torch.ones(3, dtype=DTYPE)),
-     ShapeMismatchError, r"^Given weight of size \[2, 3, 3, 3\], expected bias to be "
-     r"1-dimensional with 2 elements, but got bias of size \[3\] instead \(conv2d\("),
+     ShapeMismatchError, r"^conv2d\(input, weight, bias\): Given weight of size \[2, 3, 3, 3\], "
+     r"expected bias to be 1-dimensional with 2 elements, but got bias of size \[3\] instead"),
     (lambda x: F.pad(x[0], (4, 4), mode="reflect"), ShapeMismatchError,
-     r"^Padding size should be less than the corresponding input dimension, but got: padding "
-     r"\(4, 4\) at dimension 2 of input \[3, 4, 4\] \(pad\(x, \[4, 4\], mode='reflect'\)"),
+     r"^pad\(x, \[4, 4\], mode='reflect'\): Padding size should be less than the corresponding "
+     r"input dimension, but got: padding \(4, 4\) at dimension 2 of input \[3, 4, 4\]"),
     (lambda x: F.pad(x, (1, 1), mode="replicate"), UnsupportedOperationError,
-     r"^Padding size 2 is not supported for 4D input tensor \(pad\(x, \[1, 1\], "
-     r"mode='replicate'\)"),
+     r"^pad\(x, \[1, 1\], mode='replicate'\): Padding size 2 is not supported for 4D input "
+     r"tensor"),
     (lambda x: F.pad(x[0], (-3, -2), mode="replicate"), ShapeMismatchError,
-     r"^input \(W: 4\) is too small\. Calculated output W: -1 \(pad\(x, \[-3, -2\], "
-     r"mode='replicate'\), as in torch: dim 2 of size 4 padded by \(-3, -2\) would have size "
-     r"-1\)"),
+     r"^pad\(x, \[-3, -2\], mode='replicate'\): input \(W: 4\) is too small\. Calculated output "
+     r"W: -1 \(as in torch: dim 2 of size 4 padded by \(-3, -2\) would have size -1\)"),
     (lambda x: F.pad(x, (1, 1), mode="reflect", value=2.0), InvalidOptionError,
-     r'^Padding mode "reflect" doesn\'t take in value argument'),
+     r'^pad\(x, \[1, 1\], mode=\'reflect\', value=2\.0\): Padding mode "reflect" doesn\'t take '
+     r"in value argument"),
     (lambda x: F.pad(x, (1, 1), mode="wrap"), UnsupportedOperationError,
-     r"^Unrecognised padding mode wrap \(pad\(x, \[1, 1\], mode='wrap'\)"),
+     r"^pad\(x, \[1, 1\], mode='wrap'\): Unrecognised padding mode wrap"),
     (lambda x: F.batch_norm(x, None, None), InvalidOptionError,
-     r"^running_mean must be defined in evaluation mode \(batch_norm\(input, running_mean, "
-     r"running_var, training=False\)"),
+     r"^batch_norm\(input, running_mean, running_var, training=False\): running_mean must be "
+     r"defined in evaluation mode"),
     (lambda x: F.batch_norm(x, None, None, torch.ones(4, dtype=DTYPE), training=True),
-     ShapeMismatchError, r"^weight should contain 3 elements not 4 \(batch_norm\(input, "),
+     ShapeMismatchError, r"^batch_norm\(input, \.\.\.\): weight should contain 3 elements not 4"),
     (lambda x: F.batch_norm(x, torch.zeros(2, dtype=DTYPE), torch.ones(3, dtype=DTYPE)),
-     ShapeMismatchError, r"^running_mean should contain 3 elements not 2 \(batch_norm\("),
+     ShapeMismatchError, r"^batch_norm\(input, \.\.\.\): running_mean should contain 3 elements "
+     r"not 2"),
     (lambda x: F.batch_norm(x[0, 0, 0], None, None, training=True), DimOutOfRangeError,
-     r"^Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\) "
-     r"\(batch_norm\(input, \.\.\.\)"),
+     r"^batch_norm\(input, \.\.\.\): Dimension out of range \(expected to be in range of "
+     r"\[-1, 0\], but got 1\)"),
     (lambda x: F.group_norm(x, 2), ShapeMismatchError,
-     r"^Expected number of channels in input to be divisible by num_groups, but got input of "
-     r"shape \[2, 3, 4, 4\] and num_groups=2 \(group_norm\("),
+     r"^group_norm\(input, num_groups=2\): Expected number of channels in input to be divisible "
+     r"by num_groups, but got input of shape \[2, 3, 4, 4\] and num_groups=2"),
     (lambda x: F.nll_loss(x[0, 0], torch.tensor([0, 1])), TransformUsageError,
      r"^nll_loss\(input, target\): expected class indices of shape \(4,\)"),
     (lambda x: F.nll_loss(x[:, :, 0, 0], torch.tensor([0.0, 1.0])), InputDtypeError,
-     r"^expected target dtype to be Long or Byte, but got Float \(nll_loss\(input, target\)"),
+     r"^nll_loss\(input, target\): expected target dtype to be Long or Byte, but got Float"),
     (lambda x: F.cross_entropy(x[:, :, 0, 0], torch.tensor([0.0, 1.0])), InputDtypeError,
-     r"^expected target dtype to be Long or Byte, but got Float \(cross_entropy\(input, "
-     r"target\): a float target is class probabilities only with the input's shape"),
+     r"^cross_entropy\(input, target\): expected target dtype to be Long or Byte, but got Float "
+     r"\(as in torch: a float target is class probabilities only with the input's shape"),
+    (lambda x: F.nll_loss(x[:, :, 0, 0], torch.tensor([0, 1]), torch.ones(4, dtype=DTYPE)),
+     ShapeMismatchError, r"^nll_loss\(input, target, weight\): weight tensor should be defined "
+     r"either for all 3 classes or no classes but got weight tensor of shape: \[4\]"),
+    (lambda x: F.layer_norm(x, (4,), torch.ones(1, 4, dtype=DTYPE)), ShapeMismatchError,
+     r"^layer_norm\(input, normalized_shape, weight, bias\): Expected weight to be of same shape "
+     r"as normalized_shape, but got weight of shape \[1, 4\] and normalized_shape = \[4\]"),
     (lambda x: F.linear(x[0, 0], torch.ones(4, dtype=DTYPE), torch.ones((), dtype=DTYPE)),
-     ShapeMismatchError, r"^mat2 must be a matrix, got 1-D tensor \(F\.linear\("),
+     ShapeMismatchError, r"^F\.linear\(input, weight, bias\): mat2 must be a matrix, got 1-D "
+     r"tensor"),
+    (lambda x: F.bilinear(x[0, 0], x[0, 0, :2], torch.ones(5, 4, 4, dtype=DTYPE)),
+     ShapeMismatchError,
+     r"^F\.bilinear\(input1, input2, weight, bias\): bilinear\(\): input batch dimensions do not "
+     r"match at dim 0: got 4 and 2"),
     (lambda x: F.embedding(torch.tensor([0, 1]), x[0, 0, 0]), ShapeMismatchError,
-     r"^'weight' must be 2-D \(embedding\(weight, indices\): got shape \(4,\)"),
+     r"^embedding\(weight, indices\): 'weight' must be 2-D"),
     (lambda x: F.embedding(x[0, 0, 0], torch.ones(3, 2, dtype=DTYPE)), InputDtypeError,
-     r"^Expected tensor for argument #1 'indices' to have one of the following scalar types: "
-     r"Long, Int; but got torch.float64 instead \(embedding\(weight, indices\)"),
+     r"^embedding\(weight, indices\): Expected tensor for argument #1 'indices' to have one of "
+     r"the following scalar types: Long, Int; but got torch.float64 instead"),
 ])
 def test_refusals_are_clear(call, error, message):
     x = torch.randn(2, 3, 4, 4, dtype=DTYPE)
@@ -1213,8 +1225,8 @@ def test_a_circular_pad_that_wraps_twice_is_refused():
     refuses it, in torch's words for the wrapping."""
     x = torch.randn(3, 4, 4, dtype=DTYPE)
     with pytest.raises(ShapeMismatchError,
-                       match=r"^Padding value causes wrapping around more than once \(pad\(x, "
-                             r"\[-3, 2\], mode='circular'\): .*dim 2 keeps 1 of 4"):
+                       match=r"^pad\(x, \[-3, 2\], mode='circular'\): Padding value causes "
+                             r"wrapping around more than once .*dim 2 keeps 1 of 4"):
         mf.grad(lambda x: F.pad(x, (-3, 2), mode="circular").sum())(x)
 
 
@@ -1227,9 +1239,10 @@ def test_a_batched_convolution_bias_of_the_wrong_shape_is_refused(in_dims, bias_
     x, w = torch.randn(2, 2, 6, 6, dtype=DTYPE), torch.randn(3, 2, 3, 3, dtype=DTYPE)
     b = torch.randn(bias_shape, dtype=DTYPE)
     args = [torch.stack([a, 2 * a]) if d == 0 else a for a, d in zip((x, w, b), in_dims)]
-    with pytest.raises(ShapeMismatchError, match=r"^Given weight of size \[3, 2, 3, 3\], "
-                       r"expected bias to be 1-dimensional with 3 elements, but got bias of "
-                       rf"size \[{', '.join(map(str, bias_shape))}\] instead"):
+    with pytest.raises(ShapeMismatchError, match=r"^conv2d\(input, weight, bias\): Given weight "
+                       r"of size \[3, 2, 3, 3\], expected bias to be 1-dimensional with 3 "
+                       rf"elements, but got bias of size \[{', '.join(map(str, bias_shape))}\] "
+                       "instead"):
         mf.vmap(F.conv2d, in_dims=in_dims)(*args)
     with pytest.raises(RuntimeError, match="expected bias to be 1-dimensional"):
         F.conv2d(x, w, b)
@@ -1245,7 +1258,9 @@ def test_batched_batch_norm_operands_of_the_wrong_size_are_refused(in_dims):
 
     def f(x, w, b):
         return F.batch_norm(x, None, None, w, b, training=True)
-    with pytest.raises(ShapeMismatchError, match=r"^weight should contain 3 elements not 4"):
+    with pytest.raises(ShapeMismatchError,
+                       match=r"^batch_norm\(input, \.\.\.\): weight should contain 3 elements "
+                             r"not 4"):
         mf.vmap(f, in_dims=in_dims)(*args)
     with pytest.raises(RuntimeError, match=r"^weight should contain 3 elements not 4"):
         tf.vmap(f, in_dims=in_dims)(*args)

@@ -522,17 +522,28 @@ def test_prims_reduction_over_no_dims_keeps_the_tensor():
 
 # --- errors -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("call, message", [
-    (lambda x: torch.split(x, [1, 1]), r"split\(x, \[1, 1\], dim=0\): expected sizes that sum"),
-    (lambda x: x.narrow(0, 2, 3), r"narrow\(x, 0, 2, 3\): expected start \+ length"),
+    (lambda x: torch.split(x, [1, 1]), r"split\(x, \[1, 1\], dim=0\): split_with_sizes expects "
+     r"split_sizes to sum exactly to 3"),
+    (lambda x: x.narrow(0, 2, 3), r"narrow\(x, 0, 2, 3\): start \(2\) \+ length \(3\) exceeds "
+     r"dimension size \(3\)"),
     (lambda x: x.roll((1, 2), (0,)), r"roll\(x, shifts=\(1, 2\), dims=\(0,\)\)"),
-    (lambda x: x.repeat(2), r"repeat\(x, \(2,\)\): expected at least 2 repeats"),
-    (lambda x: torch.linalg.cross(x, x), r"linalg.cross\(x, y, dim=-1\): expected size 3"),
+    (lambda x: x.repeat(2), r"repeat\(x, \(2,\)\): Number of dimensions of repeat dims can not "
+     r"be smaller than number of dimensions of tensor"),
+    (lambda x: torch.linalg.cross(x, x), r"linalg.cross\(x, y, dim=-1\): linalg.cross: inputs "
+     r"dimension -1 must have length 3\. Got 4 and 4"),
     (lambda x: x.movedim((0, 0), (1, 0)), r"movedim\(x, \[0, 0\], \[1, 0\]\)"),
-    (lambda x: x.unflatten(1, (3, 2)), r"unflatten\(x, 1, \(3, 2\)\): the sizes multiply"),
+    (lambda x: x.unflatten(1, (3, 2)), r"unflatten\(x, 1, \(3, 2\)\): unflatten: Provided "
+     r"sizes \[3, 2\] don't multiply up to the size of dim 1 \(4\)"),
 ])
 def test_usage_errors(call, message):
-    with pytest.raises(TransformUsageError, match=message):
-        mf.vmap(call)(torch.randn(2, 3, 4, dtype=DTYPE))
+    """Each is the engine's error (the call, then torch's words) and also the built-in
+    exception torch raises for the same call on a plain tensor."""
+    x = torch.randn(2, 3, 4, dtype=DTYPE)
+    with pytest.raises(TransformUsageError, match=message) as ours:
+        mf.vmap(call)(x)
+    with pytest.raises(Exception) as torchs:
+        call(x[0])
+    assert isinstance(ours.value, type(torchs.value)), (type(torchs.value), ours.value)
 
 
 def test_complex_is_refused():
