@@ -1248,6 +1248,36 @@ def test_a_batched_convolution_bias_of_the_wrong_shape_is_refused(in_dims, bias_
         F.conv2d(x, w, b)
 
 
+_REFUSED_UNDER_VMAP = {
+    # name: (f, one example's arguments); torch refuses the example, and every vmap of it
+    # must refuse it too (each of these computed a value under some in_dims)
+    "layer_norm weight (1, 2)": (lambda x, w, b: F.layer_norm(x, (2,), w, b),
+                                 ((4, 3, 2), (1, 2), (2,))),
+    "nll_loss weight of 4 for 3 classes": (
+        lambda x, w: F.nll_loss(x, torch.tensor([0, 1, 2, 0]), w), ((4, 3), (4,))),
+    "cross_entropy weight (1, 3)": (
+        lambda x, w: F.cross_entropy(x, torch.tensor([0, 1, 2, 0]), w), ((4, 3), (1, 3))),
+    "flatten(1, 0)": (lambda x: x.flatten(1, 0), ((4, 3),)),
+    "bilinear batch dims": (lambda x1, x2, w: F.bilinear(x1, x2, w), ((4, 3), (2, 6), (5, 3, 3))),
+}
+
+
+@pytest.mark.parametrize("name", list(_REFUSED_UNDER_VMAP))
+def test_what_torch_refuses_is_refused_under_every_in_dims(name):
+    f, shapes = _REFUSED_UNDER_VMAP[name]
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(shape, dtype=DTYPE, generator=g) for shape in shapes]
+    with pytest.raises(Exception) as torchs:
+        f(*args)
+    for in_dims in itertools.product((None, 0), repeat=len(args)):
+        if not any(d == 0 for d in in_dims):
+            continue
+        batched = [torch.stack([a, 2 * a]) if d == 0 else a for a, d in zip(args, in_dims)]
+        with pytest.raises(TransformError) as ours:
+            mf.vmap(f, in_dims=in_dims)(*batched)
+        assert isinstance(ours.value, type(torchs.value)), (in_dims, ours.value)
+
+
 @pytest.mark.parametrize("in_dims", [(None, 0, 0), (0, 0, 0)])
 def test_batched_batch_norm_operands_of_the_wrong_size_are_refused(in_dims):
     """batch_norm under vmap with a batched weight of the wrong size used to compute a value
