@@ -765,9 +765,10 @@ def _same_dtype_as_scatter(x, src, op):
 
 def _scatter_args(x, dim, index, op):
     if max(_rank(index), 1) != max(_rank(x), 1):  # torch reads 0-d as 1-d here
-        raise TransformUsageError(
-            f"{op}: index must have as many dims as the tensor, got shapes {ops.shape_of(index)} "
-            f"and {ops.shape_of(x)}. Fix: give an index of the tensor's rank."
+        raise ShapeMismatchError(
+            f"{op}: Index tensor must have the same number of dimensions as self tensor (as in "
+            f"torch; shapes {ops.shape_of(index)} and {ops.shape_of(x)}). Fix: give an index of "
+            "the tensor's rank."
         )
     return ops.normalize_dim(dim, _rank(x), op=op), _long(index)
 
@@ -969,9 +970,10 @@ def _fill_value(x, value, op):
     if not _is_tensor(value):
         return _constant(value, x)
     if _rank(value) != 0:
-        raise TransformUsageError(
-            f"{op}: the fill value must be a number or a 0-d tensor, got shape "
-            f"{ops.shape_of(value)}. Fix: pass value.sum() or a single element."
+        raise ShapeMismatchError(
+            f"{op}: masked_fill_ only supports a 0-dimensional value tensor, but got tensor "
+            f"with {_rank(value)} dimension(s). (as in torch; shape {ops.shape_of(value)}). "
+            "Fix: pass a number or a single element."
         )
     return ops.convert(value, x.dtype)
 
@@ -1118,7 +1120,7 @@ def _strided_positions(x, size, stride, storage_offset, op):
     try:
         return positions.as_strided(tuple(size), tuple(stride), storage_offset or 0)
     except RuntimeError as error:
-        raise TransformUsageError(
+        raise ShapeMismatchError(
             f"{op}: size {tuple(size)}, stride {tuple(stride)} and offset {storage_offset or 0} "
             f"reach outside the tensor's {numel} elements, which a tensor of a transform does "
             f"not have ({error}). Fix: stay within the tensor (or index it explicitly)."
@@ -1198,9 +1200,10 @@ def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=
 def bucketize(x, boundaries, *, out_int32=False, right=False):
     """The bucket of each element: ``searchsorted(boundaries, x)`` (same side convention)."""
     if _rank(boundaries) != 1:
-        raise TransformUsageError(
-            f"bucketize(x, boundaries): boundaries must be 1-d, got shape "
-            f"{ops.shape_of(boundaries)}."
+        raise ShapeMismatchError(
+            "bucketize(x, boundaries): boundaries tensor must be 1 dimension, but got "
+            f"dim({_rank(boundaries)}) (as in torch; shape {ops.shape_of(boundaries)}). Fix: "
+            "use torch.searchsorted for a batch of sorted rows."
         )
     return searchsorted(boundaries, x, out_int32=out_int32, right=right)
 

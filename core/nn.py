@@ -77,9 +77,10 @@ def _ntuple(value, n, what, op):
     if len(value) == 1 and n > 1:
         return value * n
     if len(value) != n:
-        raise TransformUsageError(
-            f"{op}(..., {what}={value}): expected an int or {n} ints for {n} spatial dims, got "
-            f"{len(value)}. Fix: pass one value per spatial dim."
+        raise ShapeMismatchError(
+            f"{op}(..., {what}={value}): expected {what} to be a single integer value or a list "
+            f"of {n} values to match the {n} spatial dims, but got {what}={list(value)} (as in "
+            "torch). Fix: pass one value per spatial dim."
         )
     return value
 
@@ -1176,9 +1177,10 @@ adaptive_max_pool_p, adaptive_max_pool_indices_p = _max_pool_pair(
 def _check_pool_input(op, x, spatial):
     rank = len(shape_of(x))
     if rank not in (spatial + 1, spatial + 2):
-        raise TransformUsageError(
-            f"{op}(input, ...): expected a {spatial + 1}-D or {spatial + 2}-D input ((N,) C "
-            f"and {spatial} spatial dims), got shape {shape_of(x)}. Fix: reshape the input."
+        raise ShapeMismatchError(
+            f"{op}(input, ...): Expected {spatial + 1}D or {spatial + 2}D (batch mode) tensor "
+            f"for input, but got:{list(shape_of(x))} (as in torch: (N,) C and {spatial} spatial "
+            "dims). Fix: reshape the input."
         )
     _refuse_complex(op, x)
 
@@ -3544,7 +3546,9 @@ def smooth_l1_loss(x, target, size_average=None, reduce=None, reduction="mean", 
 @torch_api.register(F.huber_loss)
 def huber_loss(x, target, reduction="mean", delta=1.0, weight=None):
     if delta <= 0:
-        raise TransformUsageError(f"huber_loss(..., delta={delta}): expected delta > 0.")
+        raise InvalidOptionError(
+            f"huber_loss(..., delta={delta}): huber_loss does not support non-positive values "
+            "for delta. (as in torch). Fix: pass delta > 0.")
     loss = _pointwise_loss("huber_loss", x, target, "none", None, _huber(delta))
     if weight is not None:
         loss = ops.mul(loss, weight)  # torch's weighted huber loss averages over elements
@@ -3598,13 +3602,22 @@ def _multilabel_margin(x, target, reduction):
     positions after the first -1, so it disagrees with torch's kernel: this op is written
     here rather than borrowed.)"""
     _refuse_complex("multilabel_margin_loss", x)
+    if target.dtype not in (torch.int64,):
+        raise InputDtypeError(
+            "multilabel_margin_loss(input, target): expected scalar type Long but found "
+            f"{_dtype_word(target.dtype)} (as in torch). Fix: pass target.long().")
+    if len(shape_of(x)) in (1, 2) and shape_of(x)[-1] == 0:
+        raise ShapeMismatchError(
+            "multilabel_margin_loss(input, target): Expected non-empty vector or matrix with "
+            f"optional 0-dim batch size, but got: {list(shape_of(x))} (as in torch). Fix: give "
+            "each sample at least one class.")
     if len(shape_of(x)) == 0 and len(shape_of(target)) == 0:  # one sample of one class
         x, target = ops.reshape(x, 1), ops.reshape(target, 1)
     if shape_of(x) != shape_of(target) or len(shape_of(x)) not in (1, 2):
-        raise TransformUsageError(
+        raise ShapeMismatchError(
             f"multilabel_margin_loss(input, target): expected a (C,) or (N, C) input and a "
-            f"target of its shape, got {shape_of(x)} and {shape_of(target)}. Fix: pad each "
-            "sample's target classes with -1."
+            f"target of its shape, got {shape_of(x)} and {shape_of(target)} (torch refuses "
+            "them too). Fix: pad each sample's target classes with -1."
         )
     vector = len(shape_of(x)) == 1
     if vector:
@@ -3644,15 +3657,24 @@ def _multi_margin(x, target, p, margin, weight, reduction):
     w[y] * max(0, margin - x[y] + x[i])^p, divided by C."""
     _refuse_complex("multi_margin_loss", x)
     if p not in (1, 2):
-        raise TransformUsageError(f"multi_margin_loss(..., p={p}): expected p = 1 or 2, as "
-                                  "torch does.")
+        raise TransformUsageError(f"multi_margin_loss(..., p={p}): only p == 1 and p == 2 "
+                                  "supported (as in torch). Fix: pass p=1 or p=2.")
+    if weight is not None and len(shape_of(weight)) != 1:
+        raise TransformUsageError(
+            "multi_margin_loss(..., weight): weight must be one-dimensional (as in torch; shape "
+            f"{shape_of(weight)}). Fix: pass one weight per class.")
+    if target.dtype not in (torch.int64,):
+        raise InputDtypeError(
+            "multi_margin_loss(input, target): expected scalar type Long but found "
+            f"{_dtype_word(target.dtype)} (as in torch). Fix: pass target.long().")
     target_shape = shape_of(target)
     if len(shape_of(x)) <= 1:  # one sample ((C,), or () for one class)
         x, target = ops.reshape(x, 1, -1), ops.reshape(target, -1)
     if len(shape_of(x)) != 2 or shape_of(target) != shape_of(x)[:1]:
-        raise TransformUsageError(
+        raise ShapeMismatchError(
             f"multi_margin_loss(input, target): expected a (C,) or (N, C) input and one class "
-            f"index per sample, got shapes {shape_of(x)} and {target_shape}."
+            f"index per sample, got shapes {shape_of(x)} and {target_shape} (torch refuses "
+            "them too). Fix: pass a 1-D target of class indices."
         )
     classes = shape_of(x)[1]
     column = ops.unsqueeze(target, 1)
@@ -4100,6 +4122,10 @@ def rrelu(x, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
         raise InPlaceError(
             "rrelu(x, inplace=True): writing random slopes into a value of a transform is not "
             "supported. Fix: use the returned value, inplace=False.")
+    if lower > upper:
+        raise InvalidOptionError(
+            f"rrelu(x, lower={lower}, upper={upper}): Lower bound should be less than or equal "
+            "to the upper bound (as in torch, in eval mode too). Fix: swap them.")
     if not training:
         return elementwise.leaky_relu(x, (lower + upper) / 2)
     plain = bottom_tensor(x)

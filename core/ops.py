@@ -210,12 +210,25 @@ def mean(x, dim=None, keepdim=False, *, dtype=None):
     return bind(P.mean_p, x, dim=reduction_dims(dim, _rank(x), op="mean"), keepdim=keepdim)
 
 
+def _refuse_empty_reduction(op, x, dim):
+    """torch's max-like reductions of an empty tensor over every dim (no dim given): no
+    identity to return. (Under vmap the dims are spelled out, and the kernel would then
+    raise its IndexError of one empty dim instead.)"""
+    if (dim is None or dim == () or dim == []) and math.prod(shape_of(x)) == 0:
+        raise ShapeMismatchError(
+            f"{op}(x): {op}(): Expected reduction dim to be specified for input.numel() == 0. "
+            f"Specify the reduction dim with the 'dim' argument. (as in torch; shape "
+            f"{shape_of(x)}). Fix: pass the dims to reduce.")
+
+
 def amax(x, dim=(), keepdim=False):
+    _refuse_empty_reduction("amax", x, dim)
     dims = reduction_dims(dim, _rank(x), op="amax")
     return bind(P.amax_p, x, dim=dims, keepdim=keepdim)
 
 
 def amin(x, dim=(), keepdim=False):
+    _refuse_empty_reduction("amin", x, dim)
     dims = reduction_dims(dim, _rank(x), op="amin")
     return bind(P.amin_p, x, dim=dims, keepdim=keepdim)
 

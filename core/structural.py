@@ -986,12 +986,18 @@ def roll(x, shifts, dims=None):
 @torch_api.register(torch.rot90, torch.Tensor.rot90)
 @aten_api.register(aten.rot90.default)
 def rot90(x, k=1, dims=(0, 1)):
-    rank = _rank(x)
-    d0, d1 = (ops.normalize_dim(d, rank, op="rot90") for d in dims)
-    if len(dims) != 2 or d0 == d1:
-        words = (f"expected total rotation dims == 2, but got dims = {len(dims)}"
-                 if len(dims) != 2 else "expected rotation dims to be different, but got "
-                 f"dim0 = {dims[0]} and dim1 = {dims[1]}")
+    rank, dims = _rank(x), tuple(dims)
+    words = None
+    if len(dims) != 2:
+        words = f"expected total rotation dims == 2, but got dims = {len(dims)}"
+    elif rank < 2:
+        words = f"expected total dims >= 2, but got total dims = {rank}"
+    else:
+        d0, d1 = (ops.normalize_dim(d, rank, op="rot90") for d in dims)
+        if d0 == d1:
+            words = (f"expected rotation dims to be different, but got dim0 = {dims[0]} and "
+                     f"dim1 = {dims[1]}")
+    if words is not None:
         raise ShapeMismatchError(
             f"rot90(x, k={k}, dims={tuple(dims)}): {words} (as in torch). Fix: name the plane "
             "of the rotation with two different dims."
@@ -1127,6 +1133,10 @@ def narrow(x, dim, start, length):
             f"narrow(x, {dim}, start, {length}): start must be an 0-dim integral Tensor (as in "
             f"torch), got a {start.dtype} tensor of shape {ops.shape_of(start)}. Fix: pass an "
             "int, or a 0-d integer tensor.")
+    if _rank(x) == 0:
+        raise ShapeMismatchError(
+            f"narrow(x, {dim}, {start}, {length}): narrow() cannot be applied to a 0-dim tensor "
+            "(as in torch). Fix: narrow a tensor with dims (x.reshape(1) for a number).")
     dim = ops.normalize_dim(_int(dim), _rank(x), op="narrow")
     start, length = _int(start), _int(length)
     size = ops.shape_of(x)[dim]
@@ -1248,17 +1258,21 @@ def _split_along(name, dim, min_rank):
             indices_or_sections = sections if indices is None else indices
         rank = _rank(x)
         if rank < min_rank:
-            raise TransformUsageError(
-                f"{name}(x, ...): expected a tensor with at least {min_rank} dims, got shape "
-                f"{ops.shape_of(x)}. Fix: use tensor_split with a dim."
+            raise ShapeMismatchError(
+                f"{name}(x, ...): torch.{name} requires a tensor with at least {min_rank} "
+                f"dimension{'s' if min_rank > 1 else ''}, but got a tensor with {rank} "
+                f"dimensions! (as in torch; shape {ops.shape_of(x)}). Fix: use tensor_split "
+                "with a dim."
             )
         along = 0 if (name == "hsplit" and rank == 1) else dim
-        if not isinstance(indices_or_sections, (list, tuple)) and \
-                ops.shape_of(x)[along] % _int(indices_or_sections):
-            raise TransformUsageError(
-                f"{name}(x, {indices_or_sections}): the size {ops.shape_of(x)[along]} of dim "
-                f"{along} is not divisible by {indices_or_sections}. Fix: use tensor_split."
-            )
+        if not isinstance(indices_or_sections, (list, tuple)):
+            sections, size = _int(indices_or_sections), ops.shape_of(x)[along]
+            if sections == 0 or size % sections:
+                raise ShapeMismatchError(
+                    f"{name}(x, {indices_or_sections}): torch.{name} attempted to split along "
+                    f"dimension {along}, but the size of the dimension {size} is not divisible "
+                    f"by the split_size {sections}! (as in torch). Fix: use tensor_split."
+                )
         return tensor_split(x, indices_or_sections, along)
     op.__name__ = name
     return op
