@@ -1216,7 +1216,13 @@ def _adaptive_output_size(op, spatial, output_size, in_spatial):
             f"{op}(input, output_size={output_size}): output_size must be {spatial} (one size "
             f"per spatial dim, as torch checks), got {len(output_size)}. Fix: pass {spatial} "
             "sizes, or one int for all.")
-    return tuple(i if o is None else int(o) for o, i in zip(output_size, in_spatial))
+    sizes = tuple(i if o is None else int(o) for o, i in zip(output_size, in_spatial))
+    if any(size < 0 for size in sizes):
+        raise ShapeMismatchError(
+            f"{op}(input, output_size={output_size}): {op}: elements of output_size must be "
+            "greater than or equal to 0 but received {" + ", ".join(map(str, sizes)) + "} (as "
+            "in torch). Fix: pass sizes >= 0.")
+    return sizes
 
 
 def _adaptive_max_pool(op, spatial, x, output_size, with_indices):

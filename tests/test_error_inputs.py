@@ -1,8 +1,8 @@
 """PyTorch's OpInfo error inputs under the transforms: what torch refuses, the engine refuses.
 
 Each OpInfo row of ``error_inputs`` (CPU, a floating-point input) is a call that torch
-refuses. Run under ``vmap`` (the input batched) and under ``grad``, the engine must refuse it
-too, with an exception of the built-in type torch raises (RuntimeError, IndexError,
+refuses. Run under ``vmap`` (the input batched along its first or its last dim), ``grad`` and
+``jvp``, the engine must refuse it too, with an exception of the built-in type torch raises (RuntimeError, IndexError,
 ValueError, ...), so that code catching torch's errors still works: never a value (a batching
 rule that reshapes before the kernel can read a wrong shape as another), never an unrelated
 crash (a ZeroDivisionError or an IndexError from inside a rule).
@@ -62,8 +62,11 @@ def test_what_torch_refuses_the_transforms_refuse(op, sample):
         pytest.skip("torch accepts this row with a float input")
     if any(op.name == name and words in str(torchs) for name, words in DIFFERENCES):
         pytest.skip("torch's own ops disagree on this row (DIFFERENCES)")
-    for transform, call in (("vmap", lambda: mf.vmap(f)(torch.stack([x, x]))),
-                            ("grad", lambda: mf.grad(lambda x: _loss(f(x)))(x))):
+    for transform, call in (
+            ("vmap", lambda: mf.vmap(f)(torch.stack([x, x]))),
+            ("vmap over the last dim", lambda: mf.vmap(f, in_dims=-1)(torch.stack([x, x], -1))),
+            ("grad", lambda: mf.grad(lambda x: _loss(f(x)))(x)),
+            ("jvp", lambda: mf.jvp(f, (x,), (torch.ones_like(x),)))):
         with pytest.raises(Exception) as ours:
             call()
         assert isinstance(ours.value, type(torchs)), (
