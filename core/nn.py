@@ -711,6 +711,10 @@ batching_rules[conv_backward_bias_p] = conv_backward_bias_batch
 
 # --- convolution: the doors ----------------------------------------------------------------------
 def _conv_params(op, spatial, stride, padding, dilation, transposed, output_padding, groups):
+    if int(groups) <= 0:  # (the batching rules divide channels by it before the kernel sees it)
+        raise InvalidOptionError(
+            f"{op}(..., groups={groups}): non-positive groups is not supported (as in torch). "
+            "Fix: pass groups >= 1.")
     return dict(stride=_ntuple(stride, spatial, "stride", op),
                 padding=_ntuple(padding, spatial, "padding", op),
                 dilation=_ntuple(dilation, spatial, "dilation", op),

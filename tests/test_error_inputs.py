@@ -72,3 +72,47 @@ def test_what_torch_refuses_the_transforms_refuse(op, sample):
         assert isinstance(ours.value, type(torchs)), (
             f"{transform}: torch raises {type(torchs).__name__}: {torchs}; the engine raised "
             f"{type(ours.value).__mro__[:3]}: {ours.value}")
+
+
+def _rows_with_tensor_arguments():
+    return [row for row in _rows()
+            if any(isinstance(a, torch.Tensor) for a in (*row.values[1].args,
+                                                          *row.values[1].kwargs.values()))]
+
+
+# torch's F.gaussian_nll_loss checks its var's shape after reading whether any of its values
+# is negative (a Python if on a tensor): under vmap that read is data-dependent control flow,
+# which torch.func refuses with a RuntimeError before the ValueError of the shape, as here
+CONTROL_FLOW_FIRST = {"nn.functional.gaussian_nll_loss"}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("op, sample", _rows_with_tensor_arguments())
+@pytest.mark.parametrize("input_batched", [True, False], ids=["input batched", "input shared"])
+def test_what_torch_refuses_is_refused_with_batched_tensor_arguments(op, sample, input_batched):
+    """The same rows with every tensor argument batched too (weights of an ensemble: the
+    batching rules fold them into channels or groups before any kernel sees them)."""
+    positions = [i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor)]
+    names = [k for k, a in sample.kwargs.items() if isinstance(a, torch.Tensor)]
+
+    def f(x, tensor_args, tensor_kwargs):
+        args = list(sample.args)
+        for i, value in zip(positions, tensor_args):
+            args[i] = value
+        return op(x, *args, **{**sample.kwargs, **tensor_kwargs})
+    x = sample.input.detach().clone()
+    try:
+        op(x.clone(), *sample.args, **sample.kwargs)
+    except Exception as error:  # noqa: BLE001 - whatever torch raises is the oracle
+        torchs = error
+    else:
+        pytest.skip("torch accepts this row with a float input")
+    expected = RuntimeError if op.name in CONTROL_FLOW_FIRST else type(torchs)
+    tensor_args = [torch.stack([sample.args[i]] * 2) for i in positions]
+    tensor_kwargs = {k: torch.stack([sample.kwargs[k]] * 2) for k in names}
+    with pytest.raises(Exception) as ours:
+        mf.vmap(f, in_dims=(0 if input_batched else None, 0, 0))(
+            torch.stack([x, x]) if input_batched else x, tensor_args, tensor_kwargs)
+    assert isinstance(ours.value, expected), (
+        f"torch raises {type(torchs).__name__}: {torchs}; the engine raised "
+        f"{type(ours.value).__mro__[:3]}: {ours.value}")
