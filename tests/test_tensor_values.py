@@ -52,13 +52,8 @@ def _elementwise(x):
             torch.sigmoid(x), x.tanh() * 1.5]
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.complex128])
-@pytest.mark.parametrize("in_dims", [0, 1])
-def test_vmaps_elementwise_ops_at_the_front_door(monkeypatch, in_dims, dtype):
-    """NOTE [vmap's elementwise ops at the front door] (tensor.py): a batched tensor over a
-    plain one and an elementwise function, maybe with a number: the kernel runs on the payload
-    at the front door, the batch dim stays where it was, the result has the kernel's dtype
-    (abs of a complex number is real); no level's apply runs. Every result is torch.func's."""
+def _count_applies(monkeypatch) -> list:
+    """The names of the primitives that vmap levels apply from now on (a list that grows)."""
     applied = []
     apply = Batched.apply
 
@@ -66,6 +61,17 @@ def test_vmaps_elementwise_ops_at_the_front_door(monkeypatch, in_dims, dtype):
         applied.append(prim.name)
         return apply(self, prim, *args, **params)
     monkeypatch.setattr(Batched, "apply", counting)
+    return applied
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.complex128])
+@pytest.mark.parametrize("in_dims", [0, 1])
+def test_vmaps_elementwise_ops_at_the_front_door(monkeypatch, in_dims, dtype):
+    """NOTE [vmap's elementwise ops at the front door] (tensor.py): a batched tensor over a
+    plain one and an elementwise function, maybe with a number: the kernel runs on the payload
+    at the front door, the batch dim stays where it was, the result has the kernel's dtype
+    (abs of a complex number is real); no level's apply runs. Every result is torch.func's."""
+    applied = _count_applies(monkeypatch)
     xs = (batch if in_dims == 0 else batch.T).to(dtype)
     shapes = []
 
@@ -111,13 +117,7 @@ def test_a_view_of_nested_batched_values_takes_one_step(monkeypatch, in_dims):
         return api.vmap(api.vmap(api.vmap(_views, in_dims=in_dims[2]), in_dims=in_dims[1]),
                         in_dims=in_dims[0])
 
-    applied = []
-    apply = Batched.apply
-
-    def counting(self, prim, *args, **params):
-        applied.append(prim.name)
-        return apply(self, prim, *args, **params)
-    monkeypatch.setattr(Batched, "apply", counting)
+    applied = _count_applies(monkeypatch)
     ours = nest(mf)(xs)
     assert applied == ["reshape", "permute", "unsqueeze", "unsqueeze", "squeeze", "expand",
                        "permute", "reshape", "unsqueeze", "expand"]
