@@ -37,7 +37,7 @@ from .batching import (BatchedValue, batch_size, batched_level, batching_rules, 
                        same_shape_batch, to_front)
 from .elementwise import logical_and
 from .dispatch import complex_ready
-from .errors import (InputDtypeError, InvalidOptionError, MissingRuleError,
+from .errors import (DimOutOfRangeError, InputDtypeError, InvalidOptionError, MissingRuleError,
                      ShapeMismatchError, TransformUsageError, UnsupportedOperationError)
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import call_with_tensors, runner, unwrap
@@ -1440,6 +1440,27 @@ def embedding_sparse_batch(values, bdims, **params):
 batching_rules[embedding_sparse_p] = embedding_sparse_batch
 
 
+def _refuse_rows_out_of_range(op, indices, rows, bag=False):
+    """torch's embedding kernel reads rows 0 to rows - 1 only; the lookup here is advanced
+    indexing, which would read a negative index from the end. The indices are read on the
+    plain tensor at the bottom of their value, every example at once (NOTE [Checks over the
+    whole batch]); a traced program's indices have no numbers to read."""
+    bottom = bottom_tensor(indices)
+    if bottom.device.type == "meta" or bottom.numel() == 0:
+        return
+    low, high = int(bottom.min()), int(bottom.max())
+    if low < 0 or high >= rows:
+        value = low if low < 0 else high
+        # (torch's words and exception type differ between the two kernels)
+        error, words = ((InvalidOptionError, f"an index of input takes value {value} which is "
+                         f"not in the valid range [0, {rows})") if bag else
+                        (DimOutOfRangeError, "index out of range in self"))
+        raise error(
+            f"{op}: {words} (as in torch: the indices name rows 0 to {rows - 1}, and one is "
+            f"{value}). Fix: keep every index in range (a negative index does not count from "
+            "the end here).")
+
+
 def _embedding_weight_error(call, weight):
     return ShapeMismatchError(
         f"{call}: 'weight' must be 2-D (as in torch; got shape {ops.shape_of(weight)}). Fix: "
@@ -1464,6 +1485,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
             "pass integer indices (indices.long()).")
     rows = ops.shape_of(weight)[0]
     indices = _long(indices)
+    _refuse_rows_out_of_range(op, indices, rows)
     if sparse:
         return bind(embedding_sparse_p, weight, indices,
                     padding_idx=-1 if padding_idx is None else int(padding_idx),
@@ -1660,6 +1682,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         raise _embedding_weight_error(op, weight)
     rows, features = ops.shape_of(weight)
     input = _long(input)
+    _refuse_rows_out_of_range(op, input, rows, bag=True)
     if _rank(input) == 2:
         if offsets is not None:
             raise TransformUsageError(f"{op}: offsets must be None for a 2-d input.")

@@ -680,3 +680,30 @@ def test_checks_over_the_whole_batch_give_one_unbatched_answer(check):
         mf.vmap(lambda t: torch._test_check_tensor(t >= 0))(torch.tensor([[1.0], [-1.0]]))
     checked = mf.vmap(lambda t: torch._test_check_tensor(t >= 0))(torch.ones(2, 3))
     torch.testing.assert_close(checked, torch.ones(2, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("index", [-1, 3], ids=["negative", "past the end"])
+@pytest.mark.parametrize("bag", [False, True], ids=["embedding", "embedding_bag"])
+def test_an_embedding_index_out_of_range_is_refused_under_every_transform(index, bag):
+    """The lookup is advanced indexing, which reads a negative index from the end: torch's
+    kernels refuse any index outside [0, rows), and so must every transform (a negative
+    index used to give the last row under vmap, grad and jvp)."""
+    weight = torch.randn(3, 2, dtype=DTYPE)
+    indices = torch.tensor([0, index])
+
+    def f(w):
+        if bag:
+            return F.embedding_bag(indices, w, torch.tensor([0]))
+        return F.embedding(indices, w)
+    with pytest.raises(Exception) as torchs:
+        f(weight)
+    runs = {"vmap": lambda: mf.vmap(f)(torch.stack([weight, 2 * weight])),
+            "grad": lambda: mf.grad(lambda w: f(w).sum())(weight),
+            "jvp": lambda: mf.jvp(f, (weight,), (weight,)),
+            "vmap over the indices": lambda: mf.vmap(
+                lambda i: F.embedding(i, weight))(torch.stack([indices, indices.flip(0)]))}
+    for name, run in runs.items():
+        with pytest.raises(mf.TransformError, match="index|valid range") as ours:
+            run()
+        assert isinstance(ours.value, type(torchs.value)) or (
+            name == "vmap over the indices" and isinstance(ours.value, IndexError)), name
