@@ -870,10 +870,14 @@ def _index_vector(index, op):
 @torch_api.register(*torch_api.torch_functions("index_select"))
 @aten_api.register(aten.index_select.default)
 def index_select(x, dim, index):
-    index = _index_vector(index, "index_select(x, dim, index)")
+    op = "index_select(x, dim, index)"
+    index = _index_vector(index, op)
     if _rank(x) == 0:
+        _refuse_out_of_range(op, index, 1, DimOutOfRangeError, "index out of range in self")
         return ops.reshape(bind(index_p, ops.reshape(x, 1), index, dims=(0,)))
     dim = ops.normalize_dim(dim, _rank(x), op="index_select")
+    _refuse_out_of_range(op, index, ops.shape_of(x)[dim], DimOutOfRangeError,
+                         "index out of range in self")
     return bind(index_p, x, index, dims=(dim,))
 
 
@@ -936,6 +940,9 @@ def index_add(x, dim, index, source, *, alpha=1):
                                      alpha=alpha))
     dim, index = _along(x, dim, index, "index_add")
     _check_source(x, dim, index, source, "index_add")
+    size = ops.shape_of(x)[dim]
+    _refuse_out_of_range("index_add(x, dim, index, source)", index, size, InvalidOptionError,
+                         f"index {{value}} is out of bounds for dimension {dim} with size {size}")
     if alpha != 1:
         source = ops.mul(source, alpha)
     return bind(index_put_p, x, source, index, dims=(dim,), accumulate=True)
@@ -948,6 +955,10 @@ def index_copy(x, dim, index, source):
         return ops.reshape(index_copy(ops.reshape(x, 1), 0, index, ops.reshape(source, -1)))
     dim, index = _along(x, dim, index, "index_copy")
     _check_source(x, dim, index, source, "index_copy")
+    size = ops.shape_of(x)[dim]
+    _refuse_out_of_range("index_copy(x, dim, index, source)", index, size, DimOutOfRangeError,
+                         f"index_copy_(): index {{value}} is out of bounds for dimension {dim} "
+                         f"with size {size}")
     return bind(index_put_p, x, source, index, dims=(dim,), accumulate=False)
 
 
@@ -1008,6 +1019,9 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
         )
     dim, index = _along(x, dim, index, "index_reduce")
     _check_source(x, dim, index, source, "index_reduce")
+    _refuse_out_of_range("index_reduce(x, dim, index, source)", index,
+                         max(ops.shape_of(x)[dim:dim + 1] or (1,)), DimOutOfRangeError,
+                         "index out of range in self")
     shape = ops.shape_of(source)
     if _rank(x) == 0:
         return ops.reshape(index_reduce(ops.reshape(x, 1), 0, index, ops.reshape(source, -1),
@@ -1440,25 +1454,24 @@ def embedding_sparse_batch(values, bdims, **params):
 batching_rules[embedding_sparse_p] = embedding_sparse_batch
 
 
-def _refuse_rows_out_of_range(op, indices, rows, bag=False):
-    """torch's embedding kernel reads rows 0 to rows - 1 only; the lookup here is advanced
-    indexing, which would read a negative index from the end. The indices are read on the
-    plain tensor at the bottom of their value, every example at once (NOTE [Checks over the
-    whole batch]); a traced program's indices have no numbers to read."""
+def _refuse_out_of_range(op, indices, size, error, words):
+    """NOTE [Indices out of range are read, not wrapped]
+    torch's kernels of embedding, embedding_bag and index_select/add/copy/reduce refuse any
+    index outside [0, size). Here those ops are advanced indexing (index_p, index_put_p),
+    which reads a negative index from the end, as Python does: a negative index would give a
+    value where torch raises. So the indices are read first, on the plain tensor at the
+    bottom of their value, every example at once (NOTE [Checks over the whole batch]). A
+    traced program's indices (jit) have no numbers to read, and are not checked.
+    ``words`` is torch's sentence, with ``{value}`` for the first index out of range."""
     bottom = bottom_tensor(indices)
     if bottom.device.type == "meta" or bottom.numel() == 0:
         return
     low, high = int(bottom.min()), int(bottom.max())
-    if low < 0 or high >= rows:
+    if low < 0 or high >= size:
         value = low if low < 0 else high
-        # (torch's words and exception type differ between the two kernels)
-        error, words = ((InvalidOptionError, f"an index of input takes value {value} which is "
-                         f"not in the valid range [0, {rows})") if bag else
-                        (DimOutOfRangeError, "index out of range in self"))
         raise error(
-            f"{op}: {words} (as in torch: the indices name rows 0 to {rows - 1}, and one is "
-            f"{value}). Fix: keep every index in range (a negative index does not count from "
-            "the end here).")
+            f"{op}: {words.format(value=value)} (as in torch: an index here is in [0, {size}), "
+            "and a negative one does not count from the end). Fix: keep every index in range.")
 
 
 def _embedding_weight_error(call, weight):
@@ -1485,7 +1498,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
             "pass integer indices (indices.long()).")
     rows = ops.shape_of(weight)[0]
     indices = _long(indices)
-    _refuse_rows_out_of_range(op, indices, rows)
+    _refuse_out_of_range(op, indices, rows, DimOutOfRangeError, "index out of range in self")
     if sparse:
         return bind(embedding_sparse_p, weight, indices,
                     padding_idx=-1 if padding_idx is None else int(padding_idx),
@@ -1682,7 +1695,9 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         raise _embedding_weight_error(op, weight)
     rows, features = ops.shape_of(weight)
     input = _long(input)
-    _refuse_rows_out_of_range(op, input, rows, bag=True)
+    _refuse_out_of_range(op, input, rows, InvalidOptionError,
+                         "an index of input takes value {value} which is not in the valid "
+                         f"range [0, {rows})")
     if _rank(input) == 2:
         if offsets is not None:
             raise TransformUsageError(f"{op}: offsets must be None for a 2-d input.")

@@ -707,3 +707,35 @@ def test_an_embedding_index_out_of_range_is_refused_under_every_transform(index,
             run()
         assert isinstance(ours.value, type(torchs.value)) or (
             name == "vmap over the indices" and isinstance(ours.value, IndexError)), name
+
+
+_INDEX_OPS = {
+    "index_select": lambda x, i, s: torch.index_select(x, 0, i),
+    "index_add": lambda x, i, s: x.index_add(0, i, s),
+    "index_copy": lambda x, i, s: x.index_copy(0, i, s),
+    "index_reduce": lambda x, i, s: x.index_reduce(0, i, s, "amax"),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # (index_reduce is in beta)
+@pytest.mark.parametrize("index", [-1, 3], ids=["negative", "past the end"])
+@pytest.mark.parametrize("name", list(_INDEX_OPS))
+def test_an_index_out_of_range_is_refused_by_the_index_ops(name, index):
+    """NOTE [Indices out of range are read, not wrapped]: index_select, index_add, index_copy
+    and index_reduce are advanced indexing here, which would read a negative index from the
+    end; torch refuses it, and so does every transform, with torch's exception type."""
+    f = _INDEX_OPS[name]
+    x, source = torch.randn(3, 2, dtype=DTYPE), torch.randn(2, 2, dtype=DTYPE)
+    indices = torch.tensor([0, index])
+    with pytest.raises(Exception) as torchs:
+        f(x, indices, source)
+    runs = {"vmap": lambda: mf.vmap(f, in_dims=(0, None, 0))(
+                torch.stack([x, x]), indices, torch.stack([source, source])),
+            "vmap over the indices": lambda: mf.vmap(f, in_dims=(None, 0, None))(
+                x, torch.stack([indices, indices.flip(0)]), source),
+            "grad": lambda: mf.grad(lambda x: f(x, indices, source).sum())(x),
+            "jvp": lambda: mf.jvp(lambda x: f(x, indices, source), (x,), (x,))}
+    for transform, run in runs.items():
+        with pytest.raises(mf.TransformError, match="out of") as ours:
+            run()
+        assert isinstance(ours.value, type(torchs.value)), (transform, ours.value)
