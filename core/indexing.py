@@ -1019,9 +1019,9 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
         )
     dim, index = _along(x, dim, index, "index_reduce")
     _check_source(x, dim, index, source, "index_reduce")
-    _refuse_out_of_range("index_reduce(x, dim, index, source)", index,
-                         max(ops.shape_of(x)[dim:dim + 1] or (1,)), DimOutOfRangeError,
-                         "index out of range in self")
+    size = ops.shape_of(x)[dim] if _rank(x) else 1  # (a 0-d tensor is read as 1-d here)
+    _refuse_out_of_range("index_reduce(x, dim, index, source)", index, size,
+                         DimOutOfRangeError, "index out of range in self")
     shape = ops.shape_of(source)
     if _rank(x) == 0:
         return ops.reshape(index_reduce(ops.reshape(x, 1), 0, index, ops.reshape(source, -1),
@@ -1461,8 +1461,9 @@ def _refuse_out_of_range(op, indices, size, error, words):
     which reads a negative index from the end, as Python does: a negative index would give a
     value where torch raises. So the indices are read first, on the plain tensor at the
     bottom of their value, every example at once (NOTE [Checks over the whole batch]). A
-    traced program's indices (jit) have no numbers to read, and are not checked.
-    ``words`` is torch's sentence, with ``{value}`` for the first index out of range."""
+    traced program's indices (jit) have no numbers to read, and are not checked. On a GPU the
+    read waits for the device, as ``.item()`` does (torch's CUDA kernels assert on the device
+    instead). ``words`` is torch's sentence, with ``{value}`` for the index out of range."""
     bottom = bottom_tensor(indices)
     if bottom.device.type == "meta" or bottom.numel() == 0:
         return
