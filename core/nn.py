@@ -2869,7 +2869,10 @@ def _gn_sizes(x):
 def _gn_forward(x, *affine_args, num_groups, eps, affine):
     """The output; the statistics the kernel also computes are kept for group_norm_stats."""
     weight, bias = _affine(affine, affine_args)
-    out, mean, rstd = torch.native_group_norm(x, weight, bias, *_gn_sizes(x), num_groups, eps)
+    # (the kernel takes a contiguous input only; torch.group_norm makes it so first, and so
+    # does this: under vmap a batch dim that is not in front leaves the payload strided)
+    out, mean, rstd = torch.native_group_norm(x.contiguous(), weight, bias, *_gn_sizes(x),
+                                              num_groups, eps)
     _kept_gn_statistics.keep(x, (num_groups, eps), (mean, rstd))
     return out
 
@@ -2877,7 +2880,8 @@ def _gn_forward(x, *affine_args, num_groups, eps, affine):
 def _gn_stats(x, *, num_groups, eps):
     kept = _kept_gn_statistics.take(x, (num_groups, eps))
     if kept is None:
-        kept = torch.native_group_norm(x, None, None, *_gn_sizes(x), num_groups, eps)[1:]
+        kept = torch.native_group_norm(x.contiguous(), None, None, *_gn_sizes(x), num_groups,
+                                       eps)[1:]
     return torch.stack(kept)
 
 

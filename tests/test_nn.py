@@ -1454,3 +1454,19 @@ def test_resnet_block_second_order():
         warnings.simplefilter("ignore")
         assert_same(mf.grad(lambda p: sum(g.sum() for g in mf.grad(loss(mf))(p).values()))(params),
                     tf.grad(lambda p: sum(g.sum() for g in tf.grad(loss(tf))(p).values()))(params))
+
+
+def test_group_norm_of_a_batch_dim_that_is_not_in_front():
+    """torch's group norm kernel takes a contiguous input (torch.group_norm makes it so);
+    under vmap along the last dim the payload is strided, and the kernel refused it."""
+    g = torch.Generator().manual_seed(0)
+    # examples (1, 4, 3) along the last dim: with N = 1, folding the batch into N is a view,
+    # and a strided one
+    x = torch.randn(1, 4, 3, 5, generator=g, dtype=DTYPE)
+    w, b = torch.randn(4, generator=g, dtype=DTYPE), torch.randn(4, generator=g, dtype=DTYPE)
+
+    def f(x):
+        return F.group_norm(x, 2, w, b)
+    assert_same(mf.vmap(f, in_dims=-1)(x), tf.vmap(f, in_dims=-1)(x))
+    loss = lambda x: f(x).sin().sum()  # noqa: E731
+    assert_same(mf.vmap(mf.grad(loss), in_dims=-1)(x), tf.vmap(tf.grad(loss), in_dims=-1)(x))
