@@ -3256,6 +3256,14 @@ def _dtype_word(dtype) -> str:
     return _DTYPE_WORDS.get(dtype, str(dtype))
 
 
+def _require_long_target(op, target):
+    """The margin losses' kernels take Long class indices only (nll_loss's take Byte too)."""
+    if target.dtype != torch.int64:
+        raise InputDtypeError(
+            f"{op}(input, target): expected scalar type Long but found "
+            f"{_dtype_word(target.dtype)} (as in torch). Fix: pass target.long().")
+
+
 def _target_weights(target, weight, ignore_index, dtype):
     """The weight of each target's class (1 without class weights), 0 where the target is
     ignore_index; and the targets with ignored ones replaced by class 0, safe to gather."""
@@ -3616,10 +3624,7 @@ def _multilabel_margin(x, target, reduction):
     positions after the first -1, so it disagrees with torch's kernel: this op is written
     here rather than borrowed.)"""
     _refuse_complex("multilabel_margin_loss", x)
-    if target.dtype not in (torch.int64,):
-        raise InputDtypeError(
-            "multilabel_margin_loss(input, target): expected scalar type Long but found "
-            f"{_dtype_word(target.dtype)} (as in torch). Fix: pass target.long().")
+    _require_long_target("multilabel_margin_loss", target)
     if len(shape_of(x)) in (1, 2) and shape_of(x)[-1] == 0:
         raise ShapeMismatchError(
             "multilabel_margin_loss(input, target): Expected non-empty vector or matrix with "
@@ -3677,10 +3682,7 @@ def _multi_margin(x, target, p, margin, weight, reduction):
         raise TransformUsageError(
             "multi_margin_loss(..., weight): weight must be one-dimensional (as in torch; shape "
             f"{shape_of(weight)}). Fix: pass one weight per class.")
-    if target.dtype not in (torch.int64,):
-        raise InputDtypeError(
-            "multi_margin_loss(input, target): expected scalar type Long but found "
-            f"{_dtype_word(target.dtype)} (as in torch). Fix: pass target.long().")
+    _require_long_target("multi_margin_loss", target)
     target_shape = shape_of(target)
     if len(shape_of(x)) <= 1:  # one sample ((C,), or () for one class)
         x, target = ops.reshape(x, 1, -1), ops.reshape(target, -1)

@@ -1433,14 +1433,13 @@ def linalg_cross(x, y, *, dim=-1):
             "Fix: unsqueeze the smaller one.")
     rank = _rank(x)
     dim = ops.normalize_dim(_int(dim), rank, op="linalg.cross") - rank  # from the right
-    for name, t in (("input", x), ("other", y)):
-        if _rank(t) < -dim or ops.shape_of(t)[dim] != 3:
-            raise ShapeMismatchError(
-                f"linalg.cross(x, y, dim={dim}): linalg.cross: inputs dimension {dim} must have "
-                f"length 3. Got {ops.shape_of(x)[dim] if _rank(x) >= -dim else None} and "
-                f"{ops.shape_of(y)[dim] if _rank(y) >= -dim else None} (as in torch; shapes "
-                f"{ops.shape_of(x)} and {ops.shape_of(y)}). Fix: pick the dim of size 3."
-            )
+    x_size, y_size = ops.shape_of(x)[dim], ops.shape_of(y)[dim]  # (one rank: checked above)
+    if x_size != 3 or y_size != 3:
+        raise ShapeMismatchError(
+            f"linalg.cross(x, y, dim={dim}): linalg.cross: inputs dimension {dim} must have "
+            f"length 3. Got {x_size} and {y_size} (as in torch; shapes {ops.shape_of(x)} and "
+            f"{ops.shape_of(y)}). Fix: pick the dim of size 3."
+        )
     return ops.sub(ops.mul(roll(x, -1, dim), roll(y, -2, dim)),
                    ops.mul(roll(x, -2, dim), roll(y, -1, dim)))
 

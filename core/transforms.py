@@ -1244,8 +1244,7 @@ def _identity_basis(leaves):
     # basis is a diagonal matrix] in passes.py)
     rows = identity_basis(total, leaves[0].dtype, leaves[0].device)
     if len(leaves) == 1:  # the identity itself: no block to slice out (a slice costs ~5 µs)
-        shape = (total, *leaves[0].shape)
-        return [rows if rows.shape == shape else rows.reshape(shape)], sizes
+        return [_reshaped(rows, (total, *leaves[0].shape))], sizes
     basis, start = [], 0
     for leaf, size in zip(leaves, sizes):
         basis.append(rows[:, start:start + size].reshape((total, *leaf.shape)))

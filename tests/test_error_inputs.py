@@ -24,7 +24,7 @@ from torch.testing._internal.common_methods_invocations import op_db  # noqa: E4
 DIFFERENCES = {("narrow_copy", "Expected dim < static_cast<int64_t>(self_sizes.size())")}
 
 
-def _rows():
+def _rows():  # (called once per test: a row's sample holds tensors that an op may write)
     rows = []
     for op in op_db:
         if op.error_inputs_func is None:
@@ -42,6 +42,16 @@ def _rows():
     return rows
 
 
+def _torchs_refusal(op, sample):
+    """What torch raises for the row, on a copy of its input (the row is skipped if torch
+    accepts it with a float input)."""
+    try:
+        op(sample.input.detach().clone(), *sample.args, **sample.kwargs)
+    except Exception as error:  # noqa: BLE001 - whatever torch raises is the oracle
+        return error
+    pytest.skip("torch accepts this row with a float input")
+
+
 def _loss(outputs):
     outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
     return sum(o.sum() for o in outputs
@@ -54,12 +64,7 @@ def test_what_torch_refuses_the_transforms_refuse(op, sample):
     def f(x):
         return op(x, *sample.args, **sample.kwargs)
     x = sample.input.detach().clone()
-    try:
-        f(x.clone())
-    except Exception as error:  # noqa: BLE001 - whatever torch raises is the oracle
-        torchs = error
-    else:
-        pytest.skip("torch accepts this row with a float input")
+    torchs = _torchs_refusal(op, sample)
     if any(op.name == name and words in str(torchs) for name, words in DIFFERENCES):
         pytest.skip("torch's own ops disagree on this row (DIFFERENCES)")
     for transform, call in (
@@ -101,12 +106,7 @@ def test_what_torch_refuses_is_refused_with_batched_tensor_arguments(op, sample,
             args[i] = value
         return op(x, *args, **{**sample.kwargs, **tensor_kwargs})
     x = sample.input.detach().clone()
-    try:
-        op(x.clone(), *sample.args, **sample.kwargs)
-    except Exception as error:  # noqa: BLE001 - whatever torch raises is the oracle
-        torchs = error
-    else:
-        pytest.skip("torch accepts this row with a float input")
+    torchs = _torchs_refusal(op, sample)
     expected = RuntimeError if op.name in CONTROL_FLOW_FIRST else type(torchs)
     tensor_args = [torch.stack([sample.args[i]] * 2) for i in positions]
     tensor_kwargs = {k: torch.stack([sample.kwargs[k]] * 2) for k in names}
