@@ -1128,7 +1128,9 @@ def _strided_positions(x, size, stride, storage_offset, op):
     ``group_norm`` produce such calls. Sizes, strides and offsets are read in x's own layout,
     the one ``x.stride()`` and ``x.storage_offset()`` report inside a transform; positions
     outside x (which torch would read from the storage of a larger tensor that x is a view
-    of) are refused."""
+    of) are refused, and so is a user's call where torch would read x's memory differently
+    (NOTE [as_strided reads memory] in tensor.py). A plain tensor has memory: torch's own
+    kernel reads it."""
     numel = math.prod(ops.shape_of(x))
     positions = torch.arange(numel, device=x.device)
     try:
@@ -1144,6 +1146,8 @@ def _strided_positions(x, size, stride, storage_offset, op):
 @torch_api.register(*torch_api.torch_functions("as_strided"))
 @aten_api.register(aten.as_strided.default)
 def as_strided(x, size, stride, storage_offset=None):
+    if not isinstance(x, Value):
+        return torch.as_strided(x, size, stride, storage_offset)
     positions = _strided_positions(x, size, stride, storage_offset, "as_strided(x, ...)")
     return take(x, positions)
 
@@ -1151,6 +1155,8 @@ def as_strided(x, size, stride, storage_offset=None):
 @torch_api.register(*torch_api.torch_functions("as_strided_scatter"))
 @aten_api.register(aten.as_strided_scatter.default)
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    if not isinstance(x, Value) and not isinstance(src, Value):
+        return torch.as_strided_scatter(x, src, size, stride, storage_offset)
     positions = _strided_positions(x, size, stride, storage_offset, "as_strided_scatter(x, ...)")
     return put(x, positions, src)
 

@@ -403,6 +403,112 @@ def _record_views(result, base, func, args, kwargs):
                 r._view = _View(base, func, args, kwargs, i, base._generation)
 
 
+# NOTE [as_strided reads memory]
+# torch's ``as_strided`` reads a tensor's storage: sizes, strides and offset count in the
+# memory the tensor lives in, so on a view (``x.t()``, ``x[1]``) or on a tensor that torch
+# laid out like one (``x.t().sin()`` keeps the transposed strides) the same call picks other
+# elements than on a contiguous tensor. A value of a transform has no storage of its own: the
+# engine reads ``as_strided`` in the value's own contiguous layout (NOTE [as_strided on a
+# tensor without storage] in indexing.py), which is torch's reading exactly when torch would
+# hold the tensor contiguously, and the offset is the tensor's own (the default) or the
+# tensor starts its memory (an explicit offset then counts from the same place). A user's call is checked against two witnesses of torch's layout: the
+# plain tensor at the bottom of the value, which torch's own kernels computed (without the
+# batch dims of vmap levels), and, for a view, its chain of views replayed on a storage-less
+# "meta" tensor. Any other call would silently read other elements than torch.func does, so
+# it is refused. (functorch's wrappers keep the strides of the tensors they wrap, so its
+# as_strided reads real storage.) Inside the back door, torch's own decompositions compute
+# strides from the FuncTensor's reported contiguous layout, which is the engine's reading,
+# so they are not checked; nor is a plain tensor, on which torch's own kernel runs.
+_STORAGE_READERS = frozenset(
+    (torch.as_strided, torch.Tensor.as_strided, torch.as_strided_scatter,
+     torch.Tensor.as_strided_scatter))
+
+
+def _replayed_layout(t):
+    """A meta tensor with the strides and storage offset torch gives the view ``t`` (None
+    when its chain of views cannot be replayed on a meta tensor)."""
+    chain = []
+    while t._view is not None:
+        chain.append(t._view)
+        t = t._view.base
+    try:
+        with engine_code():
+            layout = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+            for view in reversed(chain):
+                layout = view.replay(layout)
+    except Exception:  # a view whose arguments are themselves tensors of the transform
+        return None
+    return layout if type(layout) is torch.Tensor else None
+
+
+def _computed_layout(value):
+    """(sizes, strides, offset) of one example of the plain tensor at the bottom of
+    ``value``: the batch dims of its vmap levels taken out."""
+    chain = []
+    while isinstance(value, Value):
+        chain.append(value)
+        value = value.payload
+    dims = list(range(value.dim()))
+    for level_value in reversed(chain):  # from the bottom level up, as the dims were added
+        bdim = getattr(level_value, "bdim", None)
+        if bdim is not None:
+            del dims[bdim]
+    return ([value.shape[d] for d in dims], [value.stride(d) for d in dims],
+            value.storage_offset())
+
+
+def _reads_alike(layout, size, stride, offset):
+    """Whether ``as_strided(x, size, stride, offset)`` picks the same elements of x read in
+    memory laid out as ``layout`` (torch) and in x's own contiguous layout (the engine)."""
+    sizes, strides, own_offset = layout
+    size, stride = tuple(size), tuple(stride)
+    if 0 in size or len(size) != len(stride) or min(stride, default=0) < 0:
+        return True  # nothing read, or a call that the op itself refuses
+    def reach(base, sizes_, strides_):
+        return base + sum((n - 1) * st for n, st in zip(sizes_, strides_)) + 1
+    memory = torch.arange(max(reach(own_offset, sizes, strides),
+                              reach(own_offset if offset is None else offset, size, stride)))
+    place_of_element = memory.as_strided(sizes, strides, own_offset).reshape(-1)
+    torch_places = memory.as_strided(size, stride, own_offset if offset is None else offset)
+    own_elements = torch.arange(reach(offset or 0, size, stride)).as_strided(
+        size, stride, offset or 0)
+    if own_elements.numel() and own_elements.max() >= place_of_element.numel():
+        return True  # outside x: the op itself refuses it
+    return bool((place_of_element[own_elements] == torch_places).all())
+
+
+def _check_storage_read(func, args, kwargs):
+    """Refuse ``as_strided(x, ...)`` where torch would read x's memory differently from x's
+    own contiguous layout (NOTE [as_strided reads memory])."""
+    x = args[0] if args else kwargs.get("input", kwargs.get("self"))
+    if type(x) is not FuncTensor or grad_mode.door[0]:
+        return
+    value = value_of(x)
+    if not isinstance(value, Value):
+        return
+    at = 1 if func in (torch.as_strided, torch.Tensor.as_strided) else 2
+    names = ("size", "stride", "storage_offset")
+    size, stride, offset = (args[at + i] if len(args) > at + i else kwargs.get(name)
+                            for i, name in enumerate(names))
+    layouts = [_computed_layout(value)]
+    if x._view is not None:
+        replayed = _replayed_layout(x)
+        layouts.append(None if replayed is None else (
+            tuple(replayed.shape), replayed.stride(), replayed.storage_offset()))
+    for layout in layouts:
+        if layout is not None and _reads_alike(layout, size, stride, offset):
+            continue
+        where = ("is a view whose place in memory is not known here" if layout is None else
+                 f"lies in memory with strides {tuple(layout[1])} and offset {layout[2]}")
+        raise UnsupportedOperationError(
+            f"{_qualified_name(func)}(x, ...): in torch x {where} (a view, or computed from "
+            "one), and as_strided reads that memory, which a tensor of a transform does not "
+            "have: the engine reads sizes, strides and offset in x's own contiguous layout, "
+            "and here it would pick other elements than torch. Fix: call x.contiguous() "
+            "first (then offsets and strides count in x itself), or index x explicitly."
+        )
+
+
 def _refresh_view(t):
     """NOTE [Views that outlive a write]
     ``v = x[0]; x.add_(1)``: torch's ``v`` shares memory with ``x`` and sees the write. Here
@@ -594,6 +700,8 @@ def call_function(func, args, kwargs):
     """A torch function called with a FuncTensor among its arguments (``__torch_function__``)."""
     op = _TORCH_FUNCTIONS.get(func)
     if op is not None:
+        if func in _STORAGE_READERS:
+            _check_storage_read(func, args, kwargs)
         if kwargs:
             if kwargs.get("out") is not None:
                 raise _out_error(func)
@@ -836,7 +944,9 @@ def _functionalize(func, args, kwargs):
         )
     write = aten_api.IN_PLACE_ONLY.get(func)
     if write is not None:
-        return _write(args[0], write(func, *unwrap_all(args)), call)
+        new_value = write(func, *unwrap_all(args), **_unwrap_kwargs(kwargs))
+        if new_value is not NotImplemented:
+            return _write(args[0], new_value, call)
     functional = aten_api.functional_variant(func)
     if functional is None:
         raise UnsupportedOperationError(

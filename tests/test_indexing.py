@@ -5,6 +5,8 @@ None come from the oracle's transform set); cases that build a constant index in
 function keep it unbatched. Boolean masks that select (``x[mask]``) are constants: a batched
 one is refused, as in torch.func (tested at the end).
 """
+import math
+
 import pytest
 import torch
 import torch.func as tf
@@ -573,6 +575,65 @@ def test_group_norm_through_as_strided():
     assert_same(ours, tf.jacrev(f, argnums=(0, 1, 2))(x, w, b))
     assert_same(mf.vmap(f, in_dims=(0, None, None))(x[None].expand(3, 2, 4, 3), w, b),
                 tf.vmap(f, in_dims=(0, None, None))(x[None].expand(3, 2, 4, 3), w, b))
+
+
+# --- as_strided on a tensor that torch lays out as a view ---------------------------------------
+_WEIGHTS4 = torch.arange(1.0, 5.0, dtype=DTYPE).reshape(2, 2)
+# (function of x, transform, x, whether the engine computes it): torch reads as_strided in the
+# memory that x lies in; the engine, in x's own contiguous layout (NOTE [as_strided reads
+# memory] in core/tensor.py). Where the two readings agree it computes torch.func's answer;
+# where they differ it refuses, never reads other elements.
+AS_STRIDED_LAYOUTS = {
+    "contiguous_view": (lambda x: (x.reshape(3, 2).as_strided((2, 2), (2, 1), 1)
+                                   * _WEIGHTS4).sum(), "grad", (2, 3), True),
+    "row_default_offset": (lambda x: (x[1].as_strided((2,), (1,)) * _WEIGHTS4[0]).sum(),
+                           "grad", (2, 3), True),
+    "columns_read_in_order": (lambda x: (x[:, 1:].as_strided((2,), (1,)) * _WEIGHTS4[0]).sum(),
+                              "grad", (2, 3), True),
+    "transpose": (lambda x: (x.t().as_strided((2, 2), (1, 2)) * _WEIGHTS4).sum(),
+                  "grad", (2, 2), False),
+    "row_explicit_offset": (lambda x: (x[1].as_strided((3,), (1,), 0)).sum(),
+                            "grad", (2, 3), False),
+    "computed_from_transpose": (lambda x: (x.t().sin().as_strided((2, 2), (2, 1))
+                                           * _WEIGHTS4).sum(), "grad", (2, 2), False),
+    "vmap_offset": (lambda x: x.sin().as_strided((2,), (1,), 1), "vmap", (3, 2, 2), True),
+    "vmap_transpose": (lambda x: x.t().as_strided((2, 2), (1, 2)), "vmap", (3, 2, 2), False),
+    "scatter_into_transpose": (lambda x: torch.as_strided_scatter(
+        x.t(), torch.ones(2, dtype=DTYPE), (2,), (1,)).sum(), "grad", (2, 2), False),
+}
+
+
+@pytest.mark.parametrize("name", list(AS_STRIDED_LAYOUTS))
+def test_as_strided_reads_memory_like_torch_or_refuses(name):
+    f, transform, shape, computed = AS_STRIDED_LAYOUTS[name]
+    x = torch.arange(float(math.prod(shape)), dtype=DTYPE).reshape(shape) / 7
+    if computed:
+        assert_same(getattr(mf, transform)(f)(x), getattr(tf, transform)(f)(x))
+    else:
+        with pytest.raises(mf.UnsupportedOperationError,
+                           match=r"^(Tensor|torch)\.as_strided(_scatter)?\(x, \.\.\.\): in torch "
+                                 r"x lies in memory with strides"):
+            getattr(mf, transform)(f)(x)
+        mf.grad(lambda x: x.sin().sum())(x)  # and the next call works
+
+
+def test_as_strided_of_a_non_contiguous_input_refuses():
+    """A transposed input lies in memory as torch.func sees it inside grad."""
+    f = lambda x: (x.as_strided((2, 2), (2, 1)) * _WEIGHTS4).sum()  # noqa: E731
+    x = torch.arange(4.0, dtype=DTYPE).reshape(2, 2).t()
+    with pytest.raises(mf.UnsupportedOperationError, match="strides \\(1, 2\\)"):
+        mf.grad(f)(x)
+    assert_same(mf.grad(f)(x.contiguous()), tf.grad(f)(x.contiguous()))
+
+
+def test_as_strided_of_a_plain_view_reads_its_memory():
+    """A tensor created inside the function has real memory: torch's kernel reads it."""
+    def f(x):
+        made_inside = torch.arange(4.0, dtype=DTYPE).reshape(2, 2).t()
+        return (made_inside.as_strided((2, 2), (1, 2)) * x).sum()
+    x = torch.ones(2, 2, dtype=DTYPE)
+    assert_same(mf.grad(f)(x), tf.grad(f)(x))
+    assert_same(mf.vmap(f)(x[None].expand(3, 2, 2)), tf.vmap(f)(x[None].expand(3, 2, 2)))
 
 
 # --- histc under vmap: torch's own bin arithmetic ------------------------------------------------
