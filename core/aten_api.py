@@ -331,6 +331,10 @@ def functional_write(op, x, source):
     return _copy(x, source)
 
 
+# in-place aten ops whose new value is computed by a function of their own, rather than by
+# their out-of-place overload: ``write(op, *values, **kwargs)`` gives the written value, or
+# NotImplemented to leave the op to its out-of-place overload (randomness.py adds the random
+# fills, whose draws under vmap follow its randomness)
 IN_PLACE_ONLY = {prims.copy_to.default: functional_write}
 
 

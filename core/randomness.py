@@ -39,7 +39,10 @@ and jvp (torch declares their derivatives zero), so only the vmap levels take pa
 
 Limits. A random aten op called directly on a plain tensor (``torch.ops.aten.bernoulli(t)``)
 is no torch function, so the mode never sees it; on a batched value it reaches the back door,
-where ``aten_random_op`` gives it the same rule. The functional form of an in-place fill
+where ``aten_random_op`` gives it the same rule; an in-place fill there
+(``empty_like(x).bernoulli_(1 - p)``, how torch's C++ dropout inside
+``scaled_dot_product_attention`` draws its mask) gets the in-place rule (``_aten_fill``), and
+``aten.native_dropout`` torch's CPU composition. The functional form of an in-place fill
 (``torch.ops.aten.uniform(x)``) has no rule in torch.func either: both run it once per example
 under 'different', and where torch.func's fallback then ignores 'same' and 'error', this engine
 refuses. Dropout follows torch's CPU composition; on CUDA torch uses its fused kernel, so the
@@ -50,7 +53,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from . import batching
+from . import aten_api, batching
 from . import tensor as tensor_module
 from .batching import Batched, BatchedValue, move_bdim
 from .dispatch import transform_levels
@@ -376,6 +379,29 @@ def _fill(levels, func, name, x, extra, kwargs):
     return _batched(level, out) if batched else out
 
 
+def _aten_fill(func, target, *extra, **kwargs):
+    """An in-place random aten op at the back door under vmap: torch's own C++ draws masks
+    this way (``empty_like(x).bernoulli_(1 - p)`` in CPU dropout, and so in
+    ``scaled_dot_product_attention`` and multi-head attention). Its functional overload
+    (``bernoulli.p``) would read the tensor as probabilities, and refuse a batched one under
+    'same'; torch.func gives it the in-place rule, which this is: one draw of one example's
+    shape under 'same', a draw per example under 'different'. Outside vmap the functional
+    overload runs (NotImplemented)."""
+    levels = _vmap_levels()
+    if not levels:
+        return NotImplemented
+    return _fill(levels, func, str(func), target, extra, kwargs)
+
+
+def _register_aten_fills():
+    aten = torch.ops.aten
+    for op in (aten.bernoulli_.float, aten.bernoulli_.Tensor, aten.uniform_.default,
+               aten.normal_.default, aten.random_.default, getattr(aten.random_, "from"), aten.random_.to,
+               aten.exponential_.default, aten.geometric_.default, aten.log_normal_.default,
+               aten.cauchy_.default):
+        aten_api.IN_PLACE_ONLY[op] = _aten_fill
+
+
 # --- dropout: a bernoulli mask, then arithmetic -------------------------------------------------
 _ALPHA = 1.7580993408473766  # SELU's alpha, which alpha dropout keeps the statistics of
 
@@ -405,6 +431,22 @@ def _dropout_kind(feature, alpha, in_place):
             noise.div_(1 - p)
             return x.mul_(noise) if in_place else x.mul(noise)
     return kind
+
+
+@aten_api.register(torch.ops.aten.native_dropout.default)
+def native_dropout(x, p, train):
+    """``aten.native_dropout`` (where torch's decompositions and C++ code lower dropout) as
+    torch's CPU kernel computes it: a mask drawn with ``bernoulli_`` on an empty tensor like
+    the input, then ``input * mask * (1 / (1 - p))``, and the mask as booleans. The draw is
+    the front door's in-place fill, so under vmap it follows ``randomness`` as F.dropout does
+    (torch._decomp's version compares ``rand_like`` with p: other numbers than torch's)."""
+    with user_code():
+        x = as_tensor(x)
+        if train is False:
+            return unwrap(x.clone()), unwrap(torch.ones_like(x, dtype=torch.bool))
+        mask = torch.empty_like(x).bernoulli_(1 - p)
+        out = x.mul(mask).mul(0.0 if p == 1 else 1 / (1 - p))
+        return unwrap(out), unwrap(mask.to(torch.bool))
 
 
 def _functional_body(func):
@@ -531,3 +573,4 @@ for _func in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
               torch.nn.init.normal_, torch.nn.init.kaiming_uniform_):
     _register(_functional_body(_func), _func)
 _ATEN_KINDS = _aten_kinds()
+_register_aten_fills()

@@ -366,6 +366,9 @@ def test_dropout_that_draws_nothing_returns_its_input_as_torch_does(name):
 
 # --- the back door: aten's random ops called on batched values -----------------------------------
 aten = torch.ops.aten
+with torch.random.fork_rng():
+    torch.manual_seed(0)
+    _ATTENTION = nn.MultiheadAttention(4, 2, dropout=0.5, batch_first=True)
 ATEN_CASES = [
     ("bernoulli", lambda x: aten.bernoulli(x), (2, 4)),
     ("bernoulli.p", lambda x: aten.bernoulli.p(x, 0.3), (2, 4)),
@@ -377,6 +380,14 @@ ATEN_CASES = [
     ("multinomial", lambda x: aten.multinomial(x, 2), (2, 4)),
     ("rand_like", lambda x: aten.rand_like(x), (2, 4)),
     ("randint_like", lambda x: aten.randint_like(x, 10), (2, 4)),
+    # in-place fills at the back door: how torch's C++ draws dropout masks
+    ("bernoulli_.float", lambda x: aten.bernoulli_.float(aten.empty_like(x), 0.3) * x, (2, 4)),
+    ("uniform_", lambda x: aten.uniform_(aten.clone(x), -1.0, 1.0), (2, 4)),
+    ("native_dropout", lambda x: aten.native_dropout(x, 0.3, True)[0], (2, 4)),
+    ("scaled_dot_product_attention_dropout",
+     lambda x: F.scaled_dot_product_attention(x, x, x, dropout_p=0.5), (3, 4)),
+    ("multi_head_attention_dropout",
+     lambda x: _ATTENTION(x, x, x, need_weights=False)[0], (3, 4)),
 ]
 
 
@@ -387,3 +398,25 @@ def test_aten_random_op_on_a_batched_value_matches_torch_func(name, f, shape, mo
     x = _input(shape, in_dims)
     assert_same_as_torch_func(_run(tf.vmap, f, x, in_dims, mode),
                               _run(mf.vmap, f, x, in_dims, mode))
+
+
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vmap_grad"])
+def test_native_dropout_draws_torchs_mask_under_other_transforms(transform, train):
+    """torch's CPU kernel draws with bernoulli_ (torch._decomp's version would compare
+    rand_like with p, and give other numbers than torch.func)."""
+    def f(x):
+        out, mask = aten.native_dropout(x, 0.3, train)
+        assert mask.dtype == torch.bool
+        return (out * x).sum()
+    x = _input((2, 4), 0)
+    results = []
+    for api in (tf, mf):
+        torch.manual_seed(0)
+        if transform == "grad":
+            results.append(api.grad(f)(x[0]))
+        elif transform == "jvp":
+            results.append(api.jvp(f, (x[0],), (x[1],))[1])
+        else:
+            results.append(api.vmap(api.grad(f), randomness="different")(x))
+    _bit_equal(results[1], results[0])
