@@ -419,9 +419,18 @@ def _record_views(result, base, func, args, kwargs):
 # as_strided reads real storage.) Inside the back door, torch's own decompositions compute
 # strides from the FuncTensor's reported contiguous layout, which is the engine's reading,
 # so they are not checked; nor is a plain tensor, on which torch's own kernel runs.
-_STORAGE_READERS = frozenset(
-    (torch.as_strided, torch.Tensor.as_strided, torch.as_strided_scatter,
-     torch.Tensor.as_strided_scatter))
+_aten = torch.ops.aten
+# function -> (where its size argument is, whether it reads a fresh copy of x: the
+# scatter writes into ``x.clone()``, which keeps x's strides where x is dense but starts at
+# offset 0)
+_STORAGE_READERS = {
+    **dict.fromkeys((torch.as_strided, torch.Tensor.as_strided, torch.Tensor.as_strided_,
+                     torch.as_strided_copy, _aten.as_strided, _aten.as_strided.default,
+                     _aten.as_strided_copy, _aten.as_strided_copy.default, _aten.as_strided_,
+                     _aten.as_strided_.default), (1, False)),
+    **dict.fromkeys((torch.as_strided_scatter, torch.Tensor.as_strided_scatter,
+                     _aten.as_strided_scatter, _aten.as_strided_scatter.default), (2, True)),
+}
 
 
 def _replayed_layout(t):
@@ -477,6 +486,12 @@ def _reads_alike(layout, size, stride, offset):
     return bool((place_of_element[own_elements] == torch_places).all())
 
 
+def _layout_of_a_copy(sizes, strides, offset):
+    """The layout torch gives ``x.clone()`` for x laid out as (sizes, strides, offset)."""
+    copy = torch.empty_like(torch.empty_strided(sizes, strides, device="meta"))
+    return tuple(copy.shape), copy.stride(), 0
+
+
 def _check_storage_read(func, args, kwargs):
     """Refuse ``as_strided(x, ...)`` where torch would read x's memory differently from x's
     own contiguous layout (NOTE [as_strided reads memory])."""
@@ -486,7 +501,7 @@ def _check_storage_read(func, args, kwargs):
     value = value_of(x)
     if not isinstance(value, Value):
         return
-    at = 1 if func in (torch.as_strided, torch.Tensor.as_strided) else 2
+    at, reads_a_copy = _STORAGE_READERS[func]
     names = ("size", "stride", "storage_offset")
     size, stride, offset = (args[at + i] if len(args) > at + i else kwargs.get(name)
                             for i, name in enumerate(names))
@@ -495,6 +510,8 @@ def _check_storage_read(func, args, kwargs):
         replayed = _replayed_layout(x)
         layouts.append(None if replayed is None else (
             tuple(replayed.shape), replayed.stride(), replayed.storage_offset()))
+    if reads_a_copy:
+        layouts = [None if layout is None else _layout_of_a_copy(*layout) for layout in layouts]
     for layout in layouts:
         if layout is not None and _reads_alike(layout, size, stride, offset):
             continue
@@ -758,6 +775,8 @@ def call_function(func, args, kwargs):
     refusal = torch_api.REFUSED.get(func)
     if refusal is not None:
         raise _refusal(func, refusal)
+    if func in _STORAGE_READERS:
+        _check_storage_read(func, args, kwargs)
     return _back_door(func, args, kwargs)
 
 
