@@ -396,7 +396,8 @@ def _aten_fill(func, target, *extra, **kwargs):
 def _register_aten_fills():
     aten = torch.ops.aten
     for op in (aten.bernoulli_.float, aten.bernoulli_.Tensor, aten.uniform_.default,
-               aten.normal_.default, aten.random_.default, getattr(aten.random_, "from"), aten.random_.to,
+               aten.normal_.default, aten.random_.default, aten.random_.to,
+               getattr(aten.random_, "from"),  # (a Python keyword)
                aten.exponential_.default, aten.geometric_.default, aten.log_normal_.default,
                aten.cauchy_.default):
         aten_api.IN_PLACE_ONLY[op] = _aten_fill

@@ -405,20 +405,20 @@ def _record_views(result, base, func, args, kwargs):
 
 # NOTE [as_strided reads memory]
 # torch's ``as_strided`` reads a tensor's storage: sizes, strides and offset count in the
-# memory the tensor lives in, so on a view (``x.t()``, ``x[1]``) or on a tensor that torch
-# laid out like one (``x.t().sin()`` keeps the transposed strides) the same call picks other
-# elements than on a contiguous tensor. A value of a transform has no storage of its own: the
-# engine reads ``as_strided`` in the value's own contiguous layout (NOTE [as_strided on a
-# tensor without storage] in indexing.py), which is torch's reading exactly when torch would
-# hold the tensor contiguously, and the offset is the tensor's own (the default) or the
-# tensor starts its memory (an explicit offset then counts from the same place). A user's call is checked against two witnesses of torch's layout: the
-# plain tensor at the bottom of the value, which torch's own kernels computed (without the
-# batch dims of vmap levels), and, for a view, its chain of views replayed on a storage-less
-# "meta" tensor. Any other call would silently read other elements than torch.func does, so
-# it is refused. (functorch's wrappers keep the strides of the tensors they wrap, so its
-# as_strided reads real storage.) Inside the back door, torch's own decompositions compute
-# strides from the FuncTensor's reported contiguous layout, which is the engine's reading,
-# so they are not checked; nor is a plain tensor, on which torch's own kernel runs.
+# memory the tensor lives in, so on a view (``x.t()``, ``x[1]``), on a tensor that torch laid
+# out like one (``x.t().sin()`` keeps the transposed strides) or on such an input, the same
+# call picks other elements than on a contiguous tensor. A value of a transform has no
+# storage of its own: the engine reads ``as_strided`` in the value's own contiguous layout
+# (NOTE [as_strided on a tensor without storage] in indexing.py). A user's call is checked
+# against two witnesses of torch's layout: the plain tensor at the bottom of the value, which
+# torch's own kernels computed (without the batch dims of vmap levels), and, for a view, its
+# chain of views replayed on a storage-less "meta" tensor. Where torch would pick other
+# elements than the engine (``_reads_alike`` compares the two readings element by element),
+# the call is refused rather than silently different from torch.func. (functorch's wrappers
+# keep the strides of the tensors they wrap, so its as_strided reads real storage.) Inside
+# the back door, torch's own decompositions compute strides from the FuncTensor's reported
+# contiguous layout, which is the engine's reading, so they are not checked; nor is a plain
+# tensor, on which torch's own kernel runs.
 _aten = torch.ops.aten
 # function -> (where its size argument is, whether it reads a fresh copy of x: the
 # scatter writes into ``x.clone()``, which keeps x's strides where x is dense but starts at
@@ -518,8 +518,8 @@ def _check_storage_read(func, args, kwargs):
         where = ("is a view whose place in memory is not known here" if layout is None else
                  f"lies in memory with strides {tuple(layout[1])} and offset {layout[2]}")
         raise UnsupportedOperationError(
-            f"{_qualified_name(func)}(x, ...): in torch x {where} (a view, or computed from "
-            "one), and as_strided reads that memory, which a tensor of a transform does not "
+            f"{_qualified_name(func)}(x, ...): in torch x {where} (as a view does), and "
+            "as_strided reads that memory, which a tensor of a transform does not "
             "have: the engine reads sizes, strides and offset in x's own contiguous layout, "
             "and here it would pick other elements than torch. Fix: call x.contiguous() "
             "first (then offsets and strides count in x itself), or index x explicitly."
