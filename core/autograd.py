@@ -378,6 +378,7 @@ class Autograd(Dispatcher):
     """
 
     transform_name = "grad"
+    differentiates = True
     # the grad mode found when the level started running the user's function, and whether it
     # did (grad_mode.level_scope); a level of the explicit API is never entered, and records
     # whatever the grad mode

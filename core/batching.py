@@ -704,13 +704,21 @@ batching_rules[P.scatter_add_p] = scatter_add_batch
 # --- .data ---------------------------------------------------------------------------------------
 @torch_api.register(torch.Tensor.data.__get__)
 def data(x):
-    """``x.data`` is ``x.detach()``, as under torch.func's grad; under vmap torch.func refuses
-    it (a batched value has no single ``data`` to show), and so do we."""
-    level = batched_level(x)
-    if level is not None:
+    """NOTE [x.data under nested transforms]
+    ``x.data`` is x without the history of x's own innermost level, while the levels outside
+    it still see through it: under ``jacfwd(grad(f))``, ``x.data`` is a constant for grad
+    and not for jacfwd (``x.detach()`` is a constant for both). In functorch, ``.data`` is a
+    shallow copy of the tensor's wrapper detached at the wrapper's own level
+    (``TensorWrapper::shallow_copy_and_detach``), whose inner tensor the outer levels still
+    track. Here that is the value one level down, when x's innermost level is grad's or
+    jvp's. Under vmap torch.func refuses it (a batched value has no single ``data`` to
+    show), and so do we."""
+    if isinstance(x, BatchedValue):
         raise UnsupportedOperationError(
-            f"{level.call}: Tensor.data: accessing `data` under vmap transform is not allowed: "
-            "the value holds every example of the batch. Fix: use x.detach().")
+            f"{x.dispatcher.call}: Tensor.data: accessing `data` under vmap transform is not "
+            "allowed: the value holds every example of the batch. Fix: use x.detach().")
+    if isinstance(x, Value) and x.dispatcher.differentiates:
+        return x.payload
     return ops.detach(x)
 
 

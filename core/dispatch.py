@@ -77,6 +77,7 @@ class Dispatcher:
 
     transform_name = "dispatch"
     exited = False  # its transform has returned (NOTE [Values that escape a transform])
+    differentiates = False  # a derivative level (grad's, jvp's): its values carry derivatives
 
     def __init__(self, inner=None, *, name=None, call=None):
         self.inner = inner

@@ -203,7 +203,9 @@ sinc = unary("sinc", lambda x, out: _sinc_derivative(x, out))
 frac = unary("frac", lambda x, out: full_like(x, 1))
 deg2rad = unary("deg2rad", lambda x, out: full_like(x, math.pi / 180))
 rad2deg = unary("rad2deg", lambda x, out: full_like(x, 180 / math.pi))
-positive = unary("positive", lambda x, out: full_like(x, 1))
+# (torch.positive(x) is x itself: torch's own function returns it at the back door, so a
+# write into the result is a write into x; the primitive serves aten.positive)
+positive = unary("positive", lambda x, out: full_like(x, 1), functions=())
 # holomorphic formulas, checked on complex inputs (tests/test_complex.py): the conj of the
 # vjp makes them complex-correct (NOTE [Complex numbers] in dispatch.py)
 complex_ready(*(P.PRIMITIVES[name] for name in (

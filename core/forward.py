@@ -50,6 +50,7 @@ class Forward(Dispatcher):
     """
 
     transform_name = "jvp"
+    differentiates = True
     # the forward grad mode found when the level started running the user's function
     # (grad_mode.py; torch.no_grad does not stop forward mode, _set_fwd_grad_enabled does)
     prev_fwd_grad_mode = True

@@ -614,9 +614,59 @@ def _write(target, new_value, call):
             )
         flat = ops.reshape(base_value, base_value.shape.numel())
         flat = ops.scatter(flat, 0, positions.reshape(-1), ops.reshape(new_value, -1))
-        _write(base, ops.reshape(flat, *base_value.shape), call)
+        contents = ops.reshape(flat, *base_value.shape)
+        if view.func in _DETACHING:
+            contents = _keep_derivatives(base_value, ops.detach(contents))
+        elif view.func == _DATA:  # (a new method-wrapper object at each lookup)
+            contents = _keep_own_derivative(base_value, contents)
+        _write(base, contents, call)
         view.generation = base._generation
     return target
+
+
+_DETACHING = frozenset((torch.Tensor.detach, torch.detach, torch.ops.aten.detach.default))
+_DATA = torch.Tensor.data.__get__
+
+
+def _keep_derivatives(old, new):
+    """NOTE [Writes through a detached alias]
+    ``v = x.detach(); v.add_(s)``, or ``p.detach().clamp_(-c, c)`` (weight clipping): torch's v
+    shares x's memory but not its history, so the write changes x's contents and not its
+    derivatives. Reverse mode flows into x as if the write had not happened, and forward mode
+    keeps x's tangent; the formulas downstream read the new contents. ``new`` holds the
+    contents, detached; each derivative level of the old value puts back the old value's name
+    (reverse) or tangent (forward). Batched levels keep the new value's own structure, which
+    has the old value's batch dims (the contents were scattered into it). torch's autograd
+    does the same by giving a detached tensor a fresh version of the data and no grad_fn."""
+    if not isinstance(old, Value):
+        return new
+    level = old.dispatcher
+    new_own = isinstance(new, Value) and new.dispatcher is level
+    inner = new.payload if new_own else new
+    if getattr(old, "requires_grad", False):
+        return type(old)(level, _keep_derivatives(old.payload, inner), old.name)
+    if hasattr(old, "tangent"):
+        return type(old)(level, _keep_derivatives(old.payload, inner), old.tangent)
+    if not new_own:
+        return new
+    bdim = getattr(old, "bdim", None)
+    if bdim is not None and new.bdim == bdim:
+        return type(new)(level, _keep_derivatives(old.payload, new.payload), bdim)
+    return new
+
+
+def _keep_own_derivative(old, new):
+    """A write through ``x.data``: as NOTE [Writes through a detached alias], for x's own
+    innermost level only, which is the one ``.data`` detaches from (NOTE [x.data under
+    nested transforms] in batching.py); the levels outside see the write."""
+    if isinstance(old, Value) and old.dispatcher.differentiates:
+        level = old.dispatcher
+        inner = new.payload if isinstance(new, Value) and new.dispatcher is level else new
+        if getattr(old, "requires_grad", False):
+            return type(old)(level, inner, old.name)
+        if hasattr(old, "tangent"):
+            return type(old)(level, inner, old.tangent)
+    return new
 
 
 def _has_batch(value):
@@ -713,12 +763,85 @@ def _torch_names(kwargs):
             for k, v in kwargs.items()}
 
 
+# NOTE [Functions that return their input]
+# torch's ``x.contiguous()`` on a contiguous tensor, ``x.to(x.dtype)``, ``x.float()`` on a
+# float tensor and ``x.type_as(x)`` return x itself, so a write into
+# the result is a write into x (``y = x.contiguous(); y.add_(1)``). The table computes them
+# as ops, whose results are new tensors; these functions return the FuncTensor itself where
+# torch would (a contiguous() of a tensor that torch holds transposed is a copy, as in torch:
+# NOTE [as_strided reads memory] says how the layout is known).
+def _returns_itself(func, args, kwargs):
+    x = args[0] if args else None
+    if type(x) is not FuncTensor:
+        return False
+    if func is torch.Tensor.contiguous:
+        memory_format = args[1] if len(args) > 1 else kwargs.get("memory_format")
+        return (memory_format in (None, torch.contiguous_format)
+                and _torch_would_hold_contiguously(x))
+    if func is torch.Tensor.float or func is torch.Tensor.double:
+        target = torch.float32 if func is torch.Tensor.float else torch.float64
+        return x.dtype is target and len(args) == 1 and kwargs.get("memory_format") in (
+            None, torch.preserve_format)
+    if func is torch.Tensor.type_as:
+        other = args[1] if len(args) > 1 else kwargs.get("other")
+        return (isinstance(other, torch.Tensor) and other.dtype is x.dtype
+                and other.device == x.device)
+    if func is torch.Tensor.to:
+        copy = kwargs.get("copy", False) or any(a is True for a in args[2:4])
+        rest = {k: v for k, v in kwargs.items() if k != "copy"}
+        try:
+            device, dtype, _, memory_format = torch._C._nn._parse_to(*args[1:], **rest)
+        except (TypeError, RuntimeError):
+            return False  # torch's own error comes from the op
+        return (not copy and dtype in (None, x.dtype)
+                and (device is None or torch.device(device) == x.device)
+                and memory_format in (None, torch.preserve_format))
+    return False
+
+
+_ALIASING = frozenset((torch.Tensor.contiguous, torch.Tensor.float, torch.Tensor.double,
+                       torch.Tensor.type_as, torch.Tensor.to))
+
+
+def _torch_would_hold_contiguously(x):
+    """Whether torch holds the tensor behind FuncTensor x contiguously (the witnesses of
+    NOTE [as_strided reads memory])."""
+    value = value_of(x)
+    if not isinstance(value, Value):
+        return value.is_contiguous()
+    layouts = [_computed_layout(value)]
+    if x._view is not None:
+        replayed = _replayed_layout(x)
+        if replayed is None:
+            return False
+        layouts.append((replayed.shape, replayed.stride(), replayed.storage_offset()))
+    return all(_lies_contiguously(sizes, strides) for sizes, strides, _ in layouts)
+
+
+def _lies_contiguously(sizes, strides):
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+# the front-door functions that need the FuncTensor itself, not only its value
+_SPECIAL_CALLS = {**dict.fromkeys(_STORAGE_READERS, "storage"),
+                  **dict.fromkeys(_ALIASING, "alias")}
+
+
 def call_function(func, args, kwargs):
     """A torch function called with a FuncTensor among its arguments (``__torch_function__``)."""
     op = _TORCH_FUNCTIONS.get(func)
     if op is not None:
-        if func in _STORAGE_READERS:
-            _check_storage_read(func, args, kwargs)
+        special = _SPECIAL_CALLS.get(func)
+        if special is not None:
+            if special == "storage":
+                _check_storage_read(func, args, kwargs)
+            elif _returns_itself(func, args, kwargs):
+                return args[0]
         if kwargs:
             if kwargs.get("out") is not None:
                 raise _out_error(func)

@@ -192,7 +192,7 @@ for _function in (torch.Tensor.view, torch.Tensor.expand, torch.Tensor.expand_as
                   torch.Tensor.detach, torch.detach, torch.Tensor.data.__get__):
     VIEWS[_function] = _always
 for _name in ("permute", "transpose", "t", "reshape", "flatten", "unsqueeze", "squeeze",
-              "broadcast_to", "diagonal"):
+              "broadcast_to", "diagonal", "as_strided"):
     VIEWS[getattr(torch, _name)] = _always
     VIEWS[getattr(torch.Tensor, _name)] = _always
 VIEWS[torch.Tensor.__getitem__] = _basic_index

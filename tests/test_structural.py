@@ -427,6 +427,15 @@ VIEW_WRITES = {
     "unflatten": lambda y: y.unflatten(1, (2, 2))[:, 0].mul_(4),
     "tensor_split": lambda y: y.tensor_split(3)[2].exp_(),
     "unfold": lambda y: y.unfold(1, 2, 2)[..., 0].mul_(0.5),
+    "as_strided": lambda y: y.as_strided((2, 2), (4, 1), 1).mul_(3),
+    # functions that return their input itself (NOTE [Functions that return their input])
+    "contiguous": lambda y: y.contiguous().add_(1),
+    "contiguous_of_transpose": lambda y: y.t().contiguous().mul_(5),  # a copy, as in torch
+    "to_its_dtype": lambda y: y.to(y.dtype).mul_(2),
+    "to_another_dtype": lambda y: y.to(torch.float32).mul_(2),  # a copy
+    "double": lambda y: y.double().add_(2),
+    "type_as": lambda y: y.type_as(y).mul_(2),
+    "positive": lambda y: y.positive().sub_(1),
 }
 
 
@@ -445,6 +454,41 @@ def test_write_through_view(name):
     assert_same(mf.grad(lambda x: f(x).sum())(x), tf.grad(lambda x: g(x).sum())(x))
     assert_same(mf.vmap(f)(xs), tf.vmap(g)(xs))
     assert_same(mf.jvp(f, (x,), (xs[0],)), tf.jvp(g, (x,), (xs[0],)))
+
+
+# writes through an alias without history: the base's contents change, its derivatives do
+# not (NOTE [Writes through a detached alias] in core/tensor.py); .data detaches from the
+# tensor's own innermost level only (NOTE [x.data under nested transforms] in batching.py)
+DETACHED_WRITES = {
+    "detach": lambda b, s: b.detach().add_(s),
+    "detach_row": lambda b, s: b.detach()[1].mul_(s),
+    "data": lambda b, s: b.data.add_(s),
+    "data_row": lambda b, s: b.data[1].mul_(s),
+    "row_data": lambda b, s: b[1].data.sub_(s),
+    "read_data": lambda b, s: b.data * s,
+}
+NESTED = {
+    "grad": lambda api, f, x, t: api.grad(f)(x),
+    "jvp": lambda api, f, x, t: api.jvp(f, (x,), (t,)),
+    "vmap_grad": lambda api, f, x, t: api.vmap(api.grad(f))(torch.stack([x, t])),
+    "jacfwd_grad": lambda api, f, x, t: api.jacfwd(api.grad(f))(x),
+    "jacrev_jacrev": lambda api, f, x, t: api.jacrev(api.jacrev(f))(x),
+    "hessian": lambda api, f, x, t: api.hessian(f)(x),
+}
+
+
+@pytest.mark.parametrize("transform", sorted(NESTED))
+@pytest.mark.parametrize("name", sorted(DETACHED_WRITES))
+def test_write_through_a_detached_alias(name, transform):
+    weights = torch.arange(1.0, 13.0, dtype=DTYPE).reshape(3, 4)
+
+    def f(x):
+        base = torch.arange(12.0, dtype=DTYPE).reshape(3, 4) * 0.1 + x[0, 0] * x[0, 1]
+        alias = DETACHED_WRITES[name](base, x.sum())
+        return (base * weights).sum() + (base ** 2).sum() + alias.sum()
+    x, t = torch.randn(2, 3, 4, dtype=DTYPE)
+    run = NESTED[transform]
+    assert_same(run(mf, f, x, t), run(tf, f, x, t))
 
 
 def test_write_into_overlapping_windows_is_refused():
