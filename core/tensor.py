@@ -181,6 +181,13 @@ class FuncTensor(torch.Tensor):
     def numpy(self, *, force=False):
         return self.concrete().numpy(force=force)
 
+    def __format__(self, format_spec):
+        # torch formats a 0-d tensor as its number (f"{loss:.3f}"), but only for its own
+        # class: a subclass would reach object.__format__, which refuses a format spec
+        if self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
     def __repr__(self, *, tensor_contents=None):
         value = value_of(self)
         if not isinstance(value, Value):

@@ -884,3 +884,21 @@ def test_the_transpose_of_numbers_is_the_input_itself():
     for api in (mf, tf):
         assert api.vmap(lambda t: torch.transpose(t, 0, -1))(x) is x
         assert api.vmap(torch.squeeze)(x) is not x
+
+
+def test_a_0d_tensor_formats_as_its_number_inside_transforms():
+    """f"{loss:.3f}" inside a transform, as torch formats it outside; a spec on a tensor of
+    more dims is refused as torch refuses it, and under vmap the value has no single number."""
+    x = torch.tensor([0.25, 1.5])
+    seen = []
+
+    def f(x):
+        seen.append((f"{x.sum():.3f}", f"{x.sum()}", format(x[0], "e")))
+        return x.sum()
+    mf.grad(f)(x)
+    f(x)
+    assert seen[0] == seen[1] == ("1.750", "1.75", "2.500000e-01")
+    with pytest.raises(TypeError, match="unsupported format string"):
+        mf.grad(lambda x: f"{x:.2f}" and x.sum())(x)
+    with pytest.raises(mf.BatchedControlFlowError):
+        mf.vmap(lambda x: f"{x.sum():.2f}" and x)(torch.ones(2, 2))
