@@ -1,0 +1,97 @@
+"""nn.LSTM, nn.GRU and nn.RNN under the transforms (core/recurrent.py).
+
+On the CPU in float32, torch runs the LSTM as oneDNN's fused ``mkldnn_rnn_layer``
+(NOTE [LSTM's CPU kernel]); in float64 it runs its unfused composition, on which torch.func
+has every transform. The oracles: torch.func in float32 where it runs (grad), the loop of
+torch.func's grads for per-sample gradients (torch.func's vmap has no rule for the
+recurrent ops), and torch.func's jvp of the same module in float64 (its float32 jvp refuses
+the fused kernel).
+"""
+import copy
+
+import pytest
+import torch
+import torch.func as tf
+import torch.nn as nn
+
+import minifunctorch.core as mf
+
+CONFIGS = {
+    "lstm": (nn.LSTM, {}),
+    "lstm_batch_first": (nn.LSTM, {"batch_first": True}),
+    "lstm_2_layers_bidirectional": (nn.LSTM, {"num_layers": 2, "bidirectional": True}),
+    "lstm_no_bias": (nn.LSTM, {"bias": False, "batch_first": True}),
+    "lstm_projection": (nn.LSTM, {"proj_size": 2}),
+    "gru": (nn.GRU, {"batch_first": True, "num_layers": 2}),
+    "rnn_relu": (nn.RNN, {"nonlinearity": "relu", "bidirectional": True}),
+}
+
+
+def _module(name, dtype=torch.float32):
+    cls, options = CONFIGS[name]
+    torch.manual_seed(0)
+    return cls(3, 4, **options).to(dtype)
+
+
+def _weighted_sum(out):
+    weights = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)
+    return (out * weights).sum()
+
+
+def _params(module):
+    return {k: v.detach() for k, v in module.named_parameters()}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_grad_of_the_parameters_matches_torch_func(name):
+    module = _module(name)
+    x = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(1))
+
+    def loss(api):
+        return lambda p: _weighted_sum(api.functional_call(module, p, (x,))[0])
+    ours = mf.grad(loss(mf))(_params(module))
+    theirs = tf.grad(loss(tf))(_params(module))
+    for key in theirs:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_per_sample_gradients_match_a_loop_of_torch_func_grads(name):
+    module = _module(name)
+    xs = torch.randn(4, 5, 3, generator=torch.Generator().manual_seed(2))
+
+    def loss(api):
+        return lambda p, x: _weighted_sum(api.functional_call(module, p, (x,))[0])
+    params = _params(module)
+    ours = mf.vmap(mf.grad(loss(mf)), in_dims=(None, 0))(params, xs)
+    for i, x in enumerate(xs):
+        theirs = tf.grad(loss(tf))(params, x)
+        for key in theirs:
+            torch.testing.assert_close(ours[key][i], theirs[key], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_jvp_matches_torch_func_in_float64(name):
+    module = _module(name)
+    module64 = copy.deepcopy(module).double()
+    x = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(3))
+    params = _params(module)
+    tangents = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(4))
+                for k, v in params.items()}
+    out, out_dot = mf.jvp(lambda p: mf.functional_call(module, p, (x,))[0],
+                          (params,), (tangents,))
+    out64, out_dot64 = tf.jvp(lambda p: tf.functional_call(module64, p, (x.double(),))[0],
+                              (_params(module64),), ({k: t.double() for k, t in tangents.items()},))
+    torch.testing.assert_close(out, out64.float(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out_dot, out_dot64.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_vmap_of_an_lstm_over_sequences_is_the_loop():
+    module = _module("lstm_batch_first")
+    xs = torch.randn(3, 2, 5, 3, generator=torch.Generator().manual_seed(5))
+    out, (h, c) = mf.vmap(module)(xs)
+    for i, x in enumerate(xs):
+        expected, (h_i, c_i) = module(x)
+        torch.testing.assert_close(out[i], expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(h[i], h_i, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(c[i], c_i, rtol=1e-5, atol=1e-6)
