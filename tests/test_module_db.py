@@ -1,0 +1,100 @@
+"""PyTorch's own nn module database (``module_db``) under grad, against torch.func.
+
+A student's model is built from these modules. For each ModuleInfo (float32, CPU, training
+mode), its first module inputs: the module built with the sample's constructor arguments,
+then the gradient of a weighted sum of its floating outputs with respect to its parameters
+(for a module without parameters, its floating inputs), through ``functional_call``, with
+buffers passed as a second dict. Every module that
+torch.func differentiates must give torch.func's gradients here, not a refusal.
+Lazy modules (their parameters exist only after a first call) are skipped.
+"""
+import warnings
+
+import optree
+import pytest
+import torch
+import torch.func as tf
+
+pytest.importorskip("expecttest", reason="torch.testing._internal needs expecttest: "
+                    "pip install -e '.[test]'")
+from torch.testing._internal.common_modules import module_db  # noqa: E402
+
+import minifunctorch.core as mf  # noqa: E402
+
+INPUTS = 2  # per module
+
+
+def _floats(out):
+    return [o for o in optree.tree_leaves(out, none_is_leaf=True)
+            if isinstance(o, torch.Tensor) and o.is_floating_point()]
+
+
+def _weighted(out):
+    return sum((o * torch.linspace(-1.0, 1.0, o.numel()).reshape(o.shape)).sum()
+               for o in _floats(out))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("info", module_db, ids=[i.formatted_name for i in module_db])
+def test_parameter_gradients_match_torch_func(info):
+    if "Lazy" in info.module_cls.__name__:
+        pytest.skip("a lazy module has its parameters only after a first call")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inputs = info.module_inputs_func(info, device="cpu", dtype=torch.float32,
+                                         requires_grad=False, training=True)
+    compared, refused_by_torch_func = 0, []
+    for sample in inputs[:INPUTS]:
+        if sample.forward_input is None:
+            continue
+        torch.manual_seed(0)
+        module = info.module_cls(*sample.constructor_input.args,
+                                 **sample.constructor_input.kwargs).train()
+        params = {n: p.detach() for n, p in module.named_parameters()}
+        buffers = dict(module.named_buffers())
+        args, kwargs = sample.forward_input.args, sample.forward_input.kwargs
+        # the parameters, or for a module without any, its floating tensor inputs
+        inputs_at = [i for i, a in enumerate(args)
+                     if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        if not params and not inputs_at:
+            continue
+        of_inputs = not params
+
+        def loss(api):
+            def f(p):
+                torch.manual_seed(1)  # (dropout inside draws the same numbers for both)
+                state = {n: b.clone() for n, b in buffers.items()}
+                call_args = list(args)
+                if of_inputs:
+                    for i, x in zip(inputs_at, p):
+                        call_args[i] = x
+                    p = {}
+                return _weighted(api.functional_call(module, (p, state), tuple(call_args),
+                                                     kwargs))
+            return f
+        if of_inputs:
+            params = tuple(args[i] for i in inputs_at)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                theirs = tf.grad(loss(tf))(params)
+            except Exception as error:  # noqa: BLE001 - torch.func refuses this input
+                refused_by_torch_func.append(f"{type(error).__name__}: {error}"[:120])
+                continue
+            ours = mf.grad(loss(mf))(params)
+        for name in (theirs if isinstance(theirs, dict) else range(len(theirs))):
+            torch.testing.assert_close(ours[name], theirs[name], rtol=1e-3, atol=1e-4,
+                                       equal_nan=True,  # (LPPool's and KLDiv's own NaNs)
+                                       msg=lambda m: f"{info.formatted_name}, {name}: {m}")
+        compared += 1
+    if refused_by_torch_func and not compared:
+        pytest.skip(f"torch.func refuses: {refused_by_torch_func[0]}")
+    if not compared:
+        pytest.skip("no parameters and no floating input")
