@@ -98,3 +98,62 @@ def test_parameter_gradients_match_torch_func(info):
         pytest.skip(f"torch.func refuses: {refused_by_torch_func[0]}")
     if not compared:
         pytest.skip("no parameters and no floating input")
+
+
+@pytest.mark.parametrize("info", module_db, ids=[i.formatted_name for i in module_db])
+def test_per_sample_gradients_match_a_loop_of_torch_func_grads(info):
+    """vmap(grad) over two examples of each input (the sample and a scaled copy) against
+    torch.func's grad on each example; where the engine refuses, torch.func's vmap refuses
+    too (batch norm updating unbatched running statistics)."""
+    if "Lazy" in info.module_cls.__name__:
+        pytest.skip("a lazy module has its parameters only after a first call")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inputs = info.module_inputs_func(info, device="cpu", dtype=torch.float32,
+                                         requires_grad=False, training=True)
+    compared = 0
+    for sample in inputs[:INPUTS]:
+        if sample.forward_input is None or sample.forward_input.kwargs:
+            continue
+        args = sample.forward_input.args
+        if not args or not all(isinstance(a, torch.Tensor) and a.is_floating_point()
+                               for a in args):
+            continue
+        torch.manual_seed(0)
+        module = info.module_cls(*sample.constructor_input.args,
+                                 **sample.constructor_input.kwargs).train()
+        params = {n: p.detach() for n, p in module.named_parameters()}
+        if not params:
+            continue
+        buffers = dict(module.named_buffers())
+        stacked = [torch.stack([a, a * 0.9 + 0.05]) for a in args]
+
+        def loss(api):
+            def f(p, *xs):
+                torch.manual_seed(1)
+                state = {n: b.clone() for n, b in buffers.items()}
+                return _weighted(api.functional_call(module, (p, state), xs))
+            return f
+        in_dims = (None,) + (0,) * len(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                theirs = [tf.grad(loss(tf))(params, *[s[i] for s in stacked]) for i in range(2)]
+            except Exception:  # noqa: BLE001 - torch.func refuses an example
+                continue
+            try:
+                ours = mf.vmap(mf.grad(loss(mf)), in_dims=in_dims)(params, *stacked)
+            except mf.TransformError as error:
+                with pytest.raises(Exception):  # noqa: PT011 - any refusal of torch.func's
+                    tf.vmap(tf.grad(loss(tf)), in_dims=in_dims)(params, *stacked)
+                assert "Fix:" in str(error)
+                compared += 1
+                continue
+        for i in range(2):
+            for name in theirs[i]:
+                torch.testing.assert_close(
+                    ours[name][i], theirs[i][name], rtol=1e-3, atol=1e-4, equal_nan=True,
+                    msg=lambda m: f"{info.formatted_name}, example {i}, {name}: {m}")
+        compared += 1
+    if not compared:
+        pytest.skip("no module input with parameters and floating tensor arguments")
