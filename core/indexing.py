@@ -37,6 +37,7 @@ from .batching import (BatchedValue, batch_size, batched_level, batching_rules, 
                        same_shape_batch, to_front)
 from .elementwise import logical_and
 from .dispatch import complex_ready
+from . import errors
 from .errors import (DimOutOfRangeError, InputDtypeError, InvalidOptionError, MissingRuleError,
                      ShapeMismatchError, TransformUsageError, UnsupportedOperationError)
 from .forward import add_tangents, jvp_rules, linear_jvp
@@ -873,11 +874,12 @@ def index_select(x, dim, index):
     op = "index_select(x, dim, index)"
     index = _index_vector(index, op)
     if _rank(x) == 0:
-        _refuse_out_of_range(op, index, 1, DimOutOfRangeError, "index out of range in self")
+        index = _refuse_out_of_range(op, index, 1, DimOutOfRangeError,
+                                     "index out of range in self")
         return ops.reshape(bind(index_p, ops.reshape(x, 1), index, dims=(0,)))
     dim = ops.normalize_dim(dim, _rank(x), op="index_select")
-    _refuse_out_of_range(op, index, ops.shape_of(x)[dim], DimOutOfRangeError,
-                         "index out of range in self")
+    index = _refuse_out_of_range(op, index, ops.shape_of(x)[dim], DimOutOfRangeError,
+                                 "index out of range in self")
     return bind(index_p, x, index, dims=(dim,))
 
 
@@ -941,8 +943,9 @@ def index_add(x, dim, index, source, *, alpha=1):
     dim, index = _along(x, dim, index, "index_add")
     _check_source(x, dim, index, source, "index_add")
     size = ops.shape_of(x)[dim]
-    _refuse_out_of_range("index_add(x, dim, index, source)", index, size, InvalidOptionError,
-                         f"index {{value}} is out of bounds for dimension {dim} with size {size}")
+    index = _refuse_out_of_range(
+        "index_add(x, dim, index, source)", index, size, InvalidOptionError,
+        f"index {{value}} is out of bounds for dimension {dim} with size {size}")
     if alpha != 1:
         source = ops.mul(source, alpha)
     return bind(index_put_p, x, source, index, dims=(dim,), accumulate=True)
@@ -956,9 +959,9 @@ def index_copy(x, dim, index, source):
     dim, index = _along(x, dim, index, "index_copy")
     _check_source(x, dim, index, source, "index_copy")
     size = ops.shape_of(x)[dim]
-    _refuse_out_of_range("index_copy(x, dim, index, source)", index, size, DimOutOfRangeError,
-                         f"index_copy_(): index {{value}} is out of bounds for dimension {dim} "
-                         f"with size {size}")
+    index = _refuse_out_of_range(
+        "index_copy(x, dim, index, source)", index, size, DimOutOfRangeError,
+        f"index_copy_(): index {{value}} is out of bounds for dimension {dim} with size {size}")
     return bind(index_put_p, x, source, index, dims=(dim,), accumulate=False)
 
 
@@ -1020,8 +1023,8 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     dim, index = _along(x, dim, index, "index_reduce")
     _check_source(x, dim, index, source, "index_reduce")
     size = ops.shape_of(x)[dim] if _rank(x) else 1  # (a 0-d tensor is read as 1-d here)
-    _refuse_out_of_range("index_reduce(x, dim, index, source)", index, size,
-                         DimOutOfRangeError, "index out of range in self")
+    index = _refuse_out_of_range("index_reduce(x, dim, index, source)", index, size,
+                                 DimOutOfRangeError, "index out of range in self")
     shape = ops.shape_of(source)
     if _rank(x) == 0:
         return ops.reshape(index_reduce(ops.reshape(x, 1), 0, index, ops.reshape(source, -1),
@@ -1467,18 +1470,45 @@ def _refuse_out_of_range(op, indices, size, error, words):
     which reads a negative index from the end, as Python does: a negative index would give a
     value where torch raises. So the indices are read first, on the plain tensor at the
     bottom of their value, every example at once (NOTE [Checks over the whole batch]). A
-    traced program's indices (jit) have no numbers to read, and are not checked. On a GPU the
-    read waits for the device, as ``.item()`` does (torch's CUDA kernels assert on the device
-    instead). ``words`` is torch's sentence, with ``{value}`` for the index out of range."""
+    traced program's indices (jit) have no numbers yet: there the check is a primitive of the
+    program (``check_index_range_p``, which returns its indices), so that every replay reads
+    the indices it is given. On a GPU the read waits for the device, as ``.item()`` does
+    (torch's CUDA kernels assert on the device instead). ``words`` is torch's sentence, with
+    ``{value}`` for the index out of range. Returns the indices to use."""
     bottom = bottom_tensor(indices)
-    if bottom.device.type == "meta" or bottom.numel() == 0:
-        return
-    low, high = int(bottom.min()), int(bottom.max())
+    if bottom.numel() == 0:
+        return indices
+    if bottom.device.type == "meta":
+        return bind(check_index_range_p, indices, size=size, op=op, error=error.__name__,
+                    words=words)
+    _raise_if_out_of_range(bottom, size, op, error, words)
+    return indices
+
+
+def _raise_if_out_of_range(indices, size, op, error, words):
+    low, high = int(indices.min()), int(indices.max())
     if low < 0 or high >= size:
         value = low if low < 0 else high
         raise error(
             f"{op}: {words.format(value=value)} (as in torch: an index here is in [0, {size}), "
             "and a negative one does not count from the end). Fix: keep every index in range.")
+
+
+def _check_index_range(indices, *, size, op, error, words):
+    if indices.numel() and indices.device.type != "meta":  # (a trace infers shapes on meta)
+        _raise_if_out_of_range(indices, size, op, getattr(errors, error), words)
+    return indices
+
+
+check_index_range_p = P.primitive("check_index_range", _check_index_range,
+                                  differentiable=False)
+
+
+def check_index_range_batch(values, bdims, **params):
+    """Every example's indices at once: the check does not care where the batch dim is."""
+    (indices,), (bdim,) = values, bdims
+    return bind(check_index_range_p, indices, **params), bdim
+batching_rules[check_index_range_p] = check_index_range_batch
 
 
 def _embedding_weight_error(call, weight):
@@ -1505,7 +1535,8 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
             "pass integer indices (indices.long()).")
     rows = ops.shape_of(weight)[0]
     indices = _long(indices)
-    _refuse_out_of_range(op, indices, rows, DimOutOfRangeError, "index out of range in self")
+    indices = _refuse_out_of_range(op, indices, rows, DimOutOfRangeError,
+                                   "index out of range in self")
     if sparse:
         return bind(embedding_sparse_p, weight, indices,
                     padding_idx=-1 if padding_idx is None else int(padding_idx),
@@ -1702,9 +1733,9 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         raise _embedding_weight_error(op, weight)
     rows, features = ops.shape_of(weight)
     input = _long(input)
-    _refuse_out_of_range(op, input, rows, InvalidOptionError,
-                         "an index of input takes value {value} which is not in the valid "
-                         f"range [0, {rows})")
+    input = _refuse_out_of_range(op, input, rows, InvalidOptionError,
+                                 "an index of input takes value {value} which is not in the "
+                                 f"valid range [0, {rows})")
     if _rank(input) == 2:
         if offsets is not None:
             raise TransformUsageError(f"{op}: offsets must be None for a 2-d input.")

@@ -10,6 +10,7 @@ import torch.func as tf
 import torch.nn.functional as F
 from torch.testing import assert_close
 
+import minifunctorch.core as mf
 from minifunctorch.core import Program, TransformError, grad, jit, trace, vmap
 from minifunctorch.core.dispatch import transform_levels
 
@@ -434,3 +435,39 @@ def test_complex_numbers_are_literals_of_programs():
     same = dict(rtol=0, atol=0, equal_nan=True)
     assert_close(jit(f)(x), f(x), **same)
     assert_close(program.to_fx()(x)[0], f(x), **same)
+
+
+# --- indices out of range are refused at every replay --------------------------------------
+_INDEXED = {
+    "embedding": (lambda w, i: F.embedding(i, w), IndexError),
+    "index_select": (lambda w, i: w.index_select(0, i), IndexError),
+    "index_add": (lambda w, i: w.index_add(0, i, torch.ones(len(i), 3)), RuntimeError),
+    "index_copy": (lambda w, i: w.index_copy(0, i, torch.ones(len(i), 3)), IndexError),
+    "embedding_bag": (lambda w, i: F.embedding_bag(i[None], w), RuntimeError),
+}
+
+
+@pytest.mark.parametrize("transform", ["plain", "grad", "vmap"])
+@pytest.mark.parametrize("name", sorted(_INDEXED))
+def test_a_program_refuses_indices_out_of_range_at_each_call(name, transform):
+    """NOTE [Indices out of range are read, not wrapped]: a trace has no index values, so
+    the check is a step of the program; a replay with a negative or too large index raises
+    as eager code does, with torch's exception type (advanced indexing would read -1 from
+    the end)."""
+    f, error = _INDEXED[name]
+    if transform == "grad":
+        f = mf.grad(lambda w, i, f=f: f(w, i).sum())
+    elif transform == "vmap":
+        f = mf.vmap(f, in_dims=(None, 0))
+    batched = transform == "vmap"
+    w = torch.randn(5, 3)
+    program = mf.jit(f)
+    good = torch.tensor([[4, 0]]) if batched else torch.tensor([4, 0])
+    torch.testing.assert_close(program(w, good), f(w, good))
+    for bad in ([-1, 2], [5, 1]):
+        bad = torch.tensor([bad]) if batched else torch.tensor(bad)
+        with pytest.raises(error, match="out of|not in the valid range"):
+            f(w, bad)  # (torch's own error where no transform runs)
+        with pytest.raises(error, match="out of|not in the valid range"):
+            program(w, bad)
+    torch.testing.assert_close(program(w, good), f(w, good))
