@@ -1164,6 +1164,43 @@ def as_strided_scatter(x, src, size, stride, storage_offset=None):
     return put(x, positions, src)
 
 
+# --- one_hot: classes compared with every class number ------------------------------------------
+@torch_api.register(F.one_hot)
+def one_hot(x, num_classes=-1):
+    """``F.one_hot(t, C)`` is ``t[..., None] == arange(C)``, as integers. torch checks the
+    classes in its C++ composite, which skips the check on a tensor without data (a traced
+    program's): here the check is ``_refuse_out_of_range``'s, a step of the program under
+    jit (NOTE [Indices out of range are read, not wrapped])."""
+    op = "F.one_hot(tensor, num_classes)"
+    if x.dtype != torch.int64:
+        raise InputDtypeError(
+            f"{op}: one_hot is only applicable to index tensor of type LongTensor (as in "
+            f"torch; got {x.dtype}). Fix: pass tensor.long().")
+    bottom = bottom_tensor(x)
+    if num_classes == -1:
+        level = batched_level(x)
+        if level is not None:  # (each example would count its own classes)
+            raise InvalidOptionError(
+                f"{level.call}: When vmap-ing torch.nn.functional.one_hot, please provide an "
+                "explicit positive num_classes argument (as torch.func says): counted from "
+                "the largest value, the examples could have different numbers of classes. "
+                "Fix: pass num_classes.")
+        if bottom.device.type == "meta":
+            raise UnsupportedOperationError(
+                f"{op}: without num_classes, one_hot counts the classes from the largest "
+                "value, which a traced program does not have. Fix: pass num_classes.")
+        if bottom.numel() == 0:
+            raise InvalidOptionError(
+                f"{op}: Can not infer total number of classes from empty tensor (as in "
+                "torch). Fix: pass num_classes.")
+        num_classes = int(bottom.max()) + 1
+    x = _refuse_out_of_range(op, x, num_classes, InvalidOptionError,
+                             "Class values must be non-negative and smaller than num_classes "
+                             f"({num_classes}); got {{value}}")
+    classes = torch.arange(num_classes, device=x.device)
+    return ops.convert(ops.eq(ops.unsqueeze(x, -1), classes), torch.int64)
+
+
 # --- index producers -----------------------------------------------------------------------------
 def _searchsorted_impl(sorted_sequence, values, sorter, *, right, out_int32):
     return torch.searchsorted(sorted_sequence, values, right=right, out_int32=out_int32,

@@ -828,3 +828,30 @@ def test_an_index_out_of_range_is_refused_by_the_index_ops(name, index):
         with pytest.raises(mf.TransformError, match="out of") as ours:
             run()
         assert isinstance(ours.value, type(torchs.value)), (transform, ours.value)
+
+
+# --- one_hot ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("num_classes", [4, -1])
+def test_one_hot_under_vmap_and_jit(num_classes):
+    t = torch.tensor([[0, 3, 1], [2, 2, 0]])
+    if num_classes == -1:
+        # torch.func's words: each example would count its own classes
+        for api in (mf, tf):
+            with pytest.raises(RuntimeError, match="please provide an explicit positive"):
+                api.vmap(lambda t: F.one_hot(t))(t)
+        assert torch.equal(mf.grad(lambda x: (F.one_hot(t) * x).sum())(torch.ones(4)),
+                           F.one_hot(t).sum((0, 1)).float())
+    else:
+        assert torch.equal(mf.vmap(lambda t: F.one_hot(t, num_classes))(t),
+                           tf.vmap(lambda t: F.one_hot(t, num_classes))(t))
+    program = mf.jit(lambda t: F.one_hot(t, 4))
+    assert torch.equal(program(t), F.one_hot(t, 4))
+    for bad in ([0, 4], [-1, 0]):  # torch's C++ skips its check on a traced tensor
+        with pytest.raises(RuntimeError, match="Class values must be"):
+            F.one_hot(torch.tensor(bad), 4)
+        with pytest.raises(RuntimeError, match="Class values must be"):
+            program(torch.tensor(bad))
+    with pytest.raises(mf.UnsupportedOperationError, match="Fix: pass num_classes"):
+        mf.jit(lambda t: F.one_hot(t))(t)
+    with pytest.raises(RuntimeError, match="only applicable to index tensor"):
+        mf.vmap(lambda t: F.one_hot(t, 4))(t.float())
