@@ -1164,6 +1164,24 @@ def as_strided_scatter(x, src, size, stride, storage_offset=None):
     return put(x, positions, src)
 
 
+# --- quantile's q ------------------------------------------------------------------------------
+def _quantile_q_checked(x, q, *args, **kwargs):
+    """torch.quantile and nanquantile: torch's composite checks q only on a plain tensor, so
+    a q of a transform (batched by vmap) would be read outside [0, 1]; the check is made
+    here (NOTE [Checks of values, in eager code and in programs]), then the op declines the
+    call and torch lowers it."""
+    if isinstance(q, Value):
+        refuse_outside("quantile(input, q)", q, 0, 1, InvalidOptionError,
+                       "quantile() q values must be in the range [0, 1]",
+                       why="q is a fraction of the sorted values; got {value}",
+                       fix="keep every q in [0, 1]")
+    return NotImplemented
+
+
+torch_api.register(*torch_api.torch_functions("quantile"),
+                   *torch_api.torch_functions("nanquantile"))(_quantile_q_checked)
+
+
 # --- one_hot: classes compared with every class number ------------------------------------------
 @torch_api.register(F.one_hot)
 def one_hot(x, num_classes=-1):
@@ -1505,47 +1523,66 @@ def _refuse_out_of_range(op, indices, size, error, words):
     torch's kernels of embedding, embedding_bag and index_select/add/copy/reduce refuse any
     index outside [0, size). Here those ops are advanced indexing (index_p, index_put_p),
     which reads a negative index from the end, as Python does: a negative index would give a
-    value where torch raises. So the indices are read first, on the plain tensor at the
-    bottom of their value, every example at once (NOTE [Checks over the whole batch]). A
-    traced program's indices (jit) have no numbers yet: there the check is a primitive of the
-    program (``check_index_range_p``, which returns its indices), so that every replay reads
-    the indices it is given. On a GPU the read waits for the device, as ``.item()`` does
-    (torch's CUDA kernels assert on the device instead). ``words`` is torch's sentence, with
-    ``{value}`` for the index out of range. Returns the indices to use."""
-    bottom = bottom_tensor(indices)
+    value where torch raises. So the indices are read first (``refuse_outside``). ``words``
+    is torch's sentence, with ``{value}`` for the index out of range. Returns the indices to
+    use."""
+    return refuse_outside(
+        op, indices, 0, size - 1, error, words,
+        why=f"an index here is in [0, {size}), and a negative one does not count from the end",
+        fix="keep every index in range")
+
+
+def refuse_outside(op, values, low, high, error, words, *, why, fix):
+    """NOTE [Checks of values, in eager code and in programs]
+    Some of torch's kernels refuse values outside a range (indices, BCE's probabilities,
+    quantile's q): the check reads the numbers, on the plain tensor at the bottom of their
+    value, every example at once (NOTE [Checks over the whole batch]); NaN is outside any
+    range. A traced program's values (jit) have no numbers yet: there the check is a step of
+    the program (``check_range_p``, which returns its values), so that every replay reads the
+    numbers it is given. On a GPU the read waits for the device, as ``.item()`` does (torch's
+    CUDA kernels assert on the device instead). Returns the values to use."""
+    bottom = bottom_tensor(values)
     if bottom.numel() == 0:
-        return indices
+        return values
+    params = dict(low=low, high=high, op=op, error=error.__name__, words=words, why=why,
+                  fix=fix)
     if bottom.device.type == "meta":
-        return bind(check_index_range_p, indices, size=size, op=op, error=error.__name__,
-                    words=words)
-    _raise_if_out_of_range(bottom, size, op, error, words)
-    return indices
+        return bind(check_range_p, values, **params)
+    _check_range(bottom, **params)
+    return values
 
 
-def _raise_if_out_of_range(indices, size, op, error, words):
-    low, high = int(indices.min()), int(indices.max())
-    if low < 0 or high >= size:
-        value = low if low < 0 else high
-        raise error(
-            f"{op}: {words.format(value=value)} (as in torch: an index here is in [0, {size}), "
-            "and a negative one does not count from the end). Fix: keep every index in range.")
+def _check_range(values, *, low, high, op, error, words, why, fix):
+    if not values.numel() or values.device.type == "meta":  # (a trace infers shapes on meta)
+        return values
+    inside = (values >= low) & (values <= high)
+    if not bool(inside.all()):
+        value = values[~inside].reshape(-1)[0].item()
+        raise getattr(errors, error)(
+            f"{op}: {words.format(value=value)} (as in torch: {why.format(value=value)}). "
+            f"Fix: {fix}.")
+    return values
 
 
-def _check_index_range(indices, *, size, op, error, words):
-    if indices.numel() and indices.device.type != "meta":  # (a trace infers shapes on meta)
-        _raise_if_out_of_range(indices, size, op, getattr(errors, error), words)
-    return indices
+# the identity on values in range, for every transform (BCE's input carries a derivative)
+check_range_p = P.primitive("check_range", _check_range)
 
 
-check_index_range_p = P.primitive("check_index_range", _check_index_range,
-                                  differentiable=False)
+def check_range_vjp(x, **params):
+    return bind(check_range_p, x, **params), lambda ct: (ct,)
+vjp_rules[check_range_p] = check_range_vjp
 
 
-def check_index_range_batch(values, bdims, **params):
-    """Every example's indices at once: the check does not care where the batch dim is."""
-    (indices,), (bdim,) = values, bdims
-    return bind(check_index_range_p, indices, **params), bdim
-batching_rules[check_index_range_p] = check_index_range_batch
+def check_range_jvp(primals, tangents, **params):
+    return bind(check_range_p, primals[0], **params), tangents[0]
+jvp_rules[check_range_p] = check_range_jvp
+
+
+def check_range_batch(values, bdims, **params):
+    """Every example's values at once: the check does not care where the batch dim is."""
+    (x,), (bdim,) = values, bdims
+    return bind(check_range_p, x, **params), bdim
+batching_rules[check_range_p] = check_range_batch
 
 
 def _embedding_weight_error(call, weight):

@@ -98,7 +98,11 @@ class jit:
 
     ``f.program_for(*args)`` returns the Program that a call with these arguments replays.
     At most ``max_signatures`` programs are kept, the most recently used (NOTE [A bounded
-    cache]).
+    cache]). A program replays only what it recorded: a random draw inside ``f`` is refused
+    (NOTE [Random numbers in a traced program] in tracing.py), and the checks that read
+    values (indices in range, BCE's probabilities) are steps of the program, made at every
+    call. Zeros are symbolic (passes.py): ``x * 0`` is 0 in a program even where x is inf
+    or NaN, which eager code would turn into NaN.
     """
 
     def __init__(self, f, backend=None, *, max_signatures=64):

@@ -3480,6 +3480,15 @@ def binary_cross_entropy(x, target, weight=None, size_average=None, reduce=None,
     """-(t log x + (1 - t) log(1 - x)), each log clamped at -100 as torch does."""
     _refuse_complex("binary_cross_entropy", x, target)
     _check_same_shape("binary_cross_entropy", x, target)
+    # torch's kernel reads every element (NOTE [Checks of values, in eager code and in
+    # programs] in indexing.py)
+    x, target = (indexing.refuse_outside(
+        "binary_cross_entropy(input, target)", value, 0, 1, InvalidOptionError,
+        f"all elements of {name} should be between 0 and 1",
+        why=f"{name} is a probability; got {{value}}",
+        fix="pass probabilities (a sigmoid's output), or use "
+            "F.binary_cross_entropy_with_logits on the logits")
+        for name, value in (("input", x), ("target", target)))
     log_x = elementwise.clamp(ops.log(x), -100.0)
     log_1mx = elementwise.clamp(elementwise.log1p(ops.neg(x)), -100.0)
     loss = ops.neg(ops.add(ops.mul(target, log_x), ops.mul(ops.sub(1, target), log_1mx)))

@@ -61,6 +61,7 @@ from .errors import InPlaceError, RandomnessError
 from .ops import expand, getitem, reshape, stack
 from .tensor import FuncTensor, _write, as_tensor, as_tensors, unwrap, user_code
 from .torch_api import RANDOM_FUNCTIONS
+from .tracing import random_draw_error
 from .values import Value
 
 # torch.func's own wording, which the messages give right after the call (people search for
@@ -95,7 +96,7 @@ def draw(func, args, kwargs):
     True
     """
     levels = _vmap_levels()
-    if not levels:
+    if not levels and not _recording():
         return NotImplemented
     kind, name = _KINDS[func]
     if kwargs.get("out") is not None:
@@ -145,7 +146,20 @@ def _plain(value):
 def _bottom(func, args, kwargs):
     """``func`` below every vmap level: torch's own call (a grad or jvp level still running
     sees it through its FuncTensor, and keeps the numbers as constants)."""
+    _refuse_while_recording(func)
     return unwrap(func(*as_tensors(args), **as_tensors(kwargs)))
+
+
+def _recording():
+    """Whether a traced program is being recorded (NOTE [Random numbers in a traced
+    program] in tracing.py)."""
+    return any(getattr(level, "records_a_program", False) for level in transform_levels())
+
+
+def _refuse_while_recording(func):
+    for level in transform_levels():
+        if getattr(level, "records_a_program", False):
+            raise random_draw_error(level.call, _name(func))
 
 
 def _check(level, name, batched=False):
@@ -343,6 +357,7 @@ def _fill(levels, func, name, x, extra, kwargs):
     with ``x``'s strides, so that the numbers land where torch.func's in-place fill puts
     them)."""
     if not levels:
+        _refuse_while_recording(func)
         x = _plain(x)
         fresh = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
         func(fresh, *[_plain(e) for e in extra], **kwargs)

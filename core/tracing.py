@@ -18,7 +18,7 @@ import optree
 import torch
 
 from .dispatch import Dispatcher, new_level, transform_scope
-from .errors import TransformError, TransformUsageError
+from .errors import TransformError, TransformUsageError, UnsupportedOperationError
 from .ir import Equation, Literal, Var
 from .program import Program
 from .tensor import as_tensor, engine_code, unwrap, unwrap_tree, user_code
@@ -47,6 +47,7 @@ class Tracing(Dispatcher):
     """The level that builds a Program: one equation per primitive that reaches it."""
 
     transform_name = "trace"
+    records_a_program = True  # (randomness.py refuses to draw while one runs)
 
     def __init__(self, inner, *, device=None, name="Tracing", call="trace(f)(<inputs>)"):
         super().__init__(inner, name=name, call=call)
@@ -92,6 +93,16 @@ class Tracing(Dispatcher):
         self.equations.append(Equation(prim, operands, params, out))
         return TracerValue(self, out)
 
+    def random_op(self, name, run, values, kwargs):
+        """NOTE [Random numbers in a traced program]
+        A program replays the equations it recorded; a random op's numbers would be drawn
+        once, while tracing (on tensors without data, so not even that), and replayed as the
+        same constant at every call. Random draws are therefore refused while a program is
+        recorded, here (random aten ops) and in randomness.py (torch's random functions),
+        rather than silently frozen. Eval-mode dropout draws nothing and traces as the
+        identity. (make_fx records the random op itself, and draws anew at each call.)"""
+        raise random_draw_error(self.call, name)
+
     def concrete(self, value):
         raise TransformError(
             f"{self.call}: Python needed the concrete value of a traced tensor (bool(), .item(), an "
@@ -104,6 +115,13 @@ class Tracing(Dispatcher):
         raise TransformUsageError(
             "The Tracing level is used through trace(f)(*args), not through the explicit API."
         )
+
+
+def random_draw_error(call, name):
+    return UnsupportedOperationError(
+        f"{call}: {name} draws random numbers, which a traced program would replay as the "
+        "same numbers at every call. Fix: draw them outside the traced function and pass "
+        "them in as an argument (for dropout: a mask argument, or the model in eval mode).")
 
 
 def _meta_of(value):

@@ -471,3 +471,34 @@ def test_a_program_refuses_indices_out_of_range_at_each_call(name, transform):
         with pytest.raises(error, match="out of|not in the valid range"):
             program(w, bad)
     torch.testing.assert_close(program(w, good), f(w, good))
+
+
+# --- random numbers: refused while a program is recorded ----------------------------------------
+_RANDOM = {
+    "rand": lambda x: x + torch.rand(3),
+    "rand_like": lambda x: x + torch.rand_like(x),
+    "bernoulli": lambda x: torch.bernoulli(x * 0.5),
+    "normal": lambda x: torch.normal(x, 1.0),
+    "uniform_": lambda x: x.clone().uniform_(),
+    "randperm": lambda x: x[torch.randperm(3)],
+    "dropout": lambda x: F.dropout(x, 0.5),
+    "aten_bernoulli": lambda x: torch.ops.aten.bernoulli.p(x, 0.5),
+    "vmap_rand": vmap(lambda x: x + torch.rand(()), randomness="different"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RANDOM))
+def test_random_draws_are_refused_while_a_program_is_recorded(name):
+    """NOTE [Random numbers in a traced program]: one draw replayed at every call (or a
+    tensor without data) would be silently wrong."""
+    with pytest.raises(mf.UnsupportedOperationError,
+                       match="draws random numbers, which a traced program would replay"):
+        jit(_RANDOM[name])(torch.ones(3))
+    assert jit(lambda x: x.sin())(torch.ones(3)).device.type == "cpu"  # the next call works
+
+
+def test_dropout_in_eval_mode_traces_as_the_identity():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout(0.5)).eval()
+    x = torch.randn(2, 3)
+    assert_close(jit(model)(x), model(x))
+    assert_close(jit(lambda x: F.dropout(x, 0.5, training=False))(x), x)

@@ -1470,3 +1470,36 @@ def test_group_norm_of_a_batch_dim_that_is_not_in_front():
     assert_same(mf.vmap(f, in_dims=-1)(x), tf.vmap(f, in_dims=-1)(x))
     loss = lambda x: f(x).sin().sum()  # noqa: E731
     assert_same(mf.vmap(mf.grad(loss), in_dims=-1)(x), tf.vmap(tf.grad(loss), in_dims=-1)(x))
+
+
+# --- values out of range: BCE's probabilities --------------------------------------------------
+@pytest.mark.parametrize("transform", ["grad", "vmap", "jit", "jit_grad"])
+@pytest.mark.parametrize("bad", ["input_above_1", "target_below_0", "input_nan"])
+def test_binary_cross_entropy_refuses_what_is_not_a_probability(bad, transform):
+    """torch's kernel reads every element and raises; the engine's composition would take
+    logs of anything (NOTE [Checks of values, in eager code and in programs])."""
+    x, t = torch.rand(2, 4, generator=torch.Generator().manual_seed(0)) * 0.8 + 0.1
+    x_bad, t_bad = x.clone(), t.clone()
+    if bad == "input_above_1":
+        x_bad[2] = 1.5
+    elif bad == "target_below_0":
+        t_bad[1] = -0.25
+    else:
+        x_bad[0] = float("nan")
+    f = F.binary_cross_entropy
+    word = "target" if bad.startswith("target") else "input"
+    with pytest.raises(RuntimeError, match=f"all elements of {word} should be between 0 and 1"):
+        tf.grad(f)(x_bad, t_bad)  # torch.func's refusal, which ours must match
+    if transform == "grad":
+        run = mf.grad(f)
+    elif transform == "vmap":
+        def run(x, t):
+            return mf.vmap(f)(torch.stack([x, x]), torch.stack([t, t]))
+    else:
+        run = mf.jit(f if transform == "jit" else mf.grad(f))
+        expected = f(x, t) if transform == "jit" else tf.grad(f)(x, t)
+        torch.testing.assert_close(run(x, t), expected)  # traced on good values
+    with pytest.raises(mf.InvalidOptionError,
+                       match=f"all elements of {word} should be between 0 and 1 .*Fix:"):
+        run(x_bad, t_bad)
+    torch.testing.assert_close(mf.grad(f)(x, t), tf.grad(f)(x, t))

@@ -659,3 +659,22 @@ def test_keyword_arguments(call):
     xs = torch.randn(3, 4, 4, dtype=DTYPE)
     assert_same(mf.vmap(call)(xs), tf.vmap(call)(xs))
     assert_same(mf.grad(lambda x: call(x).sum())(x), tf.grad(lambda x: call(x).sum())(x))
+
+
+@pytest.mark.parametrize("name", ["quantile", "nanquantile"])
+def test_quantile_refuses_q_out_of_range_under_every_transform(name):
+    """torch's composite checks q only on a plain tensor; a batched q is checked here (the
+    grad case is torch.func's own check, whose error torch.func itself gets wrong)."""
+    f = getattr(torch, name)
+    x = torch.rand(5, dtype=DTYPE)
+    for q in (torch.tensor([0.5, 1.5], dtype=DTYPE), torch.tensor([-0.25], dtype=DTYPE)):
+        with pytest.raises(RuntimeError, match=r"q values must be in the range \[0, 1\]"):
+            tf.vmap(lambda q: f(x, q))(torch.stack([q, q]))
+        with pytest.raises(mf.InvalidOptionError,
+                           match=r"q values must be in the range \[0, 1\] .*Fix:"):
+            mf.vmap(lambda q: f(x, q))(torch.stack([q, q]))
+        with pytest.raises(RuntimeError, match=r"q values must be in the range \[0, 1\]"):
+            mf.grad(lambda x: f(x, q).sum())(x)
+    good = torch.tensor([[0.2, 0.9], [0.0, 1.0]], dtype=DTYPE)
+    torch.testing.assert_close(mf.vmap(lambda q: f(x, q))(good),
+                               tf.vmap(lambda q: f(x, q))(good))
