@@ -55,6 +55,7 @@ _STRIDED = torch.strided
 # reads _make_wrapper_subclass's arguments about 0.3 µs faster by position (cls, size,
 # strides, storage_offset, memory_format, dtype, layout, device) than by keyword.
 _is_grad_enabled = torch.is_grad_enabled
+aten = torch.ops.aten
 
 
 class FuncTensor(torch.Tensor):
@@ -426,17 +427,16 @@ def _record_views(result, base, func, args, kwargs):
 # the back door, torch's own decompositions compute strides from the FuncTensor's reported
 # contiguous layout, which is the engine's reading, so they are not checked; nor is a plain
 # tensor, on which torch's own kernel runs.
-_aten = torch.ops.aten
 # function -> (where its size argument is, whether it reads a fresh copy of x: the
 # scatter writes into ``x.clone()``, which keeps x's strides where x is dense but starts at
 # offset 0)
 _STORAGE_READERS = {
     **dict.fromkeys((torch.as_strided, torch.Tensor.as_strided, torch.Tensor.as_strided_,
-                     torch.as_strided_copy, _aten.as_strided, _aten.as_strided.default,
-                     _aten.as_strided_copy, _aten.as_strided_copy.default, _aten.as_strided_,
-                     _aten.as_strided_.default), (1, False)),
+                     torch.as_strided_copy, aten.as_strided, aten.as_strided.default,
+                     aten.as_strided_copy, aten.as_strided_copy.default, aten.as_strided_,
+                     aten.as_strided_.default), (1, False)),
     **dict.fromkeys((torch.as_strided_scatter, torch.Tensor.as_strided_scatter,
-                     _aten.as_strided_scatter, _aten.as_strided_scatter.default), (2, True)),
+                     aten.as_strided_scatter, aten.as_strided_scatter.default), (2, True)),
 }
 
 
@@ -631,7 +631,7 @@ def _write(target, new_value, call):
     return target
 
 
-_DETACHING = frozenset((torch.Tensor.detach, torch.detach, torch.ops.aten.detach.default))
+_DETACHING = frozenset((torch.Tensor.detach, torch.detach, aten.detach.default))
 _DATA = torch.Tensor.data.__get__
 
 
@@ -961,7 +961,6 @@ def _back_door(func, args, kwargs):
 # (randomness.py); every other aten op passes through untouched. torch.func needs no such
 # step: its vmap is a dispatch key that sees every aten call.
 vmap_running = None  # set by randomness.py: is a vmap level running in this thread?
-aten = torch.ops.aten
 _FACTORY_DRAWS = {
     aten.rand.default: torch.rand, aten.randn.default: torch.randn,
     aten.randint.default: torch.randint, aten.randint.low: torch.randint,

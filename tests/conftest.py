@@ -29,3 +29,14 @@ def _no_level_left_behind(request):
     assert not dispatch.transform_levels(), (
         f"the test left transform levels on the stack: {dispatch.transform_levels()}"
     )
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's sweep (``pytestmark = pytest.mark.usefixtures(
+    "one_thread")``), as the coverage sweep measures; the rest of the suite keeps its own."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -56,12 +56,7 @@ def _layout_matters(s_contiguous, s_transposed):
     return opinfo.difference(_torch_call(s_transposed), _torch_call(s_contiguous)) is not None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 def _entries():

@@ -34,24 +34,25 @@ def _weighted(out):
                for o in _floats(out))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
-@pytest.mark.parametrize("info", module_db, ids=[i.formatted_name for i in module_db])
-def test_parameter_gradients_match_torch_func(info):
+def _module_inputs(info):
+    """The ModuleInfo's first module inputs (float32, CPU, training mode)."""
     if "Lazy" in info.module_cls.__name__:
         pytest.skip("a lazy module has its parameters only after a first call")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         inputs = info.module_inputs_func(info, device="cpu", dtype=torch.float32,
                                          requires_grad=False, training=True)
+    return inputs[:INPUTS]
+
+
+@pytest.mark.parametrize("info", module_db, ids=[i.formatted_name for i in module_db])
+def test_parameter_gradients_match_torch_func(info):
+    inputs = _module_inputs(info)
     compared, refused_by_torch_func = 0, []
-    for sample in inputs[:INPUTS]:
+    for sample in inputs:
         if sample.forward_input is None:
             continue
         torch.manual_seed(0)
@@ -105,14 +106,9 @@ def test_per_sample_gradients_match_a_loop_of_torch_func_grads(info):
     """vmap(grad) over two examples of each input (the sample and a scaled copy) against
     torch.func's grad on each example; where the engine refuses, torch.func's vmap refuses
     too (batch norm updating unbatched running statistics)."""
-    if "Lazy" in info.module_cls.__name__:
-        pytest.skip("a lazy module has its parameters only after a first call")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        inputs = info.module_inputs_func(info, device="cpu", dtype=torch.float32,
-                                         requires_grad=False, training=True)
+    inputs = _module_inputs(info)
     compared = 0
-    for sample in inputs[:INPUTS]:
+    for sample in inputs:
         if sample.forward_input is None or sample.forward_input.kwargs:
             continue
         args = sample.forward_input.args

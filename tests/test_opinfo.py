@@ -46,13 +46,7 @@ def _params():
             yield pytest.param(op, transform, id=f"{key}-{transform}", marks=marks)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The sweep's timing conditions, without changing the rest of the suite's."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 _loaded = {}
