@@ -173,6 +173,7 @@ class Tape:
         self.entries: list[TapeEntry] = []
         self.passes: list[list[BackwardStep]] = []
         self._constant_labels: dict[int, str] = {}
+        self.hooks: dict[str, list] = {}  # name -> Tensor.register_hook's functions
 
     def label_of_constant(self, value) -> str:
         """How the tape names an argument that is not one of its own values: a number as a
@@ -235,6 +236,8 @@ class Tape:
                 continue
             if entry.output in seeds:
                 ct = _in_dtype(ct, entry.out_dtype)
+            if self.hooks:
+                ct = gradients[entry.output] = self._hooked(entry.output, ct)
             _needs_stack.append(entry.inputs)
             try:
                 input_cts = entry.backward(ct)
@@ -258,9 +261,35 @@ class Tape:
                 contributions.append((name, input_ct, total))
             if record_steps:
                 steps.append(BackwardStep(index, entry, ct, contributions))
+        if self.hooks:  # the transform's inputs, which no entry produced
+            produced = {entry.output for entry in self.entries}
+            for name in self.hooks.keys() - produced:
+                if name in gradients:
+                    gradients[name] = self._hooked(name, gradients[name])
         if record_steps:
             self.passes.append(steps)
         return gradients
+
+    def _hooked(self, name, ct):
+        """NOTE [Gradient hooks]
+        ``y.register_hook(fn)`` inside grad: when y's cotangent is complete (every use of y
+        comes later on the tape, so its backward steps have all run), ``fn`` sees it and may
+        return a replacement, which the rest of the pass propagates; several hooks run in the
+        order they were registered. torch's autograd runs a tensor's hooks at the same point
+        (``tensor_pre_hooks`` of its grad_fn), and torch.func's grad inherits them."""
+        for hook in self.hooks.get(name, ()):
+            with tensor_module.user_code():
+                replaced = hook(as_tensor(ct))
+            if replaced is not None:
+                replaced = unwrap(replaced)
+                if tuple(replaced.shape) != tuple(ops.shape_of(ct)):
+                    raise TransformUsageError(
+                        f"{self.call}: a hook registered with register_hook returned a "
+                        f"gradient of shape {tuple(replaced.shape)} for a tensor of shape "
+                        f"{tuple(ops.shape_of(ct))} (torch: hook 'hook' has changed the size "
+                        "of value). Fix: return a tensor of the gradient's shape, or None.")
+                ct = replaced
+        return ct
 
     def gradient_map(self, step: int | None = None, backward_pass: int = -1) -> dict:
         """The gradient map after ``step`` of a backward pass (the last step by default):

@@ -43,7 +43,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import aten_api, grad_mode, ops, torch_api
-from .errors import InPlaceError, UnsupportedOperationError
+from .errors import InPlaceError, InvalidOptionError, UnsupportedOperationError
 from .names import label
 from . import values
 from .values import NUMBERS, Value, top_dispatcher
@@ -182,6 +182,28 @@ class FuncTensor(torch.Tensor):
     def numpy(self, *, force=False):
         return self.concrete().numpy(force=force)
 
+    def register_hook(self, hook):
+        """``y.register_hook(fn)`` inside grad: ``fn`` sees y's gradient and may return a
+        replacement (NOTE [Gradient hooks] in autograd.py). Returns a handle whose
+        ``remove()`` takes the hook off."""
+        value = value_of(self)
+        tape = getattr(getattr(value, "dispatcher", None), "tape", None)
+        if tape is None or not getattr(value, "requires_grad", False):
+            level = getattr(value, "dispatcher", None)
+            call = f"{level.call}: " if level is not None else ""
+            if isinstance(value, Value) and getattr(value, "bdim", None) is not None:
+                raise UnsupportedOperationError(
+                    f"{call}Tensor.register_hook: a gradient hook on a value batched by vmap "
+                    "is not supported (its gradient would be every example's). Fix: register "
+                    "the hook inside the vmapped function, under grad, or use custom_vjp.")
+            raise InvalidOptionError(
+                f"{call}Tensor.register_hook: cannot register a hook on a tensor that doesn't "
+                "require gradient (as in torch: no grad transform records it). Fix: register "
+                "hooks on tensors computed from the inputs of grad or vjp.")
+        hooks = tape.hooks.setdefault(value.name, [])
+        hooks.append(hook)
+        return _HookHandle(hooks, hook)
+
     def __format__(self, format_spec):
         # torch formats a 0-d tensor as its number (f"{loss:.3f}"), but only for its own
         # class: a subclass would reach object.__format__, which refuses a format spec
@@ -222,6 +244,17 @@ class FuncTensor(torch.Tensor):
     def __rmul__(self, other): return _operator(torch.Tensor.__rmul__, self, other)
     def __truediv__(self, other): return _operator(torch.Tensor.__truediv__, self, other)
     def __rtruediv__(self, other): return _operator(torch.Tensor.__rtruediv__, self, other)
+
+
+class _HookHandle:
+    """What ``register_hook`` returns, as torch's RemovableHandle: ``remove()`` once or more."""
+
+    def __init__(self, hooks, hook):
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self):
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
 
 
 def _operator(func, x, y):

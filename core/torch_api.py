@@ -226,8 +226,6 @@ _BACKWARD = ("backward() called inside a functorch transform (torch.func's words
              "backward() outside of the transform.")
 REFUSED_IN_TRANSFORMS = {torch.Tensor.backward: _BACKWARD, torch.autograd.backward: _BACKWARD}
 REFUSED.update(REFUSED_IN_TRANSFORMS)
-REFUSED[torch.Tensor.register_hook] = ("a gradient hook on a value of a transform",
-                                       "use custom_vjp to change a gradient.")
 REFUSED[torch.Tensor.retain_grad] = ("retain_grad on a value of a transform", _AUTOGRAD_FIX)
 
 # (Tensor.requires_grad_: autograd.py, NOTE [requires_grad_ inside a transform])

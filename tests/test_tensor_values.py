@@ -902,3 +902,44 @@ def test_a_0d_tensor_formats_as_its_number_inside_transforms():
         mf.grad(lambda x: f"{x:.2f}" and x.sum())(x)
     with pytest.raises(mf.BatchedControlFlowError):
         mf.vmap(lambda x: f"{x.sum():.2f}" and x)(torch.ones(2, 2))
+
+
+# --- gradient hooks (NOTE [Gradient hooks] in core/autograd.py) --------------------------------
+def _hooked(x):
+    y = x.sin()
+    y.register_hook(lambda g: g * 2)  # doubles y's gradient before it flows on
+    z = y * x
+    z.register_hook(lambda g: None)  # sees z's gradient, changes nothing
+    x.register_hook(lambda g: g + 1)  # on the input: the gradient returned
+    removed = x.exp().register_hook(lambda g: g * 0)
+    removed.remove()
+    return (z + y).sum()
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap_grad", "hessian", "jacrev_jacrev",
+                                       "jacfwd_jacrev"])
+def test_gradient_hooks_match_torch_func(transform):
+    x = torch.randn(3, generator=torch.Generator().manual_seed(0))
+    xs = torch.randn(2, 3, generator=torch.Generator().manual_seed(1))
+    runs = {
+        "grad": lambda api: api.grad(_hooked)(x),
+        "vmap_grad": lambda api: api.vmap(api.grad(_hooked))(xs),
+        "hessian": lambda api: api.hessian(_hooked)(x),
+        "jacrev_jacrev": lambda api: api.jacrev(api.jacrev(_hooked))(x),
+        "jacfwd_jacrev": lambda api: api.jacfwd(api.jacrev(_hooked))(x),
+    }
+    torch.testing.assert_close(runs[transform](mf), runs[transform](tf))
+
+
+def test_gradient_hook_errors_name_the_call_and_the_fix():
+    x = torch.randn(3)
+    with pytest.raises(RuntimeError, match="cannot register a hook on a tensor that doesn't "
+                                           "require gradient .*Fix:"):
+        mf.grad(lambda x: (torch.ones(3).register_hook(lambda g: g), x.sum())[1])(x)
+    def resized(x):
+        y = x.sin()
+        y.register_hook(lambda g: g[:1])
+        return y.sum()
+    with pytest.raises(mf.TransformUsageError, match="has changed the size of value"):
+        mf.grad(resized)(x)
+    torch.testing.assert_close(mf.grad(lambda x: x.sin().sum())(x), x.cos())  # next call works
