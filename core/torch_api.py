@@ -226,7 +226,11 @@ _BACKWARD = ("backward() called inside a functorch transform (torch.func's words
              "backward() outside of the transform.")
 REFUSED_IN_TRANSFORMS = {torch.Tensor.backward: _BACKWARD, torch.autograd.backward: _BACKWARD}
 REFUSED.update(REFUSED_IN_TRANSFORMS)
-REFUSED[torch.Tensor.retain_grad] = ("retain_grad on a value of a transform", _AUTOGRAD_FIX)
+REFUSED[torch.Tensor.retain_grad] = (
+    "You are attempting to call Tensor.retain_grad() inside of a function being transformed "
+    "by a functorch transform (torch.func's words): retain_grad on a value of a transform",
+    "read the gradient with the transforms themselves (grad or vjp with respect to that "
+    "value), or a gradient hook (Tensor.register_hook).")
 
 # (Tensor.requires_grad_: autograd.py, NOTE [requires_grad_ inside a transform])
 
