@@ -1565,7 +1565,7 @@ def _check_range(values, *, low, high, op, error, words, why, fix):
 
 
 # the identity on values in range, for every transform (BCE's input carries a derivative)
-check_range_p = P.primitive("check_range", _check_range)
+check_range_p = P.primitive("check_range", _check_range, effectful=True)
 
 
 def check_range_vjp(x, **params):

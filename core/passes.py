@@ -19,7 +19,8 @@ from .ir import Equation, Literal, Var
 
 
 def eliminate_dead_code(program):
-    """Remove equations whose outputs are not used by the outputs.
+    """Remove equations whose outputs are not used by the outputs (an effectful one, a check
+    that may raise, stays: JAX keeps effectful equations the same way).
 
     >>> import torch
     >>> from minifunctorch.core import trace
@@ -35,7 +36,7 @@ def eliminate_dead_code(program):
     live = {o for o in program.outputs if isinstance(o, Var)}
     kept = []
     for equation in reversed(program.equations):
-        if equation.out in live:
+        if equation.out in live or equation.prim.effectful:
             kept.append(equation)
             live.update(o for o in equation.inputs if isinstance(o, Var))
     constants = [(v, value) for v, value in program.constants if v in live]

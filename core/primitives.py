@@ -32,14 +32,17 @@ class Primitive:
     (torch.Size([3, 2]), torch.float32)
     """
 
-    __slots__ = ("name", "impl", "differentiable")
+    __slots__ = ("name", "impl", "differentiable", "effectful")
 
-    def __init__(self, name, impl, *, differentiable=True):
+    def __init__(self, name, impl, *, differentiable=True, effectful=False):
         self.name = name
         self.impl = impl
         # A non-differentiable primitive (comparisons, ones_like, ...) has outputs whose
         # derivative is zero whatever its inputs: its jvp and vjp rules say so.
         self.differentiable = differentiable
+        # An effectful one does more than compute its output (a check that may raise): a
+        # program keeps it even where nothing reads its output (passes.eliminate_dead_code).
+        self.effectful = effectful
 
     def shape_rule(self, *args, **params):
         """The (shape, dtype) of the result, from the shapes and dtypes of the arguments."""
@@ -61,10 +64,10 @@ def _to_meta(value):
 PRIMITIVES: dict[str, Primitive] = {}
 
 
-def primitive(name, impl, *, differentiable=True) -> Primitive:
+def primitive(name, impl, *, differentiable=True, effectful=False) -> Primitive:
     """Create and register a built-in primitive."""
     assert name not in PRIMITIVES, f"primitive {name!r} is defined twice"
-    prim = Primitive(name, impl, differentiable=differentiable)
+    prim = Primitive(name, impl, differentiable=differentiable, effectful=effectful)
     PRIMITIVES[name] = prim
     return prim
 

@@ -678,3 +678,8 @@ def test_quantile_refuses_q_out_of_range_under_every_transform(name):
     good = torch.tensor([[0.2, 0.9], [0.0, 1.0]], dtype=DTYPE)
     torch.testing.assert_close(mf.vmap(lambda q: f(x, q))(good),
                                tf.vmap(lambda q: f(x, q))(good))
+    # in a program the check is an effectful step: kept though nothing reads its output
+    program = mf.jit(f)
+    torch.testing.assert_close(program(x, good[0]), f(x, good[0]))
+    with pytest.raises(mf.InvalidOptionError, match=r"q values must be in the range \[0, 1\]"):
+        program(x, torch.tensor([0.5, 1.5], dtype=DTYPE))
