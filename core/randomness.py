@@ -96,7 +96,7 @@ def draw(func, args, kwargs):
     True
     """
     levels = _vmap_levels()
-    if not levels and not _recording():
+    if not levels and _recording() is None:
         return NotImplemented
     kind, name = _KINDS[func]
     if kwargs.get("out") is not None:
@@ -151,15 +151,16 @@ def _bottom(func, args, kwargs):
 
 
 def _recording():
-    """Whether a traced program is being recorded (NOTE [Random numbers in a traced
-    program] in tracing.py)."""
-    return any(getattr(level, "records_a_program", False) for level in transform_levels())
+    """The level recording a traced program, if one runs (NOTE [Random numbers in a traced
+    program] in tracing.py), else None."""
+    return next((level for level in transform_levels()
+                 if getattr(level, "records_a_program", False)), None)
 
 
 def _refuse_while_recording(func):
-    for level in transform_levels():
-        if getattr(level, "records_a_program", False):
-            raise random_draw_error(level.call, _name(func))
+    level = _recording()
+    if level is not None:
+        raise random_draw_error(level.call, _name(func))
 
 
 def _check(level, name, batched=False):

@@ -506,6 +506,18 @@ def _computed_layout(value):
             value.storage_offset())
 
 
+def _torch_layouts(x, value):
+    """torch's layout of FuncTensor x holding ``value``, as each witness of NOTE [as_strided
+    reads memory] sees it: (sizes, strides, offset), or None for a view chain that cannot be
+    replayed."""
+    layouts = [_computed_layout(value)]
+    if x._view is not None:
+        replayed = _replayed_layout(x)
+        layouts.append(None if replayed is None else (
+            tuple(replayed.shape), replayed.stride(), replayed.storage_offset()))
+    return layouts
+
+
 def _reads_alike(layout, size, stride, offset):
     """Whether ``as_strided(x, size, stride, offset)`` picks the same elements of x read in
     memory laid out as ``layout`` (torch) and in x's own contiguous layout (the engine)."""
@@ -545,11 +557,7 @@ def _check_storage_read(func, args, kwargs):
     names = ("size", "stride", "storage_offset")
     size, stride, offset = (args[at + i] if len(args) > at + i else kwargs.get(name)
                             for i, name in enumerate(names))
-    layouts = [_computed_layout(value)]
-    if x._view is not None:
-        replayed = _replayed_layout(x)
-        layouts.append(None if replayed is None else (
-            tuple(replayed.shape), replayed.stride(), replayed.storage_offset()))
+    layouts = _torch_layouts(x, value)
     if reads_a_copy:
         layouts = [None if layout is None else _layout_of_a_copy(*layout) for layout in layouts]
     for layout in layouts:
@@ -656,7 +664,7 @@ def _write(target, new_value, call):
         flat = ops.scatter(flat, 0, positions.reshape(-1), ops.reshape(new_value, -1))
         contents = ops.reshape(flat, *base_value.shape)
         if view.func in _DETACHING:
-            contents = _keep_derivatives(base_value, ops.detach(contents))
+            contents = _keep_grad_identity(base_value, ops.detach(contents), detached=True)
         elif view.func == _DATA:  # (a new method-wrapper object at each lookup)
             contents = _keep_own_derivative(base_value, contents)
         _write(base, contents, call)
@@ -668,37 +676,11 @@ _DETACHING = frozenset((torch.Tensor.detach, torch.detach, aten.detach.default))
 _DATA = torch.Tensor.data.__get__
 
 
-def _keep_derivatives(old, new):
-    """NOTE [Writes through a detached alias]
-    ``v = x.detach(); v.add_(s)``, or ``p.detach().clamp_(-c, c)`` (weight clipping): torch's v
-    shares x's memory but not its history, so the write changes x's contents and not its
-    derivatives. Reverse mode flows into x as if the write had not happened, and forward mode
-    keeps x's tangent; the formulas downstream read the new contents. ``new`` holds the
-    contents, detached; each derivative level of the old value puts back the old value's name
-    (reverse) or tangent (forward). Batched levels keep the new value's own structure, which
-    has the old value's batch dims (the contents were scattered into it). torch's autograd
-    does the same by giving a detached tensor a fresh version of the data and no grad_fn."""
-    if not isinstance(old, Value):
-        return new
-    level = old.dispatcher
-    new_own = isinstance(new, Value) and new.dispatcher is level
-    inner = new.payload if new_own else new
-    if getattr(old, "requires_grad", False):
-        return type(old)(level, _keep_derivatives(old.payload, inner), old.name)
-    if hasattr(old, "tangent"):
-        return type(old)(level, _keep_derivatives(old.payload, inner), old.tangent)
-    if not new_own:
-        return new
-    bdim = getattr(old, "bdim", None)
-    if bdim is not None and new.bdim == bdim:
-        return type(new)(level, _keep_derivatives(old.payload, new.payload), bdim)
-    return new
-
-
 def _keep_own_derivative(old, new):
-    """A write through ``x.data``: as NOTE [Writes through a detached alias], for x's own
-    innermost level only, which is the one ``.data`` detaches from (NOTE [x.data under
-    nested transforms] in batching.py); the levels outside see the write."""
+    """A write through ``x.data``: as a write through ``x.detach()`` (NOTE [In-place writes
+    under no_grad], its last paragraph), for x's own innermost level only, which is the one
+    ``.data`` detaches from (NOTE [x.data under nested transforms] in batching.py); the
+    levels outside see the write."""
     if isinstance(old, Value) and old.dispatcher.differentiates:
         level = old.dispatcher
         inner = new.payload if isinstance(new, Value) and new.dispatcher is level else new
@@ -718,7 +700,7 @@ def _has_batch(value):
     return False
 
 
-def _keep_grad_identity(old, new):
+def _keep_grad_identity(old, new, *, detached=False):
     """NOTE [In-place writes under no_grad]
     In torch, an in-place op under ``no_grad`` on a tensor that requires grad changes its data
     but not its history: gradients flow into it as if the write had not happened (what
@@ -727,15 +709,27 @@ def _keep_grad_identity(old, new):
     levels]), so it is a constant for them; each grad level of the old value that is off puts
     the old value's name back on the new one, and its tape sees the same tensor with new
     contents. Batched and forward levels keep the new value's own structure (a batch dim is
-    moved to where the old value had it, so the name still means the same layout)."""
+    moved to where the old value had it, so the name still means the same layout).
+
+    A write through a detached alias (``detached``: ``v = x.detach(); v.add_(s)``, or
+    ``p.detach().clamp_(-c, c)`` for weight clipping) is the same for every derivative level,
+    whatever the grad mode: torch's v shares x's memory but not its history, so x's contents
+    change and its derivatives do not. ``new`` is then the detached contents: every grad
+    level puts back the old value's name, and every forward level its tangent, while the
+    formulas downstream read the new contents."""
     if not isinstance(old, Value):
         return new
     level = old.dispatcher
     new_own = isinstance(new, Value) and new.dispatcher is level
-    if (getattr(old, "requires_grad", False) and level.obeys_grad_mode
-            and grad_mode.reverse_off(level)):
+    if getattr(old, "requires_grad", False) and (
+            detached or (level.obeys_grad_mode and grad_mode.reverse_off(level))):
         inner = new.payload if new_own else new
-        return type(old)(level, _keep_grad_identity(old.payload, inner), old.name)
+        return type(old)(level, _keep_grad_identity(old.payload, inner, detached=detached),
+                         old.name)
+    if detached and hasattr(old, "tangent"):
+        inner = new.payload if new_own else new
+        return type(old)(level, _keep_grad_identity(old.payload, inner, detached=detached),
+                         old.tangent)
     if not new_own:
         return new
     bdim = getattr(old, "bdim", None)
@@ -745,9 +739,11 @@ def _keep_grad_identity(old, new):
             dims = [d for d in range(len(ops.shape_of(payload))) if d != new.bdim]
             dims.insert(bdim, new.bdim)
             payload = ops.permute(payload, *dims)
-        return type(new)(level, _keep_grad_identity(old.payload, payload), bdim)
+        return type(new)(level, _keep_grad_identity(old.payload, payload, detached=detached),
+                         bdim)
     if hasattr(new, "tangent"):
-        return type(new)(level, _keep_grad_identity(old.payload, new.payload), new.tangent)
+        return type(new)(level, _keep_grad_identity(old.payload, new.payload, detached=detached),
+                         new.tangent)
     return new
 
 
@@ -849,13 +845,8 @@ def _torch_would_hold_contiguously(x):
     value = value_of(x)
     if not isinstance(value, Value):
         return value.is_contiguous()
-    layouts = [_computed_layout(value)]
-    if x._view is not None:
-        replayed = _replayed_layout(x)
-        if replayed is None:
-            return False
-        layouts.append((replayed.shape, replayed.stride(), replayed.storage_offset()))
-    return all(_lies_contiguously(sizes, strides) for sizes, strides, _ in layouts)
+    return all(layout is not None and _lies_contiguously(*layout[:2])
+               for layout in _torch_layouts(x, value))
 
 
 def _lies_contiguously(sizes, strides):

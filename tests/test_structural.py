@@ -457,7 +457,7 @@ def test_write_through_view(name):
 
 
 # writes through an alias without history: the base's contents change, its derivatives do
-# not (NOTE [Writes through a detached alias] in core/tensor.py); .data detaches from the
+# not (NOTE [In-place writes under no_grad] in core/tensor.py); .data detaches from the
 # tensor's own innermost level only (NOTE [x.data under nested transforms] in batching.py)
 DETACHED_WRITES = {
     "detach": lambda b, s: b.detach().add_(s),
