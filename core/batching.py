@@ -121,6 +121,10 @@ class Batched(Dispatcher):
                 raise missing_rule_error(prim, "batching", "vmap")
             out, out_bdim = rule((x.payload,), (x.bdim,), **params)
             return out if out_bdim is None else BatchedValue(self, out, out_bdim)
+        if prim in _KEEPS_BDIM:
+            out = _elementwise_of_chains(prim, args, params)
+            if out is not None:
+                return out
         values, bdims, batched = [], [], False
         for a in args:
             if type(a) is BatchedValue and a.dispatcher is self:
@@ -592,6 +596,79 @@ def _view_of_chain(prim, x, params):
 
 
 _VIEWS = frozenset((P.reshape_p, P.permute_p, P.unsqueeze_p, P.squeeze_p, P.expand_p))
+
+
+def _batch_dims_in_front(x, links):
+    """The bottom tensor ``x`` of a chain of BatchedValues (``links``, innermost level first)
+    with every batch dim in front, outermost level first, then the example's dims."""
+    k = len(links)
+    if k == 1:
+        bdim = links[0].bdim
+        return x.movedim(bdim, 0) if bdim else x
+    dims = list(range(x.dim()))
+    order = [dims.pop(link.bdim) for link in reversed(links)]  # outermost first
+    order += dims
+    return x if order == sorted(order) else x.permute(order)
+
+
+# NOTE [Elementwise ops on nested batched values]
+# The same reasoning as for views (NOTE above): an elementwise op whose operands are chains
+# of BatchedValues over plain tensors (nested vmaps: the NTK's threshold_backward of a
+# tangent batched three times and a primal batched once) would run one rule per level, each
+# moving its batch dim in front and binding one level down. What they compute in the end is
+# the kernel on the bottom tensors, each with its batch dims in front in level order (a
+# size-1 dim for a level that does not batch it, and size-1 dims to right-align the
+# examples' dims), which torch broadcasts. So that is computed in one step, and the result
+# is batched at dim 0 of every level, as the level-by-level path leaves it. Only operands of
+# one dtype take this path: with mixed dtypes, torch's promotion would see the payloads'
+# ranks, not the examples' (NOTE [Type promotion sees one example]); the rules handle that.
+def _elementwise_of_chains(prim, args, params):
+    """``prim`` (elementwise, broadcasting) on operands of which one at least is batched by
+    two levels or more, computed on the bottom tensors; None where the rules must run."""
+    chains, levels, nested, dtype = [], {}, False, None
+    for i, a in enumerate(args):
+        if type(a) in NUMBERS:
+            chains.append(None)
+            continue
+        links = []
+        while type(a) is BatchedValue:
+            level = a.dispatcher
+            if level.exited:
+                return None
+            levels[level.level] = level
+            links.append(a)
+            a = a.payload
+        if type(a) is not torch.Tensor:
+            return None
+        if not (i == 0 and prim is P.where_p):  # (where's condition is boolean)
+            if dtype is None:
+                dtype = a.dtype
+            elif a.dtype != dtype:
+                return None
+        nested = nested or len(links) > 1
+        chains.append((links, a))
+    if not nested:
+        return None
+    order = sorted(levels)  # outermost level first
+    ranks = [t.dim() - len(links) for links, t in filter(None, chains)]
+    rank = max(ranks)
+    operands = []
+    for a, chain in zip(args, chains):
+        if chain is None:
+            operands.append(a)
+            continue
+        links, t = chain
+        if links:
+            t = _batch_dims_in_front(t, links)
+        sizes = iter(t.shape)
+        own = {link.dispatcher.level for link in links}
+        shape = [next(sizes) if lv in own else 1 for lv in order]
+        example = t.shape[len(links):]
+        operands.append(t.reshape(*shape, *([1] * (rank - len(example))), *example))
+    out = prim.impl(*operands, **params)
+    for lv in order:
+        out = BatchedValue(levels[lv], out, 0)
+    return out
 
 
 def permute_batch(values, bdims, *, dims):
