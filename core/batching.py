@@ -8,6 +8,7 @@ permute or unsqueeze) and never loops over the batch. In JAX this is ``BatchTrac
 """
 import collections
 import contextlib
+import math
 
 import torch
 
@@ -23,6 +24,9 @@ from .errors import (
 from .values import NUMBERS, Value, bind, map_tensors
 
 batching_rules: dict = {}
+# rules for ops on values of several nested vmaps at once (NOTE [Ops on values of several
+# vmaps, in one step])
+chain_rules: dict = {}
 # the rule of random aten ops on batched values, registered by randomness.py
 random_op_rule = None
 
@@ -121,8 +125,9 @@ class Batched(Dispatcher):
                 raise missing_rule_error(prim, "batching", "vmap")
             out, out_bdim = rule((x.payload,), (x.bdim,), **params)
             return out if out_bdim is None else BatchedValue(self, out, out_bdim)
-        if prim in _KEEPS_BDIM:
-            out = _elementwise_of_chains(prim, args, params)
+        chain_rule = chain_rules.get(prim)
+        if chain_rule is not None:  # NOTE [Ops on values of several vmaps, in one step]
+            out = chain_rule(args, params)
             if out is not None:
                 return out
         values, bdims, batched = [], [], False
@@ -566,16 +571,7 @@ def _view_of_chain(prim, x, params):
     if type(x) is not torch.Tensor:
         return None
     k = len(links)
-    if k == 1:  # (the common case, written out)
-        bdim = links[0].bdim
-        if bdim:
-            x = x.movedim(bdim, 0)
-    else:
-        dims = list(range(x.dim()))
-        order = [dims.pop(link.bdim) for link in reversed(links)]  # outermost first
-        order += dims
-        if order != sorted(order):
-            x = x.permute(order)
+    x = _batch_dims_in_front(x, links)
     if prim is P.reshape_p:
         out = x.reshape((*x.shape[:k], *params["shape"]))
     elif prim is P.permute_p:
@@ -598,11 +594,26 @@ def _view_of_chain(prim, x, params):
 _VIEWS = frozenset((P.reshape_p, P.permute_p, P.unsqueeze_p, P.squeeze_p, P.expand_p))
 
 
+# NOTE [Ops on values of several vmaps, in one step]
+# The reasoning of NOTE [A view of nested batched values in one step] extends to ops whose
+# rules fold batch dims into a kernel's call. The NTK's jvp convolves an input batched by
+# one vmap with a weight tangent batched by two others: level by level, each rule folds its
+# own batch dim (a reshape bound one level down), binds the convolution one level down and
+# unfolds the result, so three levels make about ten applies around one kernel call. Where
+# all the levels can be folded at once, a "chain rule" does it on the bottom tensors: each
+# operand with its batch dims in front, outermost level first, one kernel call, and the
+# result batched at dim 0 of every level, as the level-by-level path leaves it.
+# ``chain_rules[prim](args, params)`` returns that value, or None where the one-level rules
+# must run (a chain rule takes only the cases it is written for). The convolutions have
+# them (nn.py). Elementwise ops do not: measured on the tutorial programs, folding their
+# levels at once was no faster than the rules' fast paths. functorch's first BatchedTensor
+# held several batch dims in one wrapper (``BatchDims``) and its rules saw them all; here
+# the rules stay per level and a few take the shortcut.
 def _batch_dims_in_front(x, links):
     """The bottom tensor ``x`` of a chain of BatchedValues (``links``, innermost level first)
     with every batch dim in front, outermost level first, then the example's dims."""
     k = len(links)
-    if k == 1:
+    if k == 1:  # (the common case, written out)
         bdim = links[0].bdim
         return x.movedim(bdim, 0) if bdim else x
     dims = list(range(x.dim()))
@@ -611,24 +622,16 @@ def _batch_dims_in_front(x, links):
     return x if order == sorted(order) else x.permute(order)
 
 
-# NOTE [Elementwise ops on nested batched values]
-# The same reasoning as for views (NOTE above): an elementwise op whose operands are chains
-# of BatchedValues over plain tensors (nested vmaps: the NTK's threshold_backward of a
-# tangent batched three times and a primal batched once) would run one rule per level, each
-# moving its batch dim in front and binding one level down. What they compute in the end is
-# the kernel on the bottom tensors, each with its batch dims in front in level order (a
-# size-1 dim for a level that does not batch it, and size-1 dims to right-align the
-# examples' dims), which torch broadcasts. So that is computed in one step, and the result
-# is batched at dim 0 of every level, as the level-by-level path leaves it. Only operands of
-# one dtype take this path: with mixed dtypes, torch's promotion would see the payloads'
-# ranks, not the examples' (NOTE [Type promotion sees one example]); the rules handle that.
-def _elementwise_of_chains(prim, args, params):
-    """``prim`` (elementwise, broadcasting) on operands of which one at least is batched by
-    two levels or more, computed on the bottom tensors; None where the rules must run."""
-    chains, levels, nested, dtype = [], {}, False, None
-    for i, a in enumerate(args):
-        if type(a) in NUMBERS:
-            chains.append(None)
+def bottom_operands(args):
+    """For a chain rule: each argument as (the numbers of the levels that batch it, outermost
+    first; its bottom tensor with those batch dims in front, in that order), or None for an
+    argument that is not a tensor; and the levels by number. None where an argument is not a
+    chain of BatchedValues of running levels over a plain tensor, or where only one level
+    batches anything (its own rule is as cheap)."""
+    operands, levels = [], {}
+    for a in args:
+        if a is None or type(a) in NUMBERS:
+            operands.append(None)
             continue
         links = []
         while type(a) is BatchedValue:
@@ -640,35 +643,74 @@ def _elementwise_of_chains(prim, args, params):
             a = a.payload
         if type(a) is not torch.Tensor:
             return None
-        if not (i == 0 and prim is P.where_p):  # (where's condition is boolean)
-            if dtype is None:
-                dtype = a.dtype
-            elif a.dtype != dtype:
-                return None
-        nested = nested or len(links) > 1
-        chains.append((links, a))
-    if not nested:
+        own = tuple(link.dispatcher.level for link in reversed(links))
+        operands.append((own, _batch_dims_in_front(a, links) if links else a))
+    if len(levels) < 2:
         return None
-    order = sorted(levels)  # outermost level first
-    ranks = [t.dim() - len(links) for links, t in filter(None, chains)]
-    rank = max(ranks)
-    operands = []
-    for a, chain in zip(args, chains):
-        if chain is None:
-            operands.append(a)
-            continue
-        links, t = chain
-        if links:
-            t = _batch_dims_in_front(t, links)
-        sizes = iter(t.shape)
-        own = {link.dispatcher.level for link in links}
-        shape = [next(sizes) if lv in own else 1 for lv in order]
-        example = t.shape[len(links):]
-        operands.append(t.reshape(*shape, *([1] * (rank - len(example))), *example))
-    out = prim.impl(*operands, **params)
-    for lv in order:
-        out = BatchedValue(levels[lv], out, 0)
+    return operands, levels
+
+
+def level_sizes(operands):
+    """The batch size of every level that batches one of the ``bottom_operands``."""
+    sizes = {}
+    for operand in operands:
+        if operand is not None:
+            own, t = operand
+            sizes.update(zip(own, t.shape))
+    return sizes
+
+
+def fold_levels(t, own, groups, inner):
+    """A bottom tensor ``t`` (batch dims of the levels ``own`` in front, then its own dims)
+    with the batch dims of each list of levels in ``groups`` merged into one of its dims:
+    ``groups`` maps a dim of the example (0, 1, ...) to the levels whose batch dims are put
+    right before it and merged with it, outermost first. ``inner`` is the example's rank.
+    Returns the folded tensor (a permute and a reshape)."""
+    k = len(own)
+    position = {number: i for i, number in enumerate(own)}
+    order, shape = [], []
+    for d in range(inner):
+        merged = groups.get(d, ())
+        order += [position[number] for number in merged]
+        order.append(k + d)
+        size = t.shape[k + d]
+        for number in merged:
+            size *= t.shape[position[number]]
+        shape.append(size)
+    assert len(order) == t.dim(), "every batch dim of a folded operand must be merged somewhere"
+    if order != list(range(len(order))):
+        t = t.permute(order)
+    return t.reshape(shape)
+
+
+def unfold_levels(out, groups, sizes, order):
+    """The inverse of ``fold_levels`` for a kernel's result: the levels merged into each dim
+    of ``out`` (``groups``, as there) are split off and moved in front in level order
+    (``order``, outermost first), every level in ``order`` being merged somewhere."""
+    shape, where, k = [], {}, 0
+    for d in range(out.dim()):
+        merged = groups.get(d, ())
+        for number in merged:
+            where[number] = k
+            shape.append(sizes[number])
+            k += 1
+        shape.append(out.shape[d] // math.prod(sizes[number] for number in merged))
+        where[("dim", d)] = k
+        k += 1
+    out = out.reshape(shape)
+    permutation = [where[number] for number in order] + [where[("dim", d)]
+                                                         for d in range(out.dim() - len(order))]
+    return out.permute(permutation)
+
+
+def batched_by_every_level(out, levels):
+    """A plain tensor with one batch dim per level in front (outermost first) as the value of
+    the innermost of ``levels`` (a dict by level number), batched at dim 0 at every level."""
+    for number in sorted(levels):
+        out = BatchedValue(levels[number], out, 0)
     return out
+
+
 
 
 def permute_batch(values, bdims, *, dims):

@@ -50,7 +50,9 @@ import torch.nn.functional as F
 from . import aten_api, elementwise, indexing, ops, structural, torch_api
 from . import primitives as P
 from .autograd import conj, vjp_rules, wants_cotangent
-from .batching import batch_size, batching_rules, move_bdim, to_front
+from .batching import (batch_size, batched_by_every_level, batching_rules, bottom_operands,
+                       chain_rules, fold_levels, level_sizes, move_bdim, to_front,
+                       unfold_levels)
 from .dispatch import complex_ready
 from .errors import (DimOutOfRangeError, InPlaceError, InputDtypeError, InvalidOptionError,
                      MissingRuleError, ShapeMismatchError, TransformUsageError, TypecheckError,
@@ -708,6 +710,101 @@ def conv_backward_bias_batch(values, bdims, **params):
     return ops.sum(ct, (1, *range(3, len(shape_of(ct))))), 0
 batching_rules[conv_backward_bias_p] = conv_backward_bias_batch
 
+
+
+# NOTE [Convolutions under nested vmaps]
+# Under several vmaps (the NTK's jvp convolves an input batched by one level with a weight
+# tangent batched by two others) each level's rule above folds its batch dim into the
+# kernel's call and unfolds the result, one bind per level. The three roles a level can
+# play do not interact, so all levels are folded at once by the chain rules below (NOTE [Ops
+# on values of several vmaps, in one step] in batching.py): a level that batches only the
+# input (or the cotangent of grad_input) joins N; one that batches only the weight joins its
+# output (or input) channels; one that batches both joins the groups, each example its own
+# group. One permute and reshape per operand, one kernel call, one reshape and permute of
+# the result. They take ungrouped, untransposed convolutions; the rest take the rules.
+def _levels_by_role(levels, first, second):
+    """The level numbers (outermost first) that batch only ``first``, both, only ``second``."""
+    order = sorted(levels)
+    return ([n for n in order if n in first and n not in second],
+            [n for n in order if n in first and n in second],
+            [n for n in order if n in second and n not in first])
+
+
+def _conv_of_chains(args, params):
+    if params["groups"] != 1 or params["transposed"]:
+        return None
+    found = bottom_operands(args)
+    if found is None:
+        return None
+    (x_op, w_op, b_op), levels = found
+    if x_op is None or w_op is None:
+        return None
+    (x_levels, x), (w_levels, w) = x_op, w_op
+    b_levels, bias = b_op if b_op is not None else ((), None)
+    if not set(b_levels) <= set(w_levels):  # a bias batched where the weight is not
+        return None
+    sizes = level_sizes((x_op, w_op, b_op))
+    n_levels, g_levels, o_levels = _levels_by_role(levels, x_levels, w_levels)
+    x = fold_levels(x, x_levels, {0: n_levels, 1: g_levels}, x.dim() - len(x_levels))
+    w = fold_levels(w, w_levels, {0: g_levels + o_levels}, w.dim() - len(w_levels))
+    if bias is not None:  # laid out as the output channels, broadcast where it is unbatched
+        channel_levels = g_levels + o_levels
+        position = {n: i for i, n in enumerate(b_levels)}
+        bias = bias.permute(*[position[n] for n in channel_levels if n in position],
+                            len(b_levels))
+        c_out = bias.shape[-1]
+        bias = bias.reshape(*[sizes[n] if n in position else 1 for n in channel_levels], c_out)
+        bias = bias.expand(*[sizes[n] for n in channel_levels], c_out).reshape(-1)
+    groups = math.prod(sizes[n] for n in g_levels)
+    out = _convolution(x, w, bias, **{**params, "groups": groups})
+    out = unfold_levels(out, {0: n_levels, 1: g_levels + o_levels}, sizes, sorted(levels))
+    return batched_by_every_level(out, levels)
+chain_rules[convolution_p] = _conv_of_chains
+
+
+def _conv_backward_input_of_chains(args, params):
+    if params["groups"] != 1 or params["transposed"]:
+        return None
+    found = bottom_operands(args)
+    if found is None:
+        return None
+    ((ct_levels, ct), (w_levels, w)), levels = found
+    sizes = level_sizes(found[0])
+    n_levels, g_levels, i_levels = _levels_by_role(levels, ct_levels, w_levels)
+    ct = fold_levels(ct, ct_levels, {0: n_levels, 1: g_levels}, ct.dim() - len(ct_levels))
+    w = fold_levels(w, w_levels, {0: g_levels, 1: i_levels}, w.dim() - len(w_levels))
+    n, c_in, *spatial = params["input_shape"]
+    channels = c_in * math.prod(sizes[k] for k in g_levels + i_levels)
+    input_shape = (ct.shape[0], channels, *spatial)
+    groups = math.prod(sizes[k] for k in g_levels)
+    out = _conv_backward_input(ct, w, **{**params, "input_shape": input_shape,
+                                         "groups": groups})
+    out = unfold_levels(out, {0: n_levels, 1: g_levels + i_levels}, sizes, sorted(levels))
+    return batched_by_every_level(out, levels)
+chain_rules[conv_backward_input_p] = _conv_backward_input_of_chains
+
+
+def _conv_backward_weight_of_chains(args, params):
+    if params["groups"] != 1 or params["transposed"]:
+        return None
+    found = bottom_operands(args)
+    if found is None:
+        return None
+    ((ct_levels, ct), (x_levels, x)), levels = found
+    sizes = level_sizes(found[0])
+    o_levels, g_levels, i_levels = _levels_by_role(levels, ct_levels, x_levels)
+    # (grad_weight sums over N: no level joins it; ``with_bias`` is dropped as in the rule)
+    ct = fold_levels(ct, ct_levels, {1: g_levels + o_levels}, ct.dim() - len(ct_levels))
+    x = fold_levels(x, x_levels, {1: g_levels + i_levels}, x.dim() - len(x_levels))
+    c_out, c_in, *kernel = params["weight_shape"]
+    weight_shape = (ct.shape[1], c_in * math.prod(sizes[k] for k in i_levels), *kernel)
+    groups = math.prod(sizes[k] for k in g_levels)
+    rest = {k: v for k, v in params.items() if k not in ("weight_shape", "with_bias")}
+    out = _conv_backward_weight(ct, x, weight_shape=weight_shape, with_bias=False,
+                                **{**rest, "groups": groups})
+    out = unfold_levels(out, {0: g_levels + o_levels, 1: i_levels}, sizes, sorted(levels))
+    return batched_by_every_level(out, levels)
+chain_rules[conv_backward_weight_p] = _conv_backward_weight_of_chains
 
 # --- convolution: the doors ----------------------------------------------------------------------
 def _conv_params(op, spatial, stride, padding, dilation, transposed, output_padding, groups):

@@ -896,6 +896,87 @@ def test_per_sample_weight_gradient_is_one_grouped_convolution(monkeypatch):
     assert calls == [((1, 5 * 6, 4, 4), (1, 5 * 4, 6, 6), 5 * 2)], calls
 
 
+# --- under several vmaps: one kernel call for all levels -------------------------------------------
+def _batched_by(levels, g, *shape):
+    """A tensor with one leading dim for each of the three vmaps that batches it."""
+    return normal(g, *[size for size, on in zip((2, 3, 4), levels) if on], *shape)
+
+
+def _three_vmaps(api, f, roles):
+    """``f`` under three vmaps; ``roles[i]`` says which vmaps batch argument i."""
+    for level in (2, 1, 0):
+        f = api.vmap(f, in_dims=tuple(0 if on[level] else None for on in roles))
+    return f
+
+
+def _chain_rule_calls(monkeypatch):
+    """(primitive name, whether its chain rule computed it) for each convolution chain rule
+    call (NOTE [Convolutions under nested vmaps] in core/nn.py)."""
+    from minifunctorch.core import batching
+    calls = []
+    for prim in (mf_nn.convolution_p, mf_nn.conv_backward_input_p,
+                 mf_nn.conv_backward_weight_p):
+        rule = batching.chain_rules[prim]
+
+        def spy(args, params, prim=prim, rule=rule):
+            out = rule(args, params)
+            calls.append((prim.name, out is not None))
+            return out
+        monkeypatch.setitem(batching.chain_rules, prim, spy)
+    return calls
+
+
+_LEVEL_SETS = [levels for levels in itertools.product((False, True), repeat=3)]
+
+
+@pytest.mark.parametrize("x_levels", _LEVEL_SETS, ids=lambda v: "x" + "".join("01"[b] for b in v))
+def test_a_convolution_under_three_vmaps_is_one_kernel_call(x_levels, monkeypatch):
+    """Every way three vmaps can batch the input, the weight and the bias (each level batching
+    one of them at least): torch.func's value, computed by the chain rule in one call wherever
+    two levels or more are involved and the bias is batched only where the weight is."""
+    calls = _chain_rule_calls(monkeypatch)
+    conv = lambda x, w, b: F.conv2d(x, w, b, padding=1, stride=(1, 2))  # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    for w_levels, b_levels in itertools.product(_LEVEL_SETS, repeat=2):
+        roles = (x_levels, w_levels, b_levels)
+        if not all(any(on[level] for on in roles) for level in range(3)):
+            continue  # (a vmap must batch something)
+        x = _batched_by(x_levels, g, 2, 3, 5, 6)
+        w = _batched_by(w_levels, g, 4, 3, 3, 3)
+        b = _batched_by(b_levels, g, 4)
+        calls.clear()
+        ours = _three_vmaps(mf, conv, roles)(x, w, b)
+        assert_same(ours, _three_vmaps(tf, conv, roles)(x, w, b))
+        involved = sum(any(on[level] for on in (x_levels, w_levels)) for level in range(3))
+        expected = involved >= 2 and all(w_levels[k] or not b_levels[k] for k in range(3))
+        assert calls[0] == ("convolution", expected), (roles, calls)
+
+
+@pytest.mark.parametrize("x_levels", _LEVEL_SETS, ids=lambda v: "x" + "".join("01"[b] for b in v))
+def test_convolution_gradients_under_three_vmaps(x_levels, monkeypatch):
+    """vjp inside three vmaps that batch the input, the weight and the output's cotangent in
+    every way: the backward convolutions' chain rules give torch.func's gradients."""
+    calls = _chain_rule_calls(monkeypatch)
+
+    def gradients(api):
+        def f(x, w, b, ct):
+            conv = lambda x, w: F.conv2d(x, w, b, padding=(0, 1), dilation=(1, 2))  # noqa: E731
+            return api.vjp(conv, x, w)[1](ct)
+        return f
+    g = torch.Generator().manual_seed(1)
+    for w_levels, ct_levels in itertools.product(_LEVEL_SETS, repeat=2):
+        roles = (x_levels, w_levels, (False,) * 3, ct_levels)
+        if not all(any(on[level] for on in roles) for level in range(3)):
+            continue
+        x = _batched_by(x_levels, g, 2, 3, 5, 6)
+        w = _batched_by(w_levels, g, 4, 3, 3, 3)
+        b = normal(g, 4)
+        ct = _batched_by(ct_levels, g, 2, 4, 3, 4)
+        ours = _three_vmaps(mf, gradients(mf), roles)(x, w, b, ct)
+        assert_same(ours, _three_vmaps(tf, gradients(tf), roles)(x, w, b, ct))
+    computed = {name for name, done in calls if done}
+    assert {"convolution_backward_input", "convolution_backward_weight"} <= computed, calls
+
 _AT_EVERY_DIM = {  # name -> (f, its batched argument's unbatched shape, the other arguments)
     "max_pool2d": (lambda x: F.max_pool2d(x, 2), (3, 2, 6, 6), ()),
     "avg_pool2d": (lambda x: F.avg_pool2d(x, 3, 1, 1), (3, 2, 6, 6), ()),
