@@ -22,7 +22,8 @@ import torch._refs  # noqa: F401  (registers torch.ops.prims, which the refs dec
 
 from . import ops
 from . import primitives as P
-from .values import bind
+from .errors import UnsupportedOperationError
+from .values import batched_by_vmap, bind
 
 aten = torch.ops.aten
 
@@ -133,7 +134,17 @@ def concrete(x):
 
 register(aten._local_scalar_dense.default)(lambda x: concrete(x).item())
 register(aten.is_nonzero.default)(lambda x: bool(concrete(x)))
-register(aten.equal.default)(lambda x, y: bool(torch.equal(concrete(x), concrete(y))))
+
+
+@register(aten.equal.default)
+def _equal(x, y):
+    if batched_by_vmap(x) or batched_by_vmap(y):  # (one bool for the whole batch)
+        raise UnsupportedOperationError(
+            "torch.equal(...): Batching rule not implemented for aten::equal. We could not "
+            "generate a fallback (as in torch.func): equal answers with one Python bool, and "
+            "under vmap each example has its own answer. Fix: compare per example, e.g. "
+            "(x == y).all() returns a batched boolean tensor.")
+    return bool(torch.equal(concrete(x), concrete(y)))
 
 
 # elementwise, one input

@@ -374,9 +374,10 @@ def _apply_after_exit(level_ref, prim, *args, **params):
     level = level_ref()  # alive: this is called through it
     if getattr(level, "length", None) is not None:  # a vmap level: no single value to use
         raise UnsupportedOperationError(
-            f"{level.call}: a value batched by this vmap was used after the vmap returned (it "
-            "escaped, e.g. appended to a list inside the function), and it has no value "
-            "outside the vmap. Fix: return it from the function instead."
+            f"{level.call}: your tensor may have escaped from inside a function being "
+            "vmapped (torch.func's words): a value batched by this vmap was used after the "
+            "vmap returned (it escaped, e.g. appended to a list inside the function), and it "
+            "has no value outside the vmap. Fix: return it from the function instead."
         )
     lowered = [arg.payload if isinstance(arg, Value) and arg.dispatcher is level else arg
                for arg in args]

@@ -80,8 +80,10 @@ class InputDtypeError(TransformUsageError, RuntimeError):
     primal of jvp it raises ``ValueError``, a plain ``TransformUsageError`` here)."""
 
 
-class DimOutOfRangeError(TransformUsageError, IndexError):
-    """vmap's ``out_dims`` names a dim the output does not have (torch.func: ``IndexError``)."""
+class DimOutOfRangeError(TransformUsageError, IndexError, RuntimeError):
+    """A dim out of range: of an op, or vmap's ``out_dims`` naming a dim the output does not
+    have. torch raises ``IndexError``; torch.func's vmap raises that or ``RuntimeError``
+    (its batching rules of an op on 0-d examples), so this is both."""
 
 
 class MissingRuleError(TransformError, NotImplementedError):

@@ -14,8 +14,9 @@ import math
 import torch
 
 from . import primitives as P
-from .errors import DimOutOfRangeError, InvalidOptionError, ShapeMismatchError, TransformUsageError
-from .values import Value, bind
+from .errors import (DimOutOfRangeError, InvalidOptionError, ShapeMismatchError,
+                     TransformUsageError, UnsupportedOperationError)
+from .values import Value, batched_by_vmap, bind
 
 _builtin_sum = builtins.sum
 _builtin_abs = builtins.abs
@@ -698,11 +699,39 @@ def to(x, *args, dtype=None, device=None, **ignored):
     return x
 
 
-def clone(x, **ignored):
+# NOTE [Memory formats under vmap]
+# A value has no memory of its own, and a FuncTensor shows contiguous strides; under grad
+# and jvp, contiguous() and clone() in any memory format give the same numbers as torch, and
+# only the strides differ. torch.func's vmap does not model memory formats either: for any
+# format but the ordinary ones it raises, and so does this engine, in its words, rather than
+# answer a layout question about examples whose layout it does not know.
+def refuse_memory_format_under_vmap(call, x, memory_format, allowed):
+    """Raise torch.func's error if ``x`` is batched by a vmap and ``memory_format`` (a format
+    given to ``call``) is not among ``allowed``."""
+    if memory_format in allowed or not batched_by_vmap(x):
+        return
+    if call == "Tensor.clone":
+        words = ("NYI: Tensor.clone(memory_format) inside vmap is only supported with "
+                 f"memory_format torch.preserve_format or torch.contiguous_format (got "
+                 f"{memory_format})")
+    else:
+        words = ("NYI: querying is_contiguous inside of vmap for memory_format other than "
+                 "torch.contiguous_format")
+    raise UnsupportedOperationError(
+        f"{call}(memory_format={memory_format}): {words}, as in torch.func: vmap does not "
+        "model the memory layout of the examples. Fix: leave memory_format out inside vmap "
+        "(or call it on the batched result outside).")
+
+
+def clone(x, memory_format=None):
+    refuse_memory_format_under_vmap("Tensor.clone", x, memory_format,
+                                    (None, torch.preserve_format, torch.contiguous_format))
     return bind(P.clone_p, x)
 
 
-def contiguous(x, **ignored):
+def contiguous(x, memory_format=None):
+    refuse_memory_format_under_vmap("Tensor.contiguous", x, memory_format,
+                                    (None, torch.contiguous_format))
     return x  # a FuncTensor is always laid out contiguously
 
 

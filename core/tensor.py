@@ -46,7 +46,7 @@ from . import aten_api, grad_mode, ops, torch_api
 from .errors import InPlaceError, InvalidOptionError, UnsupportedOperationError
 from .names import label
 from . import values
-from .values import NUMBERS, Value, top_dispatcher
+from .values import NUMBERS, Value, batched_by_vmap, top_dispatcher
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided
@@ -875,7 +875,7 @@ def call_function(func, args, kwargs):
                 return args[0]
         if kwargs:
             if kwargs.get("out") is not None:
-                raise _out_error(func)
+                raise _out_error(func, args)
             if "axis" in kwargs or "keepdims" in kwargs:
                 kwargs = _torch_names(kwargs)
             out = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
@@ -909,7 +909,7 @@ def call_function(func, args, kwargs):
     op = torch_api.IN_PLACE.get(func)
     if op is not None:
         if kwargs.get("out") is not None:
-            raise _out_error(func)
+            raise _out_error(func, args)
         new_value = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
         return _write(args[0], new_value, f"{_qualified_name(func)}(...)")
     activation = torch_api.ACTIVATIONS.get(func)
@@ -921,7 +921,7 @@ def call_function(func, args, kwargs):
             in_place = args[position]
             args = args[:position]
         if kwargs.get("out") is not None:
-            raise _out_error(func)
+            raise _out_error(func, args)
         new_value = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
         if in_place:
             return _write(args[0], new_value, f"{_qualified_name(func)}(..., inplace=True)")
@@ -931,6 +931,10 @@ def call_function(func, args, kwargs):
         raise _refusal(func, refusal)
     if func in _STORAGE_READERS:
         _check_storage_read(func, args, kwargs)
+    if func is torch.Tensor.is_contiguous and type(args[0]) is FuncTensor:
+        memory_format = args[1] if len(args) > 1 else kwargs.get("memory_format")
+        ops.refuse_memory_format_under_vmap("Tensor.is_contiguous", value_of(args[0]),
+                                            memory_format, (None, torch.contiguous_format))
     return _back_door(func, args, kwargs)
 
 
@@ -1013,11 +1017,21 @@ def _refusal(func, refusal):
     )
 
 
-def _out_error(func):
+def _out_error(func, args):
+    """The refusal of ``out=`` inside a transform, with torch.func's words for it: its vmap
+    has no batching rule for the op's out= overload, and its grad levels no derivative."""
+    name = getattr(func, "__name__", "op")
+    if any(batched_by_vmap(unwrap(a)) for a in args):
+        words = (f"Batching rule not implemented for aten::{name}.out; the fallback path "
+                 "doesn't work on out= or view ops")
+    else:
+        words = (f"{name}(): functions with out=... arguments don't support automatic "
+                 "differentiation, but one of the arguments requires grad")
     return InPlaceError(
-        f"{_qualified_name(func)}(..., out=...): writing into an out= tensor inside a "
-        "transform is not supported. Fix: use the returned value."
+        f"{_qualified_name(func)}(..., out=...): {words} (as in torch.func): writing into an "
+        "out= tensor inside a transform is not supported. Fix: use the returned value."
     )
+
 
 
 # --- the back door: aten ops ---------------------------------------------------------------------

@@ -144,6 +144,15 @@ def top_dispatcher(values):
     return top
 
 
+def batched_by_vmap(value) -> bool:
+    """Whether a vmap level batches ``value`` (one of the levels in its payload chain)."""
+    while isinstance(value, Value):
+        if value.dispatcher.transform_name == "vmap":
+            return True
+        value = value.payload
+    return False
+
+
 def bottom_tensor(value):
     """The plain tensor at the bottom of a value's payload chain (a meta tensor if traced)."""
     while isinstance(value, Value):

@@ -943,3 +943,28 @@ def test_gradient_hook_errors_name_the_call_and_the_fix():
     with pytest.raises(mf.TransformUsageError, match="has changed the size of value"):
         mf.grad(resized)(x)
     torch.testing.assert_close(mf.grad(lambda x: x.sin().sum())(x), x.cos())  # next call works
+
+
+def test_memory_formats_are_values_under_grad_and_refused_under_vmap_as_in_torch_func():
+    """NOTE [Memory formats under vmap] (core/ops.py): under grad and jvp, contiguous() and
+    clone() in a channels-last format give torch.func's numbers; under vmap the ordinary
+    formats work and the others raise, as torch.func's vmap does (the rows of
+    test_torchfunc_errors.py check its wording)."""
+    images = torch.arange(2 * 3 * 4 * 5, dtype=torch.float64).reshape(2, 3, 4, 5) / 50
+
+    def f(x):
+        y = x.sin().contiguous(memory_format=torch.channels_last)
+        return (torch.clone(y, memory_format=torch.channels_last) * x).sum()
+    torch.testing.assert_close(mf.grad(f)(images), tf.grad(f)(images))
+    torch.testing.assert_close(mf.jvp(f, (images,), (images,)),
+                               tf.jvp(f, (images,), (images,)))
+
+    def ordinary(x):
+        return (x.contiguous(memory_format=torch.contiguous_format)
+                + torch.clone(x, memory_format=torch.preserve_format)
+                + x.clone(memory_format=torch.contiguous_format) * x.is_contiguous())
+    torch.testing.assert_close(mf.vmap(ordinary)(images), tf.vmap(ordinary)(images))
+    with pytest.raises(RuntimeError, match=r"^Tensor\.contiguous\(memory_format=torch\.channels"
+                                           r"_last\): NYI: querying is_contiguous"):
+        mf.vmap(lambda x: x[None].contiguous(memory_format=torch.channels_last))(images)
+    assert mf.vmap(lambda x: x.sin())(images).shape == images.shape  # usable right after

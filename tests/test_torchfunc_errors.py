@@ -425,6 +425,36 @@ CASES = [
                  lambda F: F.functional_call(torch.nn.Linear(2, 1), {"weight": torch.ones(1, 2)},
                                              (torch.ones(1, 2),), strict=True),
                  RuntimeError, r"Missing key\(s\): 'bias'"),
+    ("vmap_out_argument",
+     lambda F: F.vmap(lambda a, out: torch.abs(a, out=out))(b, b.clone()),
+     RuntimeError, r"Batching rule not implemented for aten::abs.out; the fallback path "
+     r"doesn't work on out= or view ops"),
+    ("vmap_equal", lambda F: F.vmap(torch.equal)(b, b),
+     RuntimeError, r"Batching rule not implemented for aten::equal"),
+    ("grad_out_argument",
+     lambda F: F.grad(lambda a: torch.sin(a, out=torch.empty(3)).sum())(x),
+     RuntimeError, r"sin\(\): functions with out=... arguments don't support automatic "
+     r"differentiation, but one of the arguments requires grad"),
+    # (a RuntimeError here, where torch and torch.func's other rules raise IndexError: the
+    # engine's DimOutOfRangeError is both)
+    ("vmap_squeeze_of_a_0d_example_at_dim_1",
+     lambda F: F.vmap(lambda a: torch.squeeze(a, dim=1))(torch.ones(4)),
+     RuntimeError, r"out of range \(expected to be in range of \[-1, 0\], but got \[?1"),
+    # NOTE [Memory formats under vmap] (core/ops.py)
+    ("vmap_contiguous_channels_last",
+     lambda F: F.vmap(lambda a: a.contiguous(memory_format=torch.channels_last))(
+         torch.ones(2, 1, 2, 2, 2)),
+     RuntimeError, r"NYI: querying is_contiguous inside of vmap for memory_format other than "
+     r"torch.contiguous_format"),
+    ("vmap_is_contiguous_channels_last_3d",
+     lambda F: F.vmap(lambda a: a + a.is_contiguous(memory_format=torch.channels_last_3d))(
+         torch.ones(2, 1, 2, 2, 2, 2)),
+     RuntimeError, r"NYI: querying is_contiguous inside of vmap for memory_format"),
+    ("vmap_clone_channels_last",
+     lambda F: F.vmap(lambda a: torch.clone(a, memory_format=torch.channels_last))(
+         torch.ones(2, 1, 2, 2, 2)),
+     RuntimeError, r"NYI: Tensor.clone\(memory_format\) inside vmap is only supported with "
+     r"memory_format torch.preserve_format or torch.contiguous_format"),
 ]
 
 
