@@ -730,20 +730,29 @@ def _levels_by_role(levels, first, second):
             [n for n in order if n in second and n not in first])
 
 
-def _conv_of_chains(args, params):
+def _chain_operands(args, params):
+    """For the chain rules below: the operands as ``bottom_operands`` gives them, the levels
+    by number and each level's batch size; None where the one-level rules must run."""
     if params["groups"] != 1 or params["transposed"]:
         return None
     found = bottom_operands(args)
     if found is None:
         return None
-    (x_op, w_op, b_op), levels = found
+    operands, levels = found
+    return operands, levels, level_sizes(operands)
+
+
+def _conv_of_chains(args, params):
+    found = _chain_operands(args, params)
+    if found is None:
+        return None
+    (x_op, w_op, b_op), levels, sizes = found
     if x_op is None or w_op is None:
         return None
     (x_levels, x), (w_levels, w) = x_op, w_op
     b_levels, bias = b_op if b_op is not None else ((), None)
     if not set(b_levels) <= set(w_levels):  # a bias batched where the weight is not
         return None
-    sizes = level_sizes((x_op, w_op, b_op))
     n_levels, g_levels, o_levels = _levels_by_role(levels, x_levels, w_levels)
     x = fold_levels(x, x_levels, {0: n_levels, 1: g_levels}, x.dim() - len(x_levels))
     w = fold_levels(w, w_levels, {0: g_levels + o_levels}, w.dim() - len(w_levels))
@@ -763,13 +772,10 @@ chain_rules[convolution_p] = _conv_of_chains
 
 
 def _conv_backward_input_of_chains(args, params):
-    if params["groups"] != 1 or params["transposed"]:
-        return None
-    found = bottom_operands(args)
+    found = _chain_operands(args, params)
     if found is None:
         return None
-    ((ct_levels, ct), (w_levels, w)), levels = found
-    sizes = level_sizes(found[0])
+    ((ct_levels, ct), (w_levels, w)), levels, sizes = found
     n_levels, g_levels, i_levels = _levels_by_role(levels, ct_levels, w_levels)
     ct = fold_levels(ct, ct_levels, {0: n_levels, 1: g_levels}, ct.dim() - len(ct_levels))
     w = fold_levels(w, w_levels, {0: g_levels, 1: i_levels}, w.dim() - len(w_levels))
@@ -785,13 +791,10 @@ chain_rules[conv_backward_input_p] = _conv_backward_input_of_chains
 
 
 def _conv_backward_weight_of_chains(args, params):
-    if params["groups"] != 1 or params["transposed"]:
-        return None
-    found = bottom_operands(args)
+    found = _chain_operands(args, params)
     if found is None:
         return None
-    ((ct_levels, ct), (x_levels, x)), levels = found
-    sizes = level_sizes(found[0])
+    ((ct_levels, ct), (x_levels, x)), levels, sizes = found
     o_levels, g_levels, i_levels = _levels_by_role(levels, ct_levels, x_levels)
     # (grad_weight sums over N: no level joins it; ``with_bias`` is dropped as in the rule)
     ct = fold_levels(ct, ct_levels, {1: g_levels + o_levels}, ct.dim() - len(ct_levels))
