@@ -660,16 +660,16 @@ def level_sizes(operands):
     return sizes
 
 
-def fold_levels(t, own, groups, inner):
-    """A bottom tensor ``t`` (batch dims of the levels ``own`` in front, then its own dims)
-    with the batch dims of each list of levels in ``groups`` merged into one of its dims:
-    ``groups`` maps a dim of the example (0, 1, ...) to the levels whose batch dims are put
-    right before it and merged with it, outermost first. ``inner`` is the example's rank.
-    Returns the folded tensor (a permute and a reshape)."""
+def fold_levels(t, own, groups):
+    """A bottom tensor ``t`` (batch dims of the levels ``own`` in front, then the example's
+    dims) with the batch dims of each list of levels in ``groups`` merged into one of the
+    example's dims: ``groups`` maps a dim of the example (0, 1, ...) to the levels whose batch
+    dims are put right before it, in the order listed, and merged with it. Returns the folded
+    tensor (a permute and a reshape)."""
     k = len(own)
     position = {number: i for i, number in enumerate(own)}
     order, shape = [], []
-    for d in range(inner):
+    for d in range(t.dim() - k):
         merged = groups.get(d, ())
         order += [position[number] for number in merged]
         order.append(k + d)
@@ -685,8 +685,9 @@ def fold_levels(t, own, groups, inner):
 
 def unfold_levels(out, groups, sizes, order):
     """The inverse of ``fold_levels`` for a kernel's result: the levels merged into each dim
-    of ``out`` (``groups``, as there) are split off and moved in front in level order
-    (``order``, outermost first), every level in ``order`` being merged somewhere."""
+    of ``out`` (``groups``, as there; ``sizes`` their batch sizes) are split off and moved in
+    front in level order (``order``, outermost first), every level in ``order`` being merged
+    somewhere."""
     shape, where, k = [], {}, 0
     for d in range(out.dim()):
         merged = groups.get(d, ())

@@ -711,7 +711,6 @@ def conv_backward_bias_batch(values, bdims, **params):
 batching_rules[conv_backward_bias_p] = conv_backward_bias_batch
 
 
-
 # NOTE [Convolutions under nested vmaps]
 # Under several vmaps (the NTK's jvp convolves an input batched by one level with a weight
 # tangent batched by two others) each level's rule above folds its batch dim into the
@@ -754,8 +753,8 @@ def _conv_of_chains(args, params):
     if not set(b_levels) <= set(w_levels):  # a bias batched where the weight is not
         return None
     n_levels, g_levels, o_levels = _levels_by_role(levels, x_levels, w_levels)
-    x = fold_levels(x, x_levels, {0: n_levels, 1: g_levels}, x.dim() - len(x_levels))
-    w = fold_levels(w, w_levels, {0: g_levels + o_levels}, w.dim() - len(w_levels))
+    x = fold_levels(x, x_levels, {0: n_levels, 1: g_levels})
+    w = fold_levels(w, w_levels, {0: g_levels + o_levels})
     if bias is not None:  # laid out as the output channels, broadcast where it is unbatched
         channel_levels = g_levels + o_levels
         position = {n: i for i, n in enumerate(b_levels)}
@@ -777,8 +776,8 @@ def _conv_backward_input_of_chains(args, params):
         return None
     ((ct_levels, ct), (w_levels, w)), levels, sizes = found
     n_levels, g_levels, i_levels = _levels_by_role(levels, ct_levels, w_levels)
-    ct = fold_levels(ct, ct_levels, {0: n_levels, 1: g_levels}, ct.dim() - len(ct_levels))
-    w = fold_levels(w, w_levels, {0: g_levels, 1: i_levels}, w.dim() - len(w_levels))
+    ct = fold_levels(ct, ct_levels, {0: n_levels, 1: g_levels})
+    w = fold_levels(w, w_levels, {0: g_levels, 1: i_levels})
     n, c_in, *spatial = params["input_shape"]
     channels = c_in * math.prod(sizes[k] for k in g_levels + i_levels)
     input_shape = (ct.shape[0], channels, *spatial)
@@ -797,8 +796,8 @@ def _conv_backward_weight_of_chains(args, params):
     ((ct_levels, ct), (x_levels, x)), levels, sizes = found
     o_levels, g_levels, i_levels = _levels_by_role(levels, ct_levels, x_levels)
     # (grad_weight sums over N: no level joins it; ``with_bias`` is dropped as in the rule)
-    ct = fold_levels(ct, ct_levels, {1: g_levels + o_levels}, ct.dim() - len(ct_levels))
-    x = fold_levels(x, x_levels, {1: g_levels + i_levels}, x.dim() - len(x_levels))
+    ct = fold_levels(ct, ct_levels, {1: g_levels + o_levels})
+    x = fold_levels(x, x_levels, {1: g_levels + i_levels})
     c_out, c_in, *kernel = params["weight_shape"]
     weight_shape = (ct.shape[1], c_in * math.prod(sizes[k] for k in i_levels), *kernel)
     groups = math.prod(sizes[k] for k in g_levels)
