@@ -17,7 +17,7 @@ import optree
 import torch
 
 from . import ops
-from .autograd import Autograd, AutogradValue
+from .autograd import Autograd, AutogradValue, refuse_write_to_recorded
 from .batching import Batched, BatchedValue, move_bdim
 from .dispatch import new_level, transform_scope
 from .errors import (
@@ -310,8 +310,25 @@ def _run_reverse(f, args, kwargs, argnums, call):
         with user_code():
             out = f(*args, **kwargs)
         out = _output_values(out)
+        _refuse_writes_a_tape_reads(shown, originals)
     _write_back(shown, originals, level.lower_own, call)
     return level, out, argnums, inputs
+
+
+def _refuse_writes_a_tape_reads(shown, originals):
+    """Before ``_write_back``, while the level runs. An input that f wrote in place is copied
+    into the caller's tensor, the very tensor the ops recorded on its first value read. If
+    one of them would read it in the backward pass (``x.sin_()``; ``(x * x).sum()`` then
+    ``x.add_(1)``), the gradient would use the new numbers: torch.func refuses every such
+    write into its leaves, and here a write is refused when a recorded op has the caller's
+    tensor among its arguments (NOTE [A tape has no version counter] in autograd.py). A
+    write before any use under no_grad, or one that replaces the input (``x.copy_(y)``), is
+    copied back as before."""
+    for tensor, original in zip(shown, originals):
+        if type(tensor) is FuncTensor and tensor._generation and type(original) is not FuncTensor:
+            refuse_write_to_recorded(
+                original, "an in-place op on an input (torch.func: a leaf Variable that "
+                          "requires grad is being used in an in-place operation)")
 
 
 def _gradients(level, seeds, inputs):

@@ -299,11 +299,17 @@ def test_in_place_methods_on_values_match_torch_func():
 
 
 def test_in_place_writes_to_inputs_reach_the_caller_as_in_torch_func():
-    # torch.func's grad refuses an in-place op on its input (a leaf that requires grad);
-    # here the function is differentiated as written, and the caller's tensor is written
+    # torch.func's grad refuses an in-place op on its input (a leaf that requires grad); so
+    # does this one where a recorded op reads the input (add_'s own add here), and the
+    # caller's tensor is left as it was (_refuse_writes_a_tape_reads in core/transforms.py)
     ours = x3.clone()
-    torch.testing.assert_close(mf.grad(lambda x: (x.add_(1) ** 2).sum())(ours), 2 * (x3 + 1))
-    torch.testing.assert_close(ours, x3 + 1)
+    raises(mf.UnsupportedOperationError, r"a leaf Variable that requires grad is being used in "
+           r"an in-place operation", mf.grad(lambda x: (x.add_(1) ** 2).sum()), ours)
+    torch.testing.assert_close(ours, x3)
+    # a write that replaces the input before any use reaches the caller
+    torch.testing.assert_close(mf.grad(lambda x: (x.copy_(x3 * 2) * 3).sum())(ours),
+                               torch.zeros_like(x3))
+    torch.testing.assert_close(ours, x3 * 2)
     ours, theirs = batch.clone(), batch.clone()
     torch.testing.assert_close(mf.vmap(lambda x: x.mul_(2), in_dims=1)(ours),
                                torch.func.vmap(lambda x: x.mul_(2), in_dims=1)(theirs))
