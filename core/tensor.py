@@ -622,7 +622,7 @@ def _write(target, new_value, call):
     views the same way."""
     if type(target) is not FuncTensor:
         # torch.func's words: vmap's where the written value has a batch dim, else autograd's
-        if _has_batch(new_value):
+        if batched_by_vmap(new_value):
             torch_words = ("vmap: inplace arithmetic(self, *extra_args) is not possible "
                            "because there exists a Tensor `other` in extra_args that has more "
                            "elements than `self`: ")
@@ -689,15 +689,6 @@ def _keep_own_derivative(old, new):
         if hasattr(old, "tangent"):
             return type(old)(level, inner, old.tangent)
     return new
-
-
-def _has_batch(value):
-    """Whether ``value`` varies over the batch of some vmap (a batch dim at any level)."""
-    while isinstance(value, Value):
-        if getattr(value, "bdim", None) is not None:
-            return True
-        value = value.payload
-    return False
 
 
 def _keep_grad_identity(old, new, *, detached=False):
@@ -1031,7 +1022,6 @@ def _out_error(func, args):
         f"{_qualified_name(func)}(..., out=...): {words} (as in torch.func): writing into an "
         "out= tensor inside a transform is not supported. Fix: use the returned value."
     )
-
 
 
 # --- the back door: aten ops ---------------------------------------------------------------------
