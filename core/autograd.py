@@ -36,7 +36,6 @@ from .dispatch import (
     complex_derivatives,
     complex_not_supported,
     cyclic_gc_paused,
-    has_complex,
     name_of,
     nondifferentiable_outputs,
     transform_levels,
@@ -64,6 +63,18 @@ class AutogradValue(Value):
 
     __slots__ = ()
     requires_grad = True  # what a FuncTensor showing it says, as inside torch.func's grad
+
+    def metadata(self):
+        # Value.metadata and _own_metadata in one (the hot path: every op's result under grad)
+        metadata = self._metadata
+        if metadata is None:
+            payload = self.payload
+            if isinstance(payload, Value):
+                metadata = payload.metadata()
+            else:
+                metadata = (payload.shape, payload.dtype, payload.device)
+            self._metadata = metadata
+        return metadata
 
 
 def _check_for_nan(call, entry, input_cts):
@@ -99,7 +110,7 @@ class TapeEntry:
                  "out_dtype", "backward", "mixed_dtypes")
 
     def __init__(self, prim, params, inputs, input_labels, args, output, out_shape, out_dtype,
-                 backward, *, mixed_dtypes=True):
+                 backward, mixed_dtypes=True):
         self.prim = prim
         self.params = params
         self.inputs = inputs  # a name per argument; None where the argument is a constant
@@ -229,15 +240,17 @@ class Tape:
         check_nan = torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled()
         gradients = dict(seeds)
         steps = [BackwardStep(None, None, None, [(n, ct, ct) for n, ct in seeds.items()])]
-        for index in range(len(self.entries) - 1, -1, -1):
-            entry = self.entries[index]
-            ct = gradients.get(entry.output)
+        entries, hooks = self.entries, self.hooks
+        for index in range(len(entries) - 1, -1, -1):
+            entry = entries[index]
+            output = entry.output
+            ct = gradients.get(output)
             if ct is None:
                 continue
-            if entry.output in seeds:
+            if output in seeds:
                 ct = _in_dtype(ct, entry.out_dtype)
-            if self.hooks:
-                ct = gradients[entry.output] = self._hooked(entry.output, ct)
+            if hooks:
+                ct = gradients[output] = self._hooked(output, ct)
             _needs_stack.append(entry.inputs)
             try:
                 input_cts = entry.backward(ct)
@@ -249,7 +262,7 @@ class Tape:
             )
             if check_nan:
                 _check_for_nan(self.call, entry, input_cts)
-            contributions = []
+            contributions = [] if record_steps else None
             for name, input_ct, arg in zip(entry.inputs, input_cts, entry.args):
                 if name is None or input_ct is None:
                     continue
@@ -258,7 +271,8 @@ class Tape:
                 previous = gradients.get(name)
                 total = input_ct if previous is None else ops.add(previous, input_ct)
                 gradients[name] = total
-                contributions.append((name, input_ct, total))
+                if record_steps:
+                    contributions.append((name, input_ct, total))
             if record_steps:
                 steps.append(BackwardStep(index, entry, ct, contributions))
         if self.hooks:  # the transform's inputs, which no entry produced
@@ -441,20 +455,33 @@ class Autograd(Dispatcher):
         rule = vjp_rules.get(prim)
         if rule is None:
             raise missing_rule_error(prim, "vjp", "grad")
-        payloads, inputs, labels, input_dtypes = [], [], [], set()
+        # (this is the hot path of every op under grad: the loop also finds the inputs'
+        # dtypes, from which the checks below follow, instead of a pass per check)
+        payloads, inputs, labels = [], [], []
+        in_dtype = None  # the differentiated inputs' dtype; mixed if they differ
+        mixed_dtypes = takes_complex = False
         for a in args:
             if type(a) is AutogradValue and a.dispatcher is self:
                 payloads.append(a.payload)
-                name = a.name
+                name = a._name
+                if name is None:
+                    name = a.name
                 inputs.append(name)
                 labels.append(name)
-                input_dtypes.add(a.metadata()[1])
+                dtype = a.metadata()[1]
+                if dtype is not in_dtype:
+                    if in_dtype is not None:
+                        mixed_dtypes = True
+                    in_dtype = dtype
+                    takes_complex = takes_complex or dtype.is_complex
             else:
                 payloads.append(a)
                 inputs.append(None)
                 labels.append(self.tape.label_of_constant(a))
+                dtype = getattr(a, "dtype", None)
+                takes_complex = takes_complex or (dtype is not None and dtype.is_complex)
         complex_ok = prim in complex_derivatives  # NOTE [Complex numbers] (dispatch.py)
-        if not complex_ok and has_complex(payloads):
+        if takes_complex and not complex_ok:
             raise complex_not_supported(self, prim, gives=False)
         if self.create_graph:
             self._paused += 1
@@ -475,13 +502,13 @@ class Autograd(Dispatcher):
         if name in inputs:  # a rule returned its input unchanged: keep names distinct
             name = out._name = fresh_name()
         out_shape, dtype, _ = out.metadata()
-        mixed_dtypes = len(input_dtypes) > 1 or dtype not in input_dtypes
+        mixed_dtypes = mixed_dtypes or dtype is not in_dtype
         if dtype.is_complex:
             if not complex_ok:
                 raise complex_not_supported(self, prim)
             backward = real_cotangents_of(payloads, inputs, backward)
-        self.tape.record(TapeEntry(prim, params, inputs, labels, args, name, out_shape,
-                                   dtype, backward, mixed_dtypes=mixed_dtypes))
+        self.tape.entries.append(TapeEntry(prim, params, inputs, labels, args, name, out_shape,
+                                           dtype, backward, mixed_dtypes))
         return out
 
     def wrap_adopted(self, payload, original):

@@ -1162,12 +1162,29 @@ class _TransformMode(TorchFunctionMode):
     """Active while a transform runs user code (NOTE [Tensors created inside a transform])."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if len(args) == 1 and not kwargs:  # NOTE [vmap's elementwise ops at the front door]
+        if len(args) == 1 and not kwargs:
             x = args[0]
-            if type(x) is FuncTensor and type(x.value) is batched_value_type and x._view is None:
-                result = _batched_elementwise(_ONE_PRIMITIVE.get(func), x.value, ())
-                if result is not None:
-                    return result
+            if type(x) is FuncTensor and x._view is None:
+                value = x.value
+                prim = _ONE_PRIMITIVE.get(func)
+                if type(value) is batched_value_type:
+                    # NOTE [vmap's elementwise ops at the front door]
+                    result = _batched_elementwise(prim, value, ())
+                    if result is not None:
+                        return result
+                elif prim is not None and isinstance(value, Value):
+                    # NOTE [Functions that are one primitive] (torch_api.py): what
+                    # call_function does for them, without its lookups (none of them is a view,
+                    # a storage reader or a random function)
+                    out = value.dispatcher.apply(prim, value)
+                    if isinstance(out, Value):
+                        shape, dtype, device = out.metadata()
+                        result = _make_wrapper(FuncTensor, shape, None, None, None, dtype,
+                                               _STRIDED, device)
+                        result.value = out
+                        return result
+                    return _back_door(func, args, {}) if out is NotImplemented else (
+                        _wrap_result(out))
         kwargs = kwargs or {}
         draw = _RANDOM_FUNCTIONS.get(func)
         if draw is not None:  # torch.rand & co under vmap (randomness.py)
