@@ -106,7 +106,7 @@ def _check_for_nan(call, entry, input_cts):
 class TapeEntry:
     """One recorded primitive: what ran, on which names, and its backward closure."""
 
-    __slots__ = ("prim", "params", "inputs", "input_labels", "args", "output", "out_shape",
+    __slots__ = ("prim", "params", "inputs", "_labels", "args", "output", "out_shape",
                  "out_dtype", "backward", "mixed_dtypes")
 
     def __init__(self, prim, params, inputs, input_labels, args, output, out_shape, out_dtype,
@@ -114,7 +114,9 @@ class TapeEntry:
         self.prim = prim
         self.params = params
         self.inputs = inputs  # a name per argument; None where the argument is a constant
-        self.input_labels = input_labels  # names of all arguments, constants included
+        # names of all arguments, constants included (a number may be kept as itself: it is
+        # written as a literal only if the entry is shown, not on the hot path)
+        self._labels = input_labels
         self.args = args
         self.output = output
         self.out_shape = out_shape
@@ -123,6 +125,11 @@ class TapeEntry:
         # whether an input's dtype may differ from the output's: then the cotangents the
         # backward makes are cast (NOTE [A cotangent takes its value's dtype])
         self.mixed_dtypes = mixed_dtypes
+
+    @property
+    def input_labels(self) -> list:
+        """The names of all arguments, constants included (a number as its literal)."""
+        return [label if type(label) is str else repr(label) for label in self._labels]
 
     @property
     def saved(self) -> dict:
@@ -474,6 +481,10 @@ class Autograd(Dispatcher):
                         mixed_dtypes = True
                     in_dtype = dtype
                     takes_complex = takes_complex or dtype.is_complex
+            elif type(a) in NUMBERS:  # its label is itself (TapeEntry.input_labels)
+                payloads.append(a)
+                inputs.append(None)
+                labels.append(a)
             else:
                 payloads.append(a)
                 inputs.append(None)

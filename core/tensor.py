@@ -267,11 +267,17 @@ def _operator(func, x, y):
     if depth and _stack_at(depth - 1) is _MODE:
         _pop_mode()
         try:
-            if type(y) in NUMBERS and type(x.value) is batched_value_type and x._view is None:
-                # NOTE [vmap's elementwise ops at the front door]
-                result = _batched_elementwise(_NUMBER_SECOND.get(func), x.value, (y,))
-                if result is not None:
-                    return result
+            if type(y) in NUMBERS and x._view is None:
+                value = x.value
+                prim = _NUMBER_SECOND.get(func)
+                if type(value) is batched_value_type:
+                    # NOTE [vmap's elementwise ops at the front door]
+                    result = _batched_elementwise(prim, value, (y,))
+                    if result is not None:
+                        return result
+                elif prim is not None and isinstance(value, Value):
+                    # call_function's case "x * 1.1", without its lookups
+                    return _wrapped(value.dispatcher.apply(prim, value, y), func, (x, y))
             return call_function(func, (x, y), {})
         finally:
             _push_mode(_MODE)
@@ -929,6 +935,17 @@ def call_function(func, args, kwargs):
     return _back_door(func, args, kwargs)
 
 
+def _wrapped(out, func, args):
+    """What call_function returns for ``out``, the result of ``func(*args)``'s primitive (for
+    the shortcuts that bind it themselves: none of them is a view)."""
+    if isinstance(out, Value):
+        shape, dtype, device = out.metadata()
+        result = _make_wrapper(FuncTensor, shape, None, None, None, dtype, _STRIDED, device)
+        result.value = out
+        return result
+    return _back_door(func, args, {}) if out is NotImplemented else _wrap_result(out)
+
+
 # NOTE [vmap's elementwise ops at the front door]
 # An elementwise op under vmap, on one batched tensor (and maybe a number), is the commonest
 # call there is, and when the batched value's payload is a plain tensor its level's whole
@@ -1176,15 +1193,7 @@ class _TransformMode(TorchFunctionMode):
                     # NOTE [Functions that are one primitive] (torch_api.py): what
                     # call_function does for them, without its lookups (none of them is a view,
                     # a storage reader or a random function)
-                    out = value.dispatcher.apply(prim, value)
-                    if isinstance(out, Value):
-                        shape, dtype, device = out.metadata()
-                        result = _make_wrapper(FuncTensor, shape, None, None, None, dtype,
-                                               _STRIDED, device)
-                        result.value = out
-                        return result
-                    return _back_door(func, args, {}) if out is NotImplemented else (
-                        _wrap_result(out))
+                    return _wrapped(value.dispatcher.apply(prim, value), func, args)
         kwargs = kwargs or {}
         draw = _RANDOM_FUNCTIONS.get(func)
         if draw is not None:  # torch.rand & co under vmap (randomness.py)

@@ -568,7 +568,8 @@ def test_each_function_that_is_one_primitive_is_its_op():
     # the mode's shortcut for them skips call_function's special cases, so none may be one
     special = (set(tensor_module._SPECIAL_CALLS) | set(torch_api.VIEWS)
                | set(torch_api.RANDOM_FUNCTIONS) | set(torch_api.IN_PLACE))
-    assert not special & set(torch_api.ONE_PRIMITIVE), special & set(torch_api.ONE_PRIMITIVE)
+    for table in (torch_api.ONE_PRIMITIVE, torch_api.NUMBER_SECOND):
+        assert not special & set(table), special & set(table)
     inputs = (torch.rand(3) + 1.5, torch.arange(3), torch.tensor([True, False]),
               torch.complex(torch.rand(3), torch.rand(3)))
     for function, prim in torch_api.ONE_PRIMITIVE.items():
