@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from . import ops, torch_api
+from . import diagonals, ops, passes, torch_api
 from . import tensor as tensor_module
 from . import primitives as P
 from .dispatch import Dispatcher, name_of, no_concrete_value
@@ -355,6 +355,11 @@ def broadcasting_batch(prim):
     _KEEPS_BDIM.add(prim)
 
     def rule(values, bdims, **params):
+        if prim in passes.keeps_diagonal and len(values) == 2 and bdims[0] == 0 and (
+                bdims[1] is None):  # NOTE [An identity basis is a diagonal matrix, eagerly]
+            out = diagonals.elementwise_of_diagonal(prim, values[0], values[1], params)
+            if out is not None:
+                return out, 0
         # fast path: the batched operands share one bdim and rank; the rest are numbers, or
         # (with the batch dim in front) tensors of 1 to rank - 1 dims, which broadcast against
         # the logical dims only and promote dtypes as they would unbatched (no 0-d operand)
@@ -500,6 +505,9 @@ def matmul_batch(values, bdims):
         return ops.sum(ops.mul(x, y), -1), 0
     if x_bdim is None and x_rank == 2 and y_rank == 1:
         # (n, k) @ (B, k): one matrix product (B, k) @ (k, n)
+        out = diagonals.times_columns(x, y)  # NOTE [An identity basis is a diagonal matrix,
+        if out is not None:                  # eagerly] (diagonals.py)
+            return out, 0
         return ops.matmul(y, ops.transpose(x, 0, 1)), 0
     if x_bdim is None and x_rank == 2 and y_rank >= 2 and ops.shape_of(y)[-1] == 1:
         # (n, k) @ (B, ..., k, 1), a batch of column vectors, would broadcast x into a batched
@@ -516,6 +524,9 @@ def matmul_batch(values, bdims):
         # squeeze (a jacrev's pullback of every ``matrix @ vector``). Of any other layout,
         # torch.matmul folds the (B, 1, k) view differently, so that keeps the path below,
         # whose bits are torch.func's.
+        out = diagonals.rows_times(x, y)  # NOTE [An identity basis is a diagonal matrix,
+        if out is not None:               # eagerly] (diagonals.py)
+            return out, 0
         return ops.matmul(x, y), 0
     if x_rank == 1:
         x = ops.unsqueeze(x, -2)

@@ -243,7 +243,9 @@ def simplify(program):
 # spreads along column i of the diagonal's zeros, and here it stays in its row, as in the
 # Jacobian itself. Only identities the engine made for a Jacobian are
 # read so (``identity_basis``): a captured tensor that happens to equal an identity at trace
-# time may be written later. torch.func computes the dense products.
+# time may be written later. Eager transforms take the same shortcut as they compute
+# (NOTE [An identity basis is a diagonal matrix, eagerly] in diagonals.py). torch.func
+# computes the dense products.
 _identity_bases = weakref.WeakValueDictionary()  # id -> an identity the engine made
 # the primitives p with p(0, y) == 0, elementwise: p(diag(d), y) is diag(p(d, y)) for a y
 # that varies along one dim (elementwise.py registers its backward kernels here)
