@@ -961,16 +961,30 @@ keeps_batch_dim = frozenset()  # the primitives whose batching keeps the dim (ba
 
 
 def _batched_elementwise(prim, value, rest):
-    """``prim(value, *rest)`` for a vmap value over a plain tensor and a ``prim`` that keeps
-    the batch dim, as a FuncTensor; None for every other case (the general path runs)."""
-    payload = value.payload
-    level = value.dispatcher
-    if type(payload) is not torch.Tensor or prim not in keeps_batch_dim or level.exited:
+    """``prim(value, *rest)`` for a vmap value over a plain tensor (or over a chain of vmap
+    values over one: nested vmaps, each keeping its batch dim where it is, as
+    ``Batched._keeping_bdim`` does level by level) and a ``prim`` that keeps the batch dim, as
+    a FuncTensor; None for every other case (the general path runs)."""
+    if prim not in keeps_batch_dim or value.dispatcher.exited:
         return None  # (prim None: a function that is not one primitive)
-    out = prim.impl(payload, *rest)
-    shape = value.metadata()[0]
-    dtype, device = out.dtype, out.device
-    out_value = batched_value_type(level, out, value.bdim)
+    payload = value.payload
+    if type(payload) is torch.Tensor:
+        out = prim.impl(payload, *rest)
+        out_value = batched_value_type(value.dispatcher, out, value.bdim)
+    else:
+        links = [value]
+        while type(payload) is batched_value_type:
+            if payload.dispatcher.exited:
+                return None
+            links.append(payload)
+            payload = payload.payload
+        if type(payload) is not torch.Tensor:
+            return None
+        out = out_value = prim.impl(payload, *rest)
+        for link in reversed(links):
+            out_value = batched_value_type(link.dispatcher, out_value, link.bdim)
+    shape, _, device = value.metadata()  # (a kernel of one tensor and numbers stays on its
+    dtype = out.dtype                      # device; its dtype may change: abs of complex)
     out_value._metadata = (shape, dtype, device)
     result = _make_wrapper(FuncTensor, shape, None, None, None, dtype, _STRIDED, device)
     result.value = out_value
