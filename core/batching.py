@@ -325,8 +325,27 @@ def physical_dim(dim, bdim):
 _KEEPS_BDIM: set = set()
 # (the front door does the commonest of these cases itself: NOTE [vmap's elementwise ops at
 # the front door] in tensor.py)
+
+
+def chain_to_bottom(x):
+    """``(links, bottom)`` for a chain of BatchedValues of running levels over a plain tensor
+    (the values of the chain, innermost level first, and the tensor); None for any other
+    value (a level of grad or jvp in the chain, a traced tensor at the bottom, a level whose
+    transform has returned)."""
+    links = []
+    while type(x) is BatchedValue:
+        if x.dispatcher.exited:
+            return None
+        links.append(x)
+        x = x.payload
+    if type(x) is not torch.Tensor:
+        return None
+    return links, x
+
+
 tensor_module.batched_value_type = BatchedValue
 tensor_module.keeps_batch_dim = _KEEPS_BDIM
+tensor_module.chain_to_bottom = chain_to_bottom
 
 
 def elementwise_batch(prim):
@@ -573,14 +592,10 @@ batching_rules[P.matmul_p] = matmul_batch
 def _view_of_chain(prim, x, params):
     """A view primitive on this level's value ``x``, computed on the bottom tensor if ``x``
     is a chain of BatchedValues; None where the rules must run."""
-    links = []  # innermost level first
-    while type(x) is BatchedValue:
-        if x.dispatcher.exited:
-            return None
-        links.append(x)
-        x = x.payload
-    if type(x) is not torch.Tensor:
+    chain = chain_to_bottom(x)
+    if chain is None:
         return None
+    links, x = chain  # innermost level first
     k = len(links)
     x = _batch_dims_in_front(x, links)
     if prim is P.reshape_p:
@@ -644,16 +659,12 @@ def bottom_operands(args):
         if a is None or type(a) in NUMBERS:
             operands.append(None)
             continue
-        links = []
-        while type(a) is BatchedValue:
-            level = a.dispatcher
-            if level.exited:
-                return None
-            levels[level.level] = level
-            links.append(a)
-            a = a.payload
-        if type(a) is not torch.Tensor:
+        chain = chain_to_bottom(a)
+        if chain is None:
             return None
+        links, a = chain
+        for link in links:
+            levels[link.dispatcher.level] = link.dispatcher
         own = tuple(link.dispatcher.level for link in reversed(links))
         operands.append((own, _batch_dims_in_front(a, links) if links else a))
     if len(levels) < 2:

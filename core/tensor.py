@@ -37,6 +37,7 @@ at the current level. The mode is thread-local, and the engine's own work runs w
 """
 import contextlib
 
+import numpy
 import optree
 import torch
 from torch.overrides import TorchFunctionMode
@@ -338,7 +339,9 @@ def unwrap(x):
 
 
 def unwrap_all(args):
-    """``unwrap`` on arguments, and on the tensors inside list and tuple arguments."""
+    """``unwrap`` on arguments, and on the tensors inside list and tuple arguments; a NumPy
+    scalar becomes the Python number it holds (torch's argument parser reads it as one:
+    ``x * np.float64(2)`` is float32 for a float32 x, as ``x * 2.0`` is)."""
     n = len(args)
     if n == 1:  # one argument, the most common call
         a = args[0]
@@ -350,7 +353,7 @@ def unwrap_all(args):
             if type(b) is FuncTensor:
                 if b._view is None:
                     return (a.value, b.value)
-            elif not isinstance(b, (list, tuple)):
+            elif not isinstance(b, (list, tuple, numpy.generic)):
                 return (a.value, b)
     out = []
     for a in args:
@@ -358,6 +361,8 @@ def unwrap_all(args):
             out.append(a.value if a._view is None else value_of(a))
         elif isinstance(a, (list, tuple)):
             out.append(_same_sequence(a, [unwrap(item) for item in a]))
+        elif isinstance(a, numpy.generic):
+            out.append(a.item())
         else:
             out.append(a)
     return out
@@ -957,6 +962,7 @@ def _wrapped(out, func, args):
 # transform]). batching.py, which this module sits below, gives the value class and the
 # primitives that keep the batch dim.
 batched_value_type = None  # BatchedValue (set by batching.py)
+chain_to_bottom = None  # batching.chain_to_bottom: a chain of vmap values over one tensor
 keeps_batch_dim = frozenset()  # the primitives whose batching keeps the dim (batching.py)
 
 
@@ -972,14 +978,10 @@ def _batched_elementwise(prim, value, rest):
         out = prim.impl(payload, *rest)
         out_value = batched_value_type(value.dispatcher, out, value.bdim)
     else:
-        links = [value]
-        while type(payload) is batched_value_type:
-            if payload.dispatcher.exited:
-                return None
-            links.append(payload)
-            payload = payload.payload
-        if type(payload) is not torch.Tensor:
+        chain = chain_to_bottom(value)
+        if chain is None:
             return None
+        links, payload = chain
         out = out_value = prim.impl(payload, *rest)
         for link in reversed(links):
             out_value = batched_value_type(link.dispatcher, out_value, link.bdim)

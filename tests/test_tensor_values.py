@@ -540,6 +540,24 @@ def test_a_number_on_the_left_is_computed_as_torch_computes_it():
             assert [e.prim.name for e in mf.trace(g)(x[0]).equations] in (["mul"], ["add"])
 
 
+def test_numpy_scalars_are_numbers_as_in_torch():
+    # torch's argument parser reads a NumPy scalar as the Python number it holds; here one
+    # used to reach the engine's dtype checks and crash there (a NumPy dtype has no
+    # is_complex) under grad
+    import numpy as np
+    x = batch[0].float()
+    for s in (np.float64(2.5), np.float32(2.5), np.int64(3), np.bool_(True)):
+        for transform in (lambda api, f: api.grad(lambda x: f(x).sum()),
+                          lambda api, f: api.vmap(f),
+                          lambda api, f: api.vmap(api.grad(lambda x: f(x).sum())),
+                          lambda api, f: lambda x: api.jvp(f, (x,), (x,))[1]):
+            for f in (lambda x, s=s: x * s, lambda x, s=s: torch.add(x, s) ** 2):
+                ours, theirs = transform(mf, f)(batch.float()), transform(tf, f)(batch.float())
+                assert type(ours) is torch.Tensor and ours.dtype == theirs.dtype, type(s)
+                assert torch.equal(ours, theirs), type(s)
+        assert torch.equal(mf.grad(lambda x: (x * s).sum())(x), tf.grad(lambda x: (x * s).sum())(x))
+
+
 def test_a_number_first_met_inside_a_trace_is_kept_as_a_plain_tensor():
     # NOTE [Number operands as tensors]: a trace computes each op on meta tensors inside the
     # user's function, where the transform mode is on; the kept tensor of a number first met
