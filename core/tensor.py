@@ -338,10 +338,11 @@ def unwrap(x):
     return x
 
 
-def unwrap_all(args):
+def unwrap_all(args, func=None):
     """``unwrap`` on arguments, and on the tensors inside list and tuple arguments; a NumPy
     scalar becomes the Python number it holds (torch's argument parser reads it as one:
-    ``x * np.float64(2)`` is float32 for a float32 x, as ``x * 2.0`` is)."""
+    ``x * np.float64(2)`` is float32 for a float32 x, as ``x * 2.0`` is). ``func``, the torch
+    function called, names the call in an error."""
     n = len(args)
     if n == 1:  # one argument, the most common call
         a = args[0]
@@ -353,7 +354,7 @@ def unwrap_all(args):
             if type(b) is FuncTensor:
                 if b._view is None:
                     return (a.value, b.value)
-            elif not isinstance(b, (list, tuple, numpy.generic)):
+            elif not isinstance(b, (list, tuple, numpy.generic, numpy.ndarray)):
                 return (a.value, b)
     out = []
     for a in args:
@@ -363,9 +364,25 @@ def unwrap_all(args):
             out.append(_same_sequence(a, [unwrap(item) for item in a]))
         elif isinstance(a, numpy.generic):
             out.append(a.item())
+        elif isinstance(a, numpy.ndarray):
+            raise _numpy_array_error(a, func)
         else:
             out.append(a)
     return out
+
+
+def _numpy_array_error(array, func):
+    """torch.func's error for a NumPy array that meets a transform's tensor: torch hands the
+    op to NumPy, which asks the tensor for its numbers, and a tracked tensor has none to give
+    (here it would reach the engine as an array it cannot compute with)."""
+    call = f"{_qualified_name(func)}(...)" if func is not None else "a torch function"
+    return UnsupportedOperationError(
+        f"{call}: Can't call numpy() on Tensor that requires grad (torch.func's words under "
+        "grad; under vmap and jvp it cannot access the tensor's data pointer): a NumPy array "
+        f"of shape {array.shape} and dtype {array.dtype} is an operand of a value of a "
+        "transform, and NumPy would compute the op on the tensor's numbers, where the "
+        "transform cannot follow it. Fix: make the array a tensor first (torch.as_tensor("
+        "array)), or compute with NumPy outside the transform.")
 
 
 def unwrap_tree(tree):
@@ -880,7 +897,7 @@ def call_function(func, args, kwargs):
                 raise _out_error(func, args)
             if "axis" in kwargs or "keepdims" in kwargs:
                 kwargs = _torch_names(kwargs)
-            out = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
+            out = op(*unwrap_all(args, func), **_unwrap_kwargs(kwargs))
         elif len(args) == 1 and type(args[0]) is FuncTensor and args[0]._view is None:
             value = args[0].value  # one plain FuncTensor argument: unwrap_all written out
             prim = _ONE_PRIMITIVE.get(func)
@@ -895,7 +912,7 @@ def call_function(func, args, kwargs):
             value = args[0].value
             out = value.dispatcher.apply(_NUMBER_SECOND[func], value, args[1])
         else:
-            out = op(*unwrap_all(args))
+            out = op(*unwrap_all(args, func))
         if isinstance(out, Value):  # the common case, written out: this is the hot path
             shape, dtype, device = out.metadata()
             result = _make_wrapper(FuncTensor, shape, None, None, None, dtype, _STRIDED, device)
@@ -912,7 +929,7 @@ def call_function(func, args, kwargs):
     if op is not None:
         if kwargs.get("out") is not None:
             raise _out_error(func, args)
-        new_value = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
+        new_value = op(*unwrap_all(args, func), **_unwrap_kwargs(kwargs))
         return _write(args[0], new_value, f"{_qualified_name(func)}(...)")
     activation = torch_api.ACTIVATIONS.get(func)
     if activation is not None:
@@ -924,7 +941,7 @@ def call_function(func, args, kwargs):
             args = args[:position]
         if kwargs.get("out") is not None:
             raise _out_error(func, args)
-        new_value = op(*unwrap_all(args), **_unwrap_kwargs(kwargs))
+        new_value = op(*unwrap_all(args, func), **_unwrap_kwargs(kwargs))
         if in_place:
             return _write(args[0], new_value, f"{_qualified_name(func)}(..., inplace=True)")
         return wrap(new_value) if isinstance(new_value, Value) else _wrap_result(new_value)

@@ -558,6 +558,27 @@ def test_numpy_scalars_are_numbers_as_in_torch():
         assert torch.equal(mf.grad(lambda x: (x * s).sum())(x), tf.grad(lambda x: (x * s).sum())(x))
 
 
+def test_a_numpy_array_operand_is_refused_as_torch_func_refuses_it():
+    # torch hands x * array to NumPy, which asks the tensor for its numbers: torch.func raises
+    # (RuntimeError); here the array used to reach the engine's dtype checks and crash there
+    import numpy as np
+    array = np.ones(3)
+    with pytest.raises(RuntimeError, match="Can't call numpy"):
+        tf.grad(lambda x: (x * array).sum())(x3.float())
+    for call in (lambda: mf.grad(lambda x: (x * array).sum())(x3.float()),
+                 lambda: mf.grad(lambda x: (array * x).sum())(x3.float()),
+                 lambda: mf.vmap(lambda x: x + np.array(2.0))(batch),
+                 lambda: mf.jvp(lambda x: x - array, (x3,), (x3,))):
+        with pytest.raises(mf.UnsupportedOperationError) as error:
+            call()
+        assert isinstance(error.value, RuntimeError)
+        message = str(error.value)
+        assert message.startswith("Tensor.__") and "Can't call numpy() on Tensor" in message
+        assert "torch.as_tensor(array)" in message
+    assert torch.equal(mf.grad(lambda x: (x * 2.0).sum())(x3), torch.full((3,), 2.0,
+                                                                          dtype=x3.dtype))
+
+
 def test_a_number_first_met_inside_a_trace_is_kept_as_a_plain_tensor():
     # NOTE [Number operands as tensors]: a trace computes each op on meta tensors inside the
     # user's function, where the transform mode is on; the kept tensor of a number first met
