@@ -635,10 +635,13 @@ class OfGrad:
     """A partial derivative written as what it does to the incoming gradient (or tangent),
     ``apply(grad, x, y, out)``, in derivatives.yaml's order: hypot's ``grad * self / result``
     is (grad * x) / out, where grad * (x / out) rounds differently. For real inputs (no conj
-    is taken: a primitive with one is not complex_ready)."""
+    is taken: a primitive with one is not complex_ready), unless it ``conjugates``."""
 
-    def __init__(self, apply):
+    def __init__(self, apply, *, conjugates=False):
         self.apply = apply
+        # whether ``apply`` takes ``conjugate`` (True for a vjp): for a complex_ready primitive,
+        # whose vjp multiplies by the conjugate derivative (NOTE [Complex numbers])
+        self.conjugates = conjugates
 
 
 def binary_rules(prim, dx, dy):
@@ -657,6 +660,8 @@ def binary_rules(prim, dx, dy):
         like = x if _is_tensor(x) else y
         x, y = _as_tensor_like(x, like), _as_tensor_like(y, like)
         if isinstance(formula, OfGrad):
+            if formula.conjugates:
+                return formula.apply(g, x, y, out, conjugate=conjugate, **params)
             return formula.apply(g, x, y, out, **params)
         derivative = formula(x, y, out, **params)
         return mul(g, conj(derivative) if conjugate else derivative)
@@ -718,13 +723,18 @@ def binary(name, dx, dy, *, impl=None, functions=None, aten_ops=None):
 
 
 def _atan2_r(x, y):
-    """derivatives.yaml's recip of atan2: 1 / (x^2 + y^2)."""
-    return reciprocal(add(square(x), square(y)))
+    """atan2_backward's recip (FunctionsManual.cpp): 1 / (x^2 + y^2), and 0 where that is
+    0, so that the gradient at the origin is a signed 0 (torch's), not 0 * inf."""
+    denominator = add(square(x), square(y))
+    return where(eq(denominator, 0), 0.0, reciprocal(denominator))
 
 
-def _shared_on_ties(x, y, picked):
-    """maximum and minimum: the chosen input gets the cotangent, ties share it evenly."""
-    return where(eq(x, y), 0.5, where(picked, 1.0, 0.0))
+def _shared_on_ties(x, y, passed_over):
+    """maximum and minimum: an input gets the whole cotangent unless the other one was chosen
+    (``passed_over``), and ties share it evenly. derivatives.yaml's words, which also give
+    both inputs the whole cotangent where one is nan (no comparison holds there). (Their jvp
+    is derivatives.yaml's formula: _chosen_jvp.)"""
+    return where(eq(x, y), 0.5, where(passed_over, 0.0, 1.0))
 
 
 def _picks_x(x, y, compare):
@@ -742,10 +752,10 @@ atan2 = binary("atan2", OfGrad(lambda g, x, y, out: mul(mul(g, y), _atan2_r(x, y
                OfGrad(lambda g, x, y, out: mul(mul(g, neg(x)), _atan2_r(x, y))))
 hypot = binary("hypot", OfGrad(lambda g, x, y, out: div(mul(g, x), out)),
                OfGrad(lambda g, x, y, out: div(mul(g, y), out)))
-maximum = binary("maximum", lambda x, y, out: _shared_on_ties(x, y, gt(x, y)),
-                 lambda x, y, out: _shared_on_ties(x, y, lt(x, y)))
-minimum = binary("minimum", lambda x, y, out: _shared_on_ties(x, y, lt(x, y)),
+maximum = binary("maximum", lambda x, y, out: _shared_on_ties(x, y, lt(x, y)),
                  lambda x, y, out: _shared_on_ties(x, y, gt(x, y)))
+minimum = binary("minimum", lambda x, y, out: _shared_on_ties(x, y, gt(x, y)),
+                 lambda x, y, out: _shared_on_ties(x, y, lt(x, y)))
 fmax = binary("fmax", lambda x, y, out: where(_picks_x(x, y, ge), 1.0, 0.0),
               lambda x, y, out: where(_picks_x(x, y, ge), 0.0, 1.0))
 fmin = binary("fmin", lambda x, y, out: where(_picks_x(x, y, le), 1.0, 0.0),
@@ -755,16 +765,36 @@ fmod = binary("fmod", lambda x, y, out: full_like(out, 1),
               lambda x, y, out: neg(div_rounding(x, y, "trunc")))
 remainder = binary("remainder", lambda x, y, out: full_like(out, 1),
                    lambda x, y, out: neg(div_rounding(x, y, "floor")))
-logaddexp = binary("logaddexp", lambda x, y, out: reciprocal(add(exp(sub(y, x)), 1)),
-                   lambda x, y, out: reciprocal(add(exp(sub(x, y)), 1)))
-logaddexp2 = binary("logaddexp2", lambda x, y, out: reciprocal(add(pow(2.0, sub(y, x)), 1)),
-                    lambda x, y, out: reciprocal(add(pow(2.0, sub(x, y)), 1)))
-xlogy = binary("xlogy", lambda x, y, out: xlogy(ops.convert(ne(x, 0), y.dtype), y),
-               lambda x, y, out: div(x, y),
+def _over_one_plus_exp(a, b):
+    """logaddexp's partial derivatives as derivatives.yaml writes them: grad / (1 + exp(b - a)),
+    the denominator conjugated in a vjp (logaddexp is holomorphic)."""
+    def apply(g, x, y, out, conjugate):
+        denominator = add(exp(sub(b(x, y), a(x, y))), 1)
+        return div(g, conj(denominator) if conjugate else denominator)
+    return OfGrad(apply, conjugates=True)
+
+
+logaddexp = binary("logaddexp", _over_one_plus_exp(lambda x, y: x, lambda x, y: y),
+                   _over_one_plus_exp(lambda x, y: y, lambda x, y: x))
+logaddexp2 = binary("logaddexp2",
+                    OfGrad(lambda g, x, y, out: div(g, add(pow(2.0, sub(y, x)), 1))),
+                    OfGrad(lambda g, x, y, out: div(g, add(pow(2.0, sub(x, y)), 1))))
+
+
+def _x_log_dx(log_of_grad, bound):
+    """xlogy's and xlog1py's derivative in x, as derivatives.yaml writes it:
+    xlogy(grad, y), 0 where x == 0 and y <= bound (where log(y) is -inf or nan; at x == 0
+    with a y above it the derivative is log(y) as anywhere else)."""
+    return OfGrad(lambda g, x, y, out: where(logical_and(eq(x, 0), le(y, bound)), 0.0,
+                                             log_of_grad(g, y)))
+
+
+xlogy = binary("xlogy", _x_log_dx(lambda g, y: xlogy(g, y), 0),
+               OfGrad(lambda g, x, y, out: div(mul(g, x), y)),
                functions=(*torch_api.torch_functions("xlogy"), torch.special.xlogy))
 special_xlog1py = binary(
-    "special_xlog1py", lambda x, y, out: special_xlog1py(ops.convert(ne(x, 0), y.dtype), y),
-    lambda x, y, out: div(x, add(y, 1)), impl=torch.special.xlog1py,
+    "special_xlog1py", _x_log_dx(lambda g, y: special_xlog1py(g, y), -1),
+    OfGrad(lambda g, x, y, out: div(mul(g, x), add(y, 1))), impl=torch.special.xlog1py,
     functions=(torch.special.xlog1py,))
 special_zeta = binary("special_zeta", NotImplemented,
                       lambda x, y, out: neg(mul(x, special_zeta(add(x, 1), y))),
@@ -790,9 +820,38 @@ def _atan2_jvp(primals, tangents):
 
 
 jvp_rules[P.PRIMITIVES["atan2"]] = _atan2_jvp
+
+
+# maximum's and minimum's jvp is derivatives.yaml's own as well: y_dot + w (x_dot - y_dot),
+# w = 1/2 on ties, else whether x is chosen, so the second input's tangent where either is
+# nan (its vjp gives both inputs the whole cotangent there: _shared_on_ties)
+def _chosen_jvp(prim, x_chosen, *, ties_shared=True):
+    def jvp(primals, tangents):
+        (x, y), (x_dot, y_dot) = primals, tangents
+        out = bind(prim, x, y)
+        w = where(x_chosen(x, y), 1.0, 0.0)
+        if ties_shared:
+            w = where(eq(x, y), 0.5, w)
+        if y_dot is None:
+            out_dot = mul(w, x_dot)
+        else:
+            out_dot = add(y_dot, mul(w, sub(x_dot, y_dot) if x_dot is not None else neg(y_dot)))
+        return out, broadcast_tangent(out_dot, ops.shape_of(out))
+    return jvp
+
+
+jvp_rules[P.PRIMITIVES["maximum"]] = _chosen_jvp(P.PRIMITIVES["maximum"], gt)
+jvp_rules[P.PRIMITIVES["minimum"]] = _chosen_jvp(P.PRIMITIVES["minimum"], lt)
+# fmax and fmin: x is chosen where it wins or y is nan, ties not shared; derivatives.yaml's
+# jvp formulas give fmax's ties to y and fmin's to x (their vjps give both theirs to x)
+jvp_rules[P.PRIMITIVES["fmax"]] = _chosen_jvp(
+    P.PRIMITIVES["fmax"], lambda x, y: logical_or(gt(x, y), isnan(y)), ties_shared=False)
+jvp_rules[P.PRIMITIVES["fmin"]] = _chosen_jvp(
+    P.PRIMITIVES["fmin"], lambda x, y: logical_or(le(x, y), isnan(y)), ties_shared=False)
 # zero derivative wherever there is one
-# nextafter(x, y) moves x by one ulp: torch differentiates it as x itself
-nextafter = binary("nextafter", lambda x, y, out: full_like(out, 1), None)
+# nextafter(x, y) moves x by one ulp toward y: torch differentiates it as x itself, except
+# where x == y (the result is y then) and in y not at all
+nextafter = binary("nextafter", lambda x, y, out: where(eq(x, y), 0.0, 1.0), None)
 heaviside = binary("heaviside", None, None)
 floor_divide = binary("floor_divide", None, None)
 logical_and = binary("logical_and", None, None)

@@ -391,7 +391,10 @@ def unwrap_tree(tree):
 
 
 def _unwrap_kwargs(kwargs):
-    return {k: (unwrap(v) if not isinstance(v, (list, tuple)) else type(v)(unwrap(i) for i in v))
+    """``unwrap`` on keyword arguments (and in their lists and tuples); a NumPy scalar
+    becomes its Python number, as in ``unwrap_all``."""
+    return {k: (type(v)(unwrap(i) for i in v) if isinstance(v, (list, tuple))
+                else v.item() if isinstance(v, numpy.generic) else unwrap(v))
             for k, v in kwargs.items()}
 
 

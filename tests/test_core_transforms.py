@@ -153,6 +153,21 @@ def test_vjp_has_aux():
     assert_same(vjp_fn(torch.tensor(2.0, dtype=DTYPE)), vjp_fn_t(torch.tensor(2.0, dtype=DTYPE)))
 
 
+def test_a_tangent_takes_its_values_dtype_as_in_torch_func():
+    # NOTE [A tangent takes its value's dtype]: an operand that is not differentiated but
+    # raises the result's dtype (a float64 constant, a complex number) raises the tangent's
+    x = torch.tensor([0.5, -1.0, 2.0])
+    wide = torch.tensor([1.0, 2.0, 3.0], dtype=DTYPE)
+    for f in (lambda x: x + wide, lambda x: wide * x.sin(), lambda x: 1j + x,
+              lambda x: torch.where(x > 0, x, wide), lambda x: torch.maximum(x, wide)):
+        ours, theirs = mf.jvp(f, (x,), (x.cos(),)), tf.jvp(f, (x,), (x.cos(),))
+        for a, b in zip(ours, theirs):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        if not ours[0].dtype.is_complex:  # (jacfwd refuses complex outputs, as torch.func's)
+            ours, theirs = mf.jacfwd(f)(x), tf.jacfwd(f)(x)
+            assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+
+
 def test_jvp_has_aux():
     x, t = randn(3), randn(3, seed=1)
     assert_same(mf.jvp(with_aux, (x,), (t,), has_aux=True),

@@ -49,3 +49,32 @@ def test_gradient_at_special_values_as_torch_func(case):
     ours = mf.grad(f)(x)
     assert type(ours) is torch.Tensor and ours.dtype == theirs.dtype
     torch.testing.assert_close(ours, theirs, equal_nan=True)
+
+
+BINARY = {"maximum": torch.maximum, "minimum": torch.minimum, "fmax": torch.fmax,
+          "fmin": torch.fmin, "atan2": torch.atan2, "hypot": torch.hypot,
+          "copysign": torch.copysign, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+          "pow": torch.pow, "xlogy": torch.xlogy, "xlog1py": torch.special.xlog1py,
+          "logaddexp": torch.logaddexp, "logaddexp2": torch.logaddexp2,
+          "nextafter": torch.nextafter, "fmod": torch.fmod, "remainder": torch.remainder}
+
+
+@pytest.mark.parametrize("name", list(BINARY))
+def test_both_operands_at_special_values_as_torch_func(name):
+    # every pair of special values, in both arguments: the vjp of each and the jvp, as
+    # torch.func gives them (maximum's vjp gives both inputs the whole cotangent where one is
+    # nan, its jvp the second input's tangent: derivatives.yaml's two formulas)
+    op = BINARY[name]
+    pairs = list(itertools.product(SPECIAL, repeat=2))
+    x = torch.tensor([a for a, _ in pairs], dtype=torch.float64)
+    y = torch.tensor([b for _, b in pairs], dtype=torch.float64)
+    x_dot = torch.linspace(-1.5, 2.0, len(pairs), dtype=torch.float64)
+    y_dot = torch.linspace(0.25, -3.0, len(pairs), dtype=torch.float64)
+    for argnums in (0, 1, (0, 1)):
+        ours = mf.grad(lambda x, y: op(x, y).sum(), argnums=argnums)(x, y)
+        theirs = tf.grad(lambda x, y: op(x, y).sum(), argnums=argnums)(x, y)
+        torch.testing.assert_close(ours, theirs, equal_nan=True, rtol=0, atol=0)
+    for tangents in ((x_dot, y_dot), (x_dot, torch.zeros_like(y)), (torch.zeros_like(x), y_dot)):
+        ours = mf.jvp(op, (x, y), tangents)[1]
+        theirs = tf.jvp(op, (x, y), tangents)[1]
+        torch.testing.assert_close(ours, theirs, equal_nan=True, rtol=0, atol=0)

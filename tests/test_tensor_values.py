@@ -556,6 +556,9 @@ def test_numpy_scalars_are_numbers_as_in_torch():
                 assert type(ours) is torch.Tensor and ours.dtype == theirs.dtype, type(s)
                 assert torch.equal(ours, theirs), type(s)
         assert torch.equal(mf.grad(lambda x: (x * s).sum())(x), tf.grad(lambda x: (x * s).sum())(x))
+        # and as a keyword argument
+        clamped = lambda x, s=s: torch.clamp(x, min=s).sum()  # noqa: E731
+        assert torch.equal(mf.grad(clamped)(x), tf.grad(clamped)(x))
 
 
 def test_a_numpy_array_operand_is_refused_as_torch_func_refuses_it():
