@@ -558,7 +558,8 @@ torch_api.register(torch.celu)(lambda x, alpha=1.0: elu(x, alpha, 1.0, 1.0 / alp
 
 _leaky_relu = parametrized(
     "leaky_relu", lambda x, *, negative_slope: F.leaky_relu(x, negative_slope),
-    lambda x, out, *, negative_slope: where(gt(x, 0), 1.0, negative_slope))
+    # (the slope in x's dtype: where of two numbers would make it float32, 0.01 rounded)
+    lambda x, out, *, negative_slope: where(gt(x, 0), 1.0, full_like(x, negative_slope)))
 
 
 @torch_api.register_activation(F.leaky_relu)
@@ -583,13 +584,15 @@ torch_api.register_activation(F.relu6)(lambda x: hardtanh(x, 0.0, 6.0))
 
 _hardsigmoid = parametrized(
     "hardsigmoid", F.hardsigmoid,
+    # (1/6 as a float32, in every dtype: torch's hardsigmoid_backward computes with 1.0f / 6)
     lambda x, out: where(logical_and(gt(x, -3.0), lt(x, 3.0)), 1 / 6, 0.0))
 torch_api.register_activation(F.hardsigmoid)(_hardsigmoid)
 aten_api.register(aten.hardsigmoid.default)(_hardsigmoid)
 
 _hardswish = parametrized(
     "hardswish", F.hardswish,
-    lambda x, out: where(lt(x, -3.0), 0.0, where(le(x, 3.0), add(div(x, 3.0), 0.5), 1.0)))
+    # hardswish_backward's pieces: 0 up to -3, x / 3 + 1/2 below 3, 1 from 3 on
+    lambda x, out: where(le(x, -3.0), 0.0, where(lt(x, 3.0), add(div(x, 3.0), 0.5), 1.0)))
 torch_api.register_activation(F.hardswish)(_hardswish)
 aten_api.register(aten.hardswish.default)(_hardswish)
 
@@ -608,7 +611,8 @@ aten_api.register(aten.softshrink.default)(lambda x, lambd=0.5: _softshrink(x, l
 
 _threshold = parametrized(
     "threshold", lambda x, *, threshold, value: F.threshold(x, threshold, value),
-    lambda x, out, *, threshold, value: where(gt(x, threshold), 1.0, 0.0))
+    # threshold_backward's mask: 0 where x <= threshold, so 1 at a nan
+    lambda x, out, *, threshold, value: where(le(x, threshold), 0.0, 1.0))
 torch_api.register_activation(F.threshold)(
     lambda x, threshold, value: _threshold(x, threshold=threshold, value=value))
 torch_api.register(torch.threshold)(
