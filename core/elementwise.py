@@ -769,6 +769,8 @@ fmod = binary("fmod", lambda x, y, out: full_like(out, 1),
               lambda x, y, out: neg(div_rounding(x, y, "trunc")))
 remainder = binary("remainder", lambda x, y, out: full_like(out, 1),
                    lambda x, y, out: neg(div_rounding(x, y, "floor")))
+
+
 def _over_one_plus_exp(a, b):
     """logaddexp's partial derivatives as derivatives.yaml writes them: grad / (1 + exp(b - a)),
     the denominator conjugated in a vjp (logaddexp is holomorphic)."""

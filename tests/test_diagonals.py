@@ -10,7 +10,8 @@ import minifunctorch.core as mf
 from minifunctorch.core import diagonals, passes
 
 # torch.func scripts its decompositions on first use (torch deprecates torch.jit.script)
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 N = diagonals.MIN_ROWS + 44  # a basis large enough for the shortcut
 
