@@ -64,18 +64,6 @@ class AutogradValue(Value):
     __slots__ = ()
     requires_grad = True  # what a FuncTensor showing it says, as inside torch.func's grad
 
-    def metadata(self):
-        # Value.metadata and _own_metadata in one (the hot path: every op's result under grad)
-        metadata = self._metadata
-        if metadata is None:
-            payload = self.payload
-            if isinstance(payload, Value):
-                metadata = payload.metadata()
-            else:
-                metadata = (payload.shape, payload.dtype, payload.device)
-            self._metadata = metadata
-        return metadata
-
 
 def _check_for_nan(call, entry, input_cts):
     """NOTE [Anomaly detection]
@@ -255,7 +243,7 @@ class Tape:
             if ct is None:
                 continue
             if output in seeds:
-                ct = _in_dtype(ct, entry.out_dtype)
+                ct = ops.in_value_dtype(ct, entry.out_dtype)
             if hooks:
                 ct = gradients[output] = self._hooked(output, ct)
             _needs_stack.append(entry.inputs)
@@ -274,7 +262,7 @@ class Tape:
                 if name is None or input_ct is None:
                     continue
                 if entry.mixed_dtypes and isinstance(arg, Value):
-                    input_ct = _in_dtype(input_ct, arg.metadata()[1])
+                    input_ct = ops.in_value_dtype(input_ct, arg.metadata()[1])
                 previous = gradients.get(name)
                 total = input_ct if previous is None else ops.add(previous, input_ct)
                 gradients[name] = total
@@ -339,16 +327,6 @@ class Tape:
 
     def _repr_pretty_(self, printer, cycle):
         printer.text(f"{self.level_name} tape ({len(self.entries)} entries)\n{self}")
-
-
-def _in_dtype(ct, dtype):
-    """A cotangent cast to its value's ``dtype`` (NOTE [A cotangent takes its value's dtype]):
-    between floating dtypes, or real to complex; never complex to real, and a number or None
-    stays as it is."""
-    if isinstance(ct, (torch.Tensor, Value)) and ct.dtype != dtype and (
-            (dtype.is_floating_point and ct.dtype.is_floating_point) or dtype.is_complex):
-        return ops.convert(ct, dtype)
-    return ct
 
 
 _active_captures: list[list] = []

@@ -92,8 +92,8 @@ class Forward(Dispatcher):
         out_dtype = out.dtype
         if not complex_ok and out_dtype.is_complex:
             raise complex_not_supported(self, prim)
-        if out_dot.dtype is not out_dtype:
-            out_dot = _in_dtype(out_dot, out_dtype)
+        if out_dot.dtype is not out_dtype:  # NOTE [A tangent takes its value's dtype]
+            out_dot = ops.in_value_dtype(out_dot, out_dtype)
         return ForwardValue(self, out, out_dot)
 
     def _primals(self, args):
@@ -111,21 +111,14 @@ class Forward(Dispatcher):
         return nondifferentiable_outputs(self, name, run, values, kwargs)
 
 
-def _in_dtype(tangent, dtype):
-    """NOTE [A tangent takes its value's dtype]
-    A rule computes the tangent from the input tangents, so an operand that is not
-    differentiated but raises the result's dtype leaves its mark on the value only:
-    ``x + y`` with x float32 (differentiated) and y a float64 constant is float64, and
-    its tangent would be x_dot, float32; ``x + 1j`` is complex with a real tangent. torch's
-    forward AD gives every tangent its primal's dtype, and so does torch.func's jvp; the
-    tangent is cast here, between floating dtypes or from real to complex (a complex tangent
-    of a real value is a rule's business: none makes one). Reverse mode does the same to
-    cotangents (NOTE [A cotangent takes its value's dtype] in autograd.py)."""
-    tangent_dtype = tangent.dtype
-    if (dtype.is_complex or dtype.is_floating_point) and (
-            tangent_dtype.is_floating_point or (tangent_dtype.is_complex and dtype.is_complex)):
-        return ops.convert(tangent, dtype)
-    return tangent
+# NOTE [A tangent takes its value's dtype]
+# A rule computes the tangent from the input tangents, so an operand that is not
+# differentiated but raises the result's dtype leaves its mark on the value only: ``x + y``
+# with x float32 (differentiated) and y a float64 constant is float64, and its tangent would
+# be x_dot, float32; ``x + 1j`` is complex with a real tangent. torch's forward AD gives
+# every tangent its primal's dtype, and so does torch.func's jvp: Forward.apply casts it with
+# ops.in_value_dtype, the cast reverse mode gives cotangents (NOTE [A cotangent takes its
+# value's dtype] in autograd.py).
 
 
 # --- helpers: tangent arithmetic with symbolic zeros ------------------------------------------

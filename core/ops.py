@@ -682,6 +682,18 @@ def convert(x, dtype):
     return bind(P.convert_p, x, dtype=dtype)
 
 
+def in_value_dtype(derivative, dtype):
+    """A cotangent or tangent cast to the ``dtype`` of the value it is the derivative of
+    (NOTE [A cotangent takes its value's dtype] in autograd.py, NOTE [A tangent takes its
+    value's dtype] in forward.py): between floating dtypes, or real to complex; never complex
+    to real, and a number or None stays as it is."""
+    if isinstance(derivative, (torch.Tensor, Value)) and derivative.dtype != dtype and (
+            (dtype.is_floating_point and derivative.dtype.is_floating_point)
+            or dtype.is_complex):
+        return convert(derivative, dtype)
+    return derivative
+
+
 def to(x, *args, dtype=None, device=None, **ignored):
     """``x.to(dtype)``, ``x.to(device)``, ``x.to(device, dtype)``, ``x.to(other)``."""
     for arg in args:
