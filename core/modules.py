@@ -399,24 +399,28 @@ def _stack(models, named, call, *, leaves):
                 f"{call}: model {index} has the tensors {list(table)}, model 0 has {names}. "
                 "Fix: stack models with the same structure.")
     stacked = {}
-    for name in names:
-        tensors = [table[name] for table in tables]
-        shapes = [tuple(t.shape) for t in tensors]
-        if len(set(shapes)) > 1:
-            raise ModuleStateError(
-                f"{call}: stack expects each tensor to be equal size. {name!r} has the shapes "
-                f"{shapes} in the models. Fix: stack models of one configuration.")
-        if not leaves:
-            stacked[name] = torch.stack(tensors).detach()
-            continue
-        requires = [t.requires_grad for t in tensors]
-        if any(requires) and not all(requires):
-            raise ModuleStateError(
-                f"{call}: Expected {name} from each model to have the same .requires_grad. "
-                f"requires_grad is {requires} across the models. Fix: freeze or unfreeze "
-                f"{name!r} in every model.")
-        value = torch.stack(tensors)
-        stacked[name] = value.detach().requires_grad_() if all(requires) else value
+    # (stacked without torch's autograd: the result is a new leaf either way, and recording
+    # the stack only to detach it costs a graph node per tensor)
+    with torch.no_grad():
+        for name in names:
+            tensors = [table[name] for table in tables]
+            requires = [t.requires_grad for t in tensors]
+            if leaves and any(requires) and not all(requires):
+                raise ModuleStateError(
+                    f"{call}: Expected {name} from each model to have the same "
+                    f".requires_grad. requires_grad is {requires} across the models. Fix: "
+                    f"freeze or unfreeze {name!r} in every model.")
+            try:
+                value = torch.stack(tensors)
+            except RuntimeError:
+                shapes = [tuple(t.shape) for t in tensors]
+                if len(set(shapes)) > 1:  # torch's words, with the name, shapes and fix
+                    raise ModuleStateError(
+                        f"{call}: stack expects each tensor to be equal size. {name!r} has the "
+                        f"shapes {shapes} in the models. Fix: stack models of one "
+                        "configuration.") from None
+                raise
+            stacked[name] = value.requires_grad_() if leaves and all(requires) else value
     return stacked
 
 

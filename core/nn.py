@@ -331,15 +331,90 @@ def _linear_ensemble_kernel(x, x_bdim, weight, w_bdim, bias, b_bdim, size):
 # none (``convolution_backward``).
 def _convolution(x, weight, bias, *, stride, padding, dilation, transposed, output_padding,
                  groups):
+    if _small_on_cpu(x, weight, bias, stride, padding, dilation, transposed, groups,
+                     _SMALL_FORWARD):
+        return aten._slow_conv2d_forward(x, weight, weight.shape[2:], bias, stride, padding)
     return torch.convolution(x, weight, bias, stride, padding, dilation, transposed,
                              output_padding, groups)
 
 
 def _convolution_backward(ct, x, weight, bias_sizes, mask, params):
-    return aten.convolution_backward(ct, x, weight, bias_sizes, params["stride"],
-                                     params["padding"], params["dilation"],
+    stride, padding, dilation = params["stride"], params["padding"], params["dilation"]
+    groups = params["groups"]
+    if _small_on_cpu(x, weight, ct, stride, padding, dilation, params["transposed"], 1,
+                     _SMALL_BACKWARD, examples=1 if groups > 1 else 2):
+        if groups == 1:
+            return aten._slow_conv2d_backward.output_mask(ct, x, weight, weight.shape[2:],
+                                                          stride, padding, mask)
+        if not mask[0]:
+            return None, _grouped_grad_weight(ct, x, weight.shape, stride, padding, groups), (
+                ct.sum((0, 2, 3)) if mask[2] else None)
+    return aten.convolution_backward(ct, x, weight, bias_sizes, stride, padding, dilation,
                                      params["transposed"], params["output_padding"],
                                      params["groups"], mask)
+
+
+# NOTE [Small convolutions on a CPU]
+# For a float32 convolution on a CPU with more than one example, torch picks oneDNN (mkldnn),
+# whose set-up costs about 35 us a call on this project's machine whatever the size; for one
+# example it picks its own im2col-and-matmul kernel (_slow_conv2d). vmap turns one example's
+# convolution into a batch of them, so a small model's convolutions, tiny per example, land on
+# oneDNN as a batch and pay that set-up each time: 40 us for a 4x3x8x8 input and 8 filters of
+# 3x3, against 11 us for _slow_conv2d (its backward: 134 against 27 us). Up to a size, then,
+# the batched convolution calls the kernel torch itself uses for one example. The size is
+# the im2col matrix (examples x in-channels x kernel x output positions), the work that
+# kernel does per call; measured with 1 and 2 threads (torch 2.13, 1 to 64 examples, 3 to 64
+# channels, 8 to 128 filters, 8x8 to 32x32 images), _slow_conv2d is faster below about 40k
+# elements forward and 60k backward, and oneDNN above. float64 and one example never take
+# oneDNN. A grouped convolution has no such kernel in torch, but vmap's per-sample weight
+# gradients are one (one group per example: NOTE [Convolutions under nested vmaps]), and its
+# grad_weight is im2col and a batched matmul, which _grouped_grad_weight writes with torch's
+# views: 21 against 52 us for 8 examples of 8 filters on a 12x12 image, 76 against 86 us at
+# the size limit. Every other case (dilation, transposed, 1-D or 3-D, channels-last, CUDA,
+# a tensor torch's autograd records, grad_input of a grouped convolution) stays with
+# torch.convolution's own choice. The choice is a function of the shapes alone, as torch's
+# own is, so a jit replay computes what the eager call did; a small batch the user made
+# takes the same kernels as one vmap made. The kernels round differently: the results agree
+# with torch.func's to float32 rounding (as torch.func's agree with a loop over examples),
+# and above the limits they are torch.func's bit for bit (test_fused_kernels_are_bit_exact).
+_SMALL_FORWARD = 40_000
+_SMALL_BACKWARD = 65_536
+
+
+def _small_on_cpu(x, weight, third, stride, padding, dilation, transposed, groups, limit,
+                  examples=2):
+    """Whether a convolution (or its backward: ``third`` is the bias or the cotangent) of at
+    least ``examples`` examples takes the small kernels; NOTE [Small convolutions on a CPU]."""
+    if (transposed or groups != 1 or x.dtype is not torch.float32 or x.device.type != "cpu"
+            or x.dim() != 4 or x.shape[0] < examples or dilation[0] != 1 or dilation[1] != 1
+            or weight.dtype is not torch.float32 or not x.is_contiguous()
+            or not weight.is_contiguous()):
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (third is not None and third.requires_grad)):
+        return False
+    kh, kw = weight.shape[2], weight.shape[3]
+    out_h = (x.shape[2] + 2 * padding[0] - kh) // stride[0] + 1
+    out_w = (x.shape[3] + 2 * padding[1] - kw) // stride[1] + 1
+    return 0 < x.shape[0] * x.shape[1] * kh * kw * out_h * out_w <= limit
+
+
+def _grouped_grad_weight(ct, x, weight_shape, stride, padding, groups):
+    """grad_weight of a small grouped 2-D convolution, as im2col and one batched matmul: vmap's
+    per-sample weight gradients are such a convolution, one group per example (NOTE [Small
+    convolutions on a CPU]). The windows of x are a strided view (Tensor.unfold); one copy
+    lays them out as each group's (in-channels x kernel, examples x positions) matrix."""
+    n, c_out, out_h, out_w = ct.shape
+    c_in, kh, kw = weight_shape[1], weight_shape[2], weight_shape[3]
+    if padding[0] or padding[1]:
+        x = F.pad(x, (padding[1], padding[1], padding[0], padding[0]))
+    windows = x.view(n, groups, c_in, x.shape[2], x.shape[3]).unfold(3, kh, stride[0]) \
+        .unfold(4, kw, stride[1])  # (n, groups, c_in, out_h, out_w, kh, kw)
+    columns = windows.permute(1, 2, 5, 6, 0, 3, 4).reshape(groups, c_in * kh * kw,
+                                                             n * out_h * out_w)
+    ct = ct.view(n, groups, c_out // groups, out_h * out_w).permute(1, 2, 0, 3) \
+        .reshape(groups, c_out // groups, n * out_h * out_w)
+    return torch.bmm(ct, columns.transpose(1, 2)).view(weight_shape)
 
 
 # The three outputs of aten.convolution_backward, one primitive each. The tensor that an

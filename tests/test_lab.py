@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -63,7 +64,16 @@ def test_make_lab_serves_the_course_and_the_token_url_answers(tmp_path):
                 pytest.fail(f"no token URL in 60 s:\n{log_path.read_text()}")
             else:
                 time.sleep(0.3)
-        with urllib.request.urlopen(url, timeout=10) as response:  # the URL README points at
+        while True:  # (the URL can be logged a moment before a loaded machine accepts on it)
+            try:
+                response = urllib.request.urlopen(url, timeout=10)  # the URL README points at
+                break
+            except urllib.error.URLError as error:
+                if not isinstance(error.reason, ConnectionRefusedError) or \
+                        time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+        with response:
             assert response.status == 200
             assert "JupyterLab" in response.read().decode()
         token = url.rpartition("token=")[2]

@@ -520,9 +520,12 @@ def _f32(g, *shape):
     return torch.randn(shape, generator=g)
 
 
-FUSED = {
+FUSED = {  # (conv2d above the size where torch's one-example kernels would be taken, which
+    # round differently: NOTE [Small convolutions on a CPU], test_small_convolutions_...)
     "conv2d": (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=2),
-               lambda g: (_f32(g, 4, 6, 9, 9), _f32(g, 8, 3, 3, 3), _f32(g, 8))),
+               lambda g: (_f32(g, 16, 6, 17, 17), _f32(g, 8, 3, 3, 3), _f32(g, 8))),
+    "conv2d_ungrouped": (lambda x, w, b: F.conv2d(x, w, b, padding=1),
+                         lambda g: (_f32(g, 8, 8, 12, 12), _f32(g, 8, 8, 3, 3), _f32(g, 8))),
     "conv_transpose2d": (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, output_padding=1),
                          lambda g: (_f32(g, 2, 4, 5, 5), _f32(g, 4, 3, 3, 3), _f32(g, 3))),
     "conv1d": (lambda x, w, b: F.conv1d(x, w, b, padding=1),
@@ -894,6 +897,100 @@ def test_per_sample_weight_gradient_is_one_grouped_convolution(monkeypatch):
     ours = mf.vmap(mf.grad(loss), in_dims=(None, 0))(w, xs)
     assert_same(ours, tf.vmap(tf.grad(loss), in_dims=(None, 0))(w, xs))
     assert calls == [((1, 5 * 6, 4, 4), (1, 5 * 4, 6, 6), 5 * 2)], calls
+
+
+# --- small convolutions on a CPU: torch's one-example kernels ----------------------------------
+def _aten_ops_run(f):
+    """The aten ops that ``f()`` calls (by torch's profiler), and its result."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = f()
+    return {event.key for event in prof.key_averages()}, out
+
+
+def _float32_close_to_float64(ours, exact):
+    """float32 results within float32 rounding of the same transform computed in float64
+    (the oracle the two float32 kernels are each compared with: they round differently)."""
+    for a, e in zip(ours if isinstance(ours, tuple) else (ours,),
+                    exact if isinstance(exact, tuple) else (exact,)):
+        assert a.dtype == torch.float32
+        scale = e.abs().max().item() + 1
+        torch.testing.assert_close(a.double(), e, rtol=0, atol=2e-5 * scale)
+
+
+_SMALL_CONVS = {  # name -> (f, in_dims, shapes); f(x, w, b) with examples batched by vmap
+    "per-sample gradients (grouped grad_weight)": (
+        lambda api: api.vmap(api.grad(lambda w, b, x: F.conv2d(x[None], w, b, padding=1)
+                                      .square().sum(), argnums=(0, 1)), in_dims=(None, None, 0)),
+        ((4, 3, 3, 3), (4,), (6, 3, 8, 8))),
+    "per-sample gradients, strided (grouped grad_weight)": (
+        lambda api: api.vmap(api.grad(lambda w, b, x: F.conv2d(x[None], w, b, stride=(2, 1),
+                                                                padding=(1, 2)).sin().sum()),
+                             in_dims=(None, None, 0)),
+        ((3, 2, 3, 2), (3,), (5, 2, 9, 8))),
+    "a batch of examples (forward)": (
+        lambda api: api.vmap(lambda w, b, x: F.conv2d(x[None], w, b)[0], in_dims=(None, None, 0)),
+        ((8, 3, 3, 3), (8,), (4, 3, 8, 8))),
+    "an ensemble of weights (forward)": (
+        lambda api: api.vmap(lambda w, b, x: F.conv2d(x, w, b), in_dims=(0, 0, None)),
+        ((3, 4, 2, 3, 3), (3, 4), (5, 2, 7, 7))),
+    "grad_input of a batch (slow backward)": (
+        lambda api: api.vmap(api.grad(lambda x, w, b: F.conv2d(x[None], w, b, padding=1)
+                                      .tanh().sum()), in_dims=(0, None, None)),
+        ((6, 3, 8, 8), (5, 3, 3, 3), (5,))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SMALL_CONVS))
+def test_small_convolutions_take_the_one_example_kernels(name):
+    """NOTE [Small convolutions on a CPU] in core/nn.py: a small batched float32 convolution
+    runs on torch's _slow_conv2d kernels (or im2col and bmm for the grouped grad_weight of
+    per-sample gradients), not oneDNN's, and gives torch.func's result to float32 rounding,
+    which is checked against the same transform in float64."""
+    make, shapes = _SMALL_CONVS[name]
+    g = torch.Generator().manual_seed(0)
+    args = [normal(g, *shape).float() for shape in shapes]
+    ran, ours = _aten_ops_run(lambda: make(mf)(*args))
+    assert ran & {"aten::_slow_conv2d_forward", "aten::_slow_conv2d_backward", "aten::bmm"}, ran
+    assert not ran & {"aten::mkldnn_convolution", "aten::convolution_backward"}, ran
+    theirs = make(tf)(*args)
+    exact = make(tf)(*[a.double() for a in args])
+    _float32_close_to_float64(ours, exact)
+    _float32_close_to_float64(theirs, exact)
+
+
+_TORCHS_OWN_CHOICE = {  # the same programs where the one-example kernels do not apply
+    "float64": lambda a: [t.double() for t in a],
+    "large": lambda a: [a[0], a[1], a[2].repeat(1, 1, 8, 8)],
+    "channels last": lambda a: [a[0], a[1], a[2].contiguous(memory_format=torch.channels_last)
+                                if a[2].dim() == 4 else a[2]],
+}
+
+
+@pytest.mark.parametrize("case", sorted(_TORCHS_OWN_CHOICE))
+def test_other_convolutions_keep_torchs_own_kernel(case):
+    """float64 (never oneDNN), a convolution above the size limit and a channels-last input
+    call torch.convolution as before, and still give torch.func's result."""
+    make, shapes = _SMALL_CONVS["a batch of examples (forward)"]
+    g = torch.Generator().manual_seed(1)
+    args = _TORCHS_OWN_CHOICE[case]([normal(g, *shape).float() for shape in shapes])
+    ran, ours = _aten_ops_run(lambda: make(mf)(*args))
+    assert "aten::_slow_conv2d_forward" not in ran or case == "float64", ran
+    assert "aten::convolution" in ran, ran
+    torch.testing.assert_close(ours, make(tf)(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_a_convolution_torchs_autograd_records_keeps_torchs_kernel():
+    """Plain tensors that require grad (MAML's outer backward runs torch's autograd through
+    the engine's kernels): torch.convolution, so torch's autograd records its own op."""
+    g = torch.Generator().manual_seed(2)
+    w = normal(g, 8, 3, 3, 3).float().requires_grad_()
+    x = normal(g, 4, 3, 8, 8).float()
+    f = lambda api: api.vmap(lambda x: F.conv2d(x[None], w)[0])(x)  # noqa: E731
+    ran, ours = _aten_ops_run(lambda: f(mf))
+    assert "aten::_slow_conv2d_forward" not in ran, ran
+    (ours_grad,) = torch.autograd.grad(ours.square().sum(), w)
+    (their_grad,) = torch.autograd.grad(f(tf).square().sum(), w)
+    torch.testing.assert_close(ours_grad, their_grad, rtol=1e-5, atol=1e-5)
 
 
 # --- under several vmaps: one kernel call for all levels -------------------------------------------
