@@ -16,7 +16,10 @@ zeros, and an elementwise op is the same formula on the same numbers (its kernel
 the last bit differently where it vectorizes differently, as any change of layout may). The
 shortcut is taken only where that holds: the operands' dtypes and devices alike, no inf or
 NaN in the other operand (0 * inf is NaN in the dense computation), and a diagonal matrix
-that nothing wrote into since the engine made it (its version counter). A diagonal matrix
+that nothing wrote into since the engine made it (its version counter). It is taken on a
+CPU only: the check for inf and NaN is a sum the host reads, which on an accelerator would
+make the host wait for the device at every op, and the dense kernels there were never
+measured against the shortcut (jit's pass reads nothing and runs anywhere). A diagonal matrix
 made here is a dense tensor like any other, kept with its diagonal: every other op sees it as
 what it is. jit's programs take the same shortcut as a pass over the program (NOTE [An
 identity basis is a diagonal matrix] in passes.py); torch.func computes the dense products.
@@ -38,7 +41,7 @@ def known_diagonal(t):
     """The diagonal d of a plain (n, n) tensor ``t`` that the engine made as diag(d) (an
     identity basis, or a result of this module) and nothing has written into; else None."""
     if (type(t) is not torch.Tensor or t.dim() != 2 or t.shape[0] != t.shape[1]
-            or t.shape[0] < MIN_ROWS or t.device.type == "meta"):
+            or t.shape[0] < MIN_ROWS or t.device.type != "cpu"):
         return None
     kept = getattr(t, _DIAGONAL, None)
     if kept is not None:
