@@ -385,18 +385,20 @@ def _small_on_cpu(x, weight, third, stride, padding, dilation, transposed, group
                   examples=2):
     """Whether a convolution (or its backward: ``third`` is the bias or the cotangent) of at
     least ``examples`` examples takes the small kernels; NOTE [Small convolutions on a CPU]."""
-    if (transposed or groups != 1 or x.dtype is not torch.float32 or x.device.type != "cpu"
-            or x.dim() != 4 or x.shape[0] < examples or dilation[0] != 1 or dilation[1] != 1
-            or weight.dtype is not torch.float32 or not x.is_contiguous()
-            or not weight.is_contiguous()):
+    if transposed or groups != 1 or x.dtype is not torch.float32 or not x.is_cpu \
+            or x.dim() != 4 or weight.dim() != 4:
         return False
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                    or (third is not None and third.requires_grad)):
+    n, c_in, height, width = x.shape
+    kh, kw = weight.shape[2:]
+    out_h = (height + 2 * padding[0] - kh) // stride[0] + 1
+    out_w = (width + 2 * padding[1] - kw) // stride[1] + 1
+    if not (n >= examples and 0 < n * c_in * kh * kw * out_h * out_w <= limit):
         return False
-    kh, kw = weight.shape[2], weight.shape[3]
-    out_h = (x.shape[2] + 2 * padding[0] - kh) // stride[0] + 1
-    out_w = (x.shape[3] + 2 * padding[1] - kw) // stride[1] + 1
-    return 0 < x.shape[0] * x.shape[1] * kh * kw * out_h * out_w <= limit
+    if (dilation[0] != 1 or dilation[1] != 1 or weight.dtype is not torch.float32
+            or not x.is_contiguous() or not weight.is_contiguous()):
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                             or (third is not None and third.requires_grad)))
 
 
 def _grouped_grad_weight(ct, x, weight_shape, stride, padding, groups):
