@@ -331,8 +331,8 @@ def _linear_ensemble_kernel(x, x_bdim, weight, w_bdim, bias, b_bdim, size):
 # none (``convolution_backward``).
 def _convolution(x, weight, bias, *, stride, padding, dilation, transposed, output_padding,
                  groups):
-    if _small_on_cpu(x, weight, bias, stride, padding, dilation, transposed, groups,
-                     _SMALL_FORWARD):
+    if groups == 1 and _small_on_cpu(x, weight, bias, stride, padding, dilation, transposed,
+                                     _SMALL_FORWARD):
         return aten._slow_conv2d_forward(x, weight, weight.shape[2:], bias, stride, padding)
     return torch.convolution(x, weight, bias, stride, padding, dilation, transposed,
                              output_padding, groups)
@@ -341,8 +341,10 @@ def _convolution(x, weight, bias, *, stride, padding, dilation, transposed, outp
 def _convolution_backward(ct, x, weight, bias_sizes, mask, params):
     stride, padding, dilation = params["stride"], params["padding"], params["dilation"]
     groups = params["groups"]
-    if _small_on_cpu(x, weight, ct, stride, padding, dilation, params["transposed"], 1,
-                     _SMALL_BACKWARD, examples=1 if groups > 1 else 2):
+    # (a grouped one: vmap's per-sample weight gradients have a single example, N = 1)
+    if _small_on_cpu(x, weight, ct, stride, padding, dilation, params["transposed"],
+                     _SMALL_BACKWARD if groups == 1 else _SMALL_GROUPED,
+                     examples=1 if groups > 1 else 2):
         if groups == 1:
             return aten._slow_conv2d_backward.output_mask(ct, x, weight, weight.shape[2:],
                                                           stride, padding, mask)
@@ -369,23 +371,26 @@ def _convolution_backward(ct, x, weight, bias_sizes, mask, params):
 # oneDNN. A grouped convolution has no such kernel in torch, but vmap's per-sample weight
 # gradients are one (one group per example: NOTE [Convolutions under nested vmaps]), and its
 # grad_weight is im2col and a batched matmul, which _grouped_grad_weight writes with torch's
-# views: 21 against 52 us for 8 examples of 8 filters on a 12x12 image, 76 against 86 us at
-# the size limit. Every other case (dilation, transposed, 1-D or 3-D, channels-last, CUDA,
-# a tensor torch's autograd records, grad_input of a grouped convolution) stays with
-# torch.convolution's own choice. The choice is a function of the shapes alone, as torch's
-# own is, so a jit replay computes what the eager call did; a small batch the user made
-# takes the same kernels as one vmap made. The kernels round differently: the results agree
-# with torch.func's to float32 rounding (as torch.func's agree with a loop over examples),
-# and above the limits they are torch.func's bit for bit (test_fused_kernels_are_bit_exact).
+# views: 21 against 52 us for 8 examples of 8 filters on a 12x12 image. Above about 40k
+# elements oneDNN can be the faster one, where jacrev's basis gives each group many filters
+# (187 against 174 us at 42k elements and 80 filters a group). Every other case (dilation,
+# transposed, 1-D or 3-D, channels-last, CUDA, a tensor torch's autograd records, grad_input
+# of a grouped convolution, a program torch.compile compiles for jit's inductor backend)
+# stays with torch.convolution's own choice. The choice is a function of the shapes alone,
+# as torch's own is, so a jit replay computes what the eager call did, and a small batch the
+# user made takes the same kernels as one vmap made. The kernels round differently: the
+# results agree with torch.func's to float32 rounding (as torch.func's agree with a loop
+# over examples), and above the limits they are torch.func's bit for bit
+# (test_fused_kernels_are_bit_exact_in_float32).
 _SMALL_FORWARD = 40_000
 _SMALL_BACKWARD = 65_536
+_SMALL_GROUPED = 40_000
 
 
-def _small_on_cpu(x, weight, third, stride, padding, dilation, transposed, groups, limit,
-                  examples=2):
+def _small_on_cpu(x, weight, third, stride, padding, dilation, transposed, limit, examples=2):
     """Whether a convolution (or its backward: ``third`` is the bias or the cotangent) of at
     least ``examples`` examples takes the small kernels; NOTE [Small convolutions on a CPU]."""
-    if transposed or groups != 1 or x.dtype is not torch.float32 or not x.is_cpu \
+    if transposed or x.dtype is not torch.float32 or not x.is_cpu \
             or x.dim() != 4 or weight.dim() != 4:
         return False
     n, c_in, height, width = x.shape
@@ -395,7 +400,8 @@ def _small_on_cpu(x, weight, third, stride, padding, dilation, transposed, group
     if not (n >= examples and 0 < n * c_in * kh * kw * out_h * out_w <= limit):
         return False
     if (dilation[0] != 1 or dilation[1] != 1 or weight.dtype is not torch.float32
-            or not x.is_contiguous() or not weight.is_contiguous()):
+            or not x.is_contiguous() or not weight.is_contiguous()
+            or torch.compiler.is_compiling()):  # (inductor picks its own kernels)
         return False
     return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                              or (third is not None and third.requires_grad)))
