@@ -818,6 +818,8 @@ _SAMPLES = {
     "constant_pad_nd": ((_T(2, 3),), dict(pad=(1, -1), value=0.5)),
     "max_pool": ((_T(2, 3, 5, 4),), dict(_POOL, dilation=(1, 1))),
     "max_pool_indices": ((_T(2, 3, 5, 4),), dict(_POOL, dilation=(1, 1))),
+    "max_pool_backward": ((_T(2, 3, 2, 2), torch.randint(16, (2, 3, 2, 2))),
+                          dict(x_shape=(2, 3, 4, 4), spatial=2)),
     "adaptive_max_pool": ((_T(2, 3, 5, 4),), dict(output_size=(2, 3))),
     "adaptive_max_pool_indices": ((_T(2, 3, 5, 4),), dict(output_size=(2, 3))),
     "avg_pool": ((_T(2, 3, 5, 4),), dict(_POOL, count_include_pad=False,
