@@ -409,7 +409,8 @@ def _input_grad_as_forward(ct, weight, params):
 # user made takes the same kernels as one vmap made. The kernels round differently: the
 # results agree with torch.func's to float32 rounding (as torch.func's agree with a loop
 # over examples), and above the limits they are torch.func's bit for bit
-# (test_fused_kernels_are_bit_exact_in_float32).
+# (test_fused_kernels_are_bit_exact_in_float32), but for a stride-1 grad_input, which is a
+# forward convolution (NOTE [grad_input as a forward convolution]).
 _SMALL_FORWARD = 40_000
 _SMALL_BACKWARD = 65_536
 _SMALL_GROUPED = 40_000
