@@ -348,7 +348,7 @@ def _convolution_backward(ct, x, weight, bias_sizes, mask, params):
         if groups == 1:
             return aten._slow_conv2d_backward.output_mask(ct, x, weight, weight.shape[2:],
                                                           stride, padding, mask)
-        if not mask[0]:
+        if mask[1] and not mask[0]:
             return None, _grouped_grad_weight(ct, x, weight.shape, stride, padding, groups), (
                 ct.sum((0, 2, 3)) if mask[2] else None)
     if mask == (True, False, False) and _input_grad_as_forward(ct, weight, params):
