@@ -851,9 +851,9 @@ jvp_rules[P.PRIMITIVES["minimum"]] = _chosen_jvp(P.PRIMITIVES["minimum"], lt)
 # fmax and fmin: x is chosen where it wins or y is nan, ties not shared; derivatives.yaml's
 # jvp formulas give fmax's ties to y and fmin's to x (their vjps give both theirs to x)
 jvp_rules[P.PRIMITIVES["fmax"]] = _chosen_jvp(
-    P.PRIMITIVES["fmax"], lambda x, y: logical_or(gt(x, y), isnan(y)), ties_shared=False)
+    P.PRIMITIVES["fmax"], lambda x, y: _picks_x(x, y, gt), ties_shared=False)
 jvp_rules[P.PRIMITIVES["fmin"]] = _chosen_jvp(
-    P.PRIMITIVES["fmin"], lambda x, y: logical_or(le(x, y), isnan(y)), ties_shared=False)
+    P.PRIMITIVES["fmin"], lambda x, y: _picks_x(x, y, le), ties_shared=False)
 # zero derivative wherever there is one
 # nextafter(x, y) moves x by one ulp toward y: torch differentiates it as x itself, except
 # where x == y (the result is y then) and in y not at all
