@@ -378,10 +378,8 @@ def _input_grad_as_forward(ct, weight, params):
     kh, kw = weight.shape[2], weight.shape[3]
     return (params["groups"] == 1 and not params["transposed"] and params["stride"] == (1, 1)
             and params["dilation"] == (1, 1) and ct.shape[0] >= 2
-            and ct.dtype is torch.float32 and ct.is_cpu and weight.dtype is torch.float32
             and padding[0] <= kh - 1 and padding[1] <= kw - 1
-            and not torch.compiler.is_compiling()
-            and not (torch.is_grad_enabled() and (ct.requires_grad or weight.requires_grad)))
+            and _engine_picks_the_kernel(ct, weight))
 
 
 # NOTE [Small convolutions on a CPU]
@@ -419,8 +417,7 @@ _SMALL_GROUPED = 40_000
 def _small_on_cpu(x, weight, third, stride, padding, dilation, transposed, limit, examples=2):
     """Whether a convolution (or its backward: ``third`` is the bias or the cotangent) of at
     least ``examples`` examples takes the small kernels; NOTE [Small convolutions on a CPU]."""
-    if transposed or x.dtype is not torch.float32 or not x.is_cpu \
-            or x.dim() != 4 or weight.dim() != 4:
+    if transposed or x.dim() != 4 or weight.dim() != 4:
         return False
     n, c_in, height, width = x.shape
     kh, kw = weight.shape[2:]
@@ -428,12 +425,21 @@ def _small_on_cpu(x, weight, third, stride, padding, dilation, transposed, limit
     out_w = (width + 2 * padding[1] - kw) // stride[1] + 1
     if not (n >= examples and 0 < n * c_in * kh * kw * out_h * out_w <= limit):
         return False
-    if (dilation[0] != 1 or dilation[1] != 1 or weight.dtype is not torch.float32
-            or not x.is_contiguous() or not weight.is_contiguous()
-            or torch.compiler.is_compiling()):  # (inductor picks its own kernels)
-        return False
-    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                             or (third is not None and third.requires_grad)))
+    return (dilation[0] == 1 and dilation[1] == 1 and x.is_contiguous()
+            and weight.is_contiguous() and _engine_picks_the_kernel(x, weight, third))
+
+
+def _engine_picks_the_kernel(x, weight, third=None):
+    """Where a convolution may run on another kernel than torch.convolution's own choice
+    (NOTE [Small convolutions on a CPU], NOTE [grad_input as a forward convolution]): float32
+    on a CPU, where torch takes oneDNN; not while torch.compile traces (jit's inductor
+    backend picks its own kernels); and not where torch's autograd records the op (``third``:
+    the bias or the cotangent, if any)."""
+    return (x.dtype is torch.float32 and weight.dtype is torch.float32 and x.is_cpu
+            and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and (
+                x.requires_grad or weight.requires_grad
+                or (third is not None and third.requires_grad))))
 
 
 def _grouped_grad_weight(ct, x, weight_shape, stride, padding, groups):
