@@ -393,28 +393,29 @@ def _input_grad_as_forward(ct, weight, params):
 # im2col matrix (examples x in-channels x kernel x output positions), the work that kernel does
 # per call; measured with 1 and 2 threads (torch 2.13, 1 to 64 examples, 3 to 64 channels, 8 to
 # 128 filters, 8x8 to 32x32 images), _slow_conv2d is faster below about 40k elements forward
-# and 60k backward, and oneDNN above. From 40k to 60k forward the two are level alone (0.87 to
-# 1.06 with the caches cold), and _slow_conv2d is the faster in a program: where the other
-# convolutions of a model are small ones, a oneDNN call among them costs its set-up and a cold
-# start (the CNN per-sample program, whose second layer is 57.6k, takes 0.94 to 0.97 of the
-# time it takes with that layer on oneDNN, A/B in one process), so the forward limit is 60k
-# too. float64 and one example never take oneDNN. A grouped convolution has no such kernel in
-# torch, but vmap's per-sample weight gradients are one (one group per example: NOTE
-# [Convolutions under nested vmaps]), and its grad_weight is im2col and a batched matmul, which
-# _grouped_grad_weight writes with torch's views: 21 against 52 us for 8 examples of 8 filters
-# on a 12x12 image. Its limit, 60k elements, was measured with the caches cold, as in a
-# program, where other work runs between two convolutions (a 2 MB write before each call):
-# oneDNN then pays more for its set-up, and at 57.6k elements (8 examples, 8 to 80 filters of
-# 8x3x3 on 10x10) the two are level (0.95-1.04); above, oneDNN is the faster (1.14 at 74k, 1.25
-# at 115k). Every other case (dilation, transposed, 1-D or 3-D, channels-last, CUDA, a tensor
-# torch's autograd records, grad_input of a grouped convolution, a program torch.compile
-# compiles for jit's inductor backend) stays with torch.convolution's own choice. The choice is
-# a function of the shapes alone, as torch's own is, so a jit replay computes what the eager
-# call did, and a small batch the user made takes the same kernels as one vmap made. The
-# kernels round differently: the results agree with torch.func's to float32 rounding (as
-# torch.func's agree with a loop over examples), and above the limits they are torch.func's bit
-# for bit (test_fused_kernels_are_bit_exact_in_float32), but for a stride-1 grad_input, which
-# is a forward convolution (NOTE [grad_input as a forward convolution]).
+# and 60k backward, and oneDNN above. From 40k to 60k forward, alone and with the caches cold,
+# the two are level for 8 to 16 filters (0.81 to 1.06) and oneDNN leads by 13% for 32 to 64;
+# but _slow_conv2d is the faster in a program: where the other convolutions of a model are
+# small ones, a oneDNN call among them costs its set-up and a cold start (the CNN per-sample
+# program, whose second layer is 57.6k, takes 0.94 to 0.97 of the time it takes with that layer
+# on oneDNN, A/B in one process), so the forward limit is 60k too. float64 and one example
+# never take oneDNN. A grouped convolution has no such kernel in torch, but vmap's per-sample
+# weight gradients are one (one group per example: NOTE [Convolutions under nested vmaps]), and
+# its grad_weight is im2col and a batched matmul, which _grouped_grad_weight writes with
+# torch's views: 21 against 52 us for 8 examples of 8 filters on a 12x12 image. Its limit, 60k
+# elements, was measured with the caches cold, as in a program, where other work runs between
+# two convolutions (a 2 MB write before each call): oneDNN then pays more for its set-up, and
+# at 57.6k elements (8 examples, 8 to 80 filters of 8x3x3 on 10x10) the two are level
+# (0.95-1.04); above, oneDNN is the faster (1.14 at 74k, 1.25 at 115k). Every other case
+# (dilation, transposed, 1-D or 3-D, channels-last, CUDA, a tensor torch's autograd records,
+# grad_input of a grouped convolution, a program torch.compile compiles for jit's inductor
+# backend) stays with torch.convolution's own choice. The choice is a function of the shapes
+# alone, as torch's own is, so a jit replay computes what the eager call did, and a small batch
+# the user made takes the same kernels as one vmap made. The kernels round differently: the
+# results agree with torch.func's to float32 rounding (as torch.func's agree with a loop over
+# examples), and above the limits they are torch.func's bit for bit
+# (test_fused_kernels_are_bit_exact_in_float32), but for a stride-1 grad_input, which is a
+# forward convolution (NOTE [grad_input as a forward convolution]).
 _SMALL_FORWARD = 60_000
 _SMALL_BACKWARD = 65_536
 _SMALL_GROUPED = 60_000
