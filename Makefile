@@ -22,7 +22,7 @@ CHAPTERS = $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 LAB_ARGS ?=
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup lab test test-fast notebooks bench bench-quick coverage torchfunc-suite clean
+.PHONY: setup lab test test-fast notebooks bench bench-quick programs coverage torchfunc-suite clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ notebooks: setup
 # per call); benchmarks/RESULTS.md records the values it ran with.
 bench: setup
 	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 $(BIN)/python -m benchmarks.run
+
+# The five tutorial-style programs side by side with torch.func (about 35 s): writes
+# benchmarks/PROGRAMS.md, with the same glibc settings as bench.
+programs: setup
+	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 $(BIN)/python -m benchmarks.programs
 
 bench-quick: setup
 	$(BIN)/python -m benchmarks.run --quick
