@@ -3787,10 +3787,127 @@ def _pointwise_loss(op, x, target, reduction, weight, elementwise_loss):
     return _weighted_reduce(ops.mul(loss, weight), weight, reduction, op)
 
 
+# NOTE [mse_loss: torch's kernel and its backward]
+# mean((x - t)^2) written with ops is three ops (sub, mul, mean), and its vjp six more (the
+# mean's division and expand, the square's two products and their sum). It is the loss of
+# every regression, and MAML takes its gradient under vmap, where each of those ops is a bind
+# at every level. So it is a pair of primitives, as torch.func runs it: mse_loss (torch's
+# kernel) and mse_loss_backward (torch's backward kernel, 2 (x - t) ct, over the element count
+# for 'mean'), with the formulas of PyTorch's derivatives.yaml. The backward kernel is linear
+# in ct and in x - t: its own derivatives are written with ops, so higher orders follow. Under
+# vmap the batch rides along with reduction='none', and each example's mean or sum follows
+# (as torch.func batches it). A weight, a target of another shape (torch broadcasts it, and
+# warns) or of another dtype take the ops (_pointwise_loss).
+def _mse_loss_impl(x, target, *, reduction):
+    return torch._C._nn.mse_loss(x, target, _REDUCTIONS.index(reduction))
+
+
+def _mse_loss_backward_impl(ct, x, target, *, reduction):
+    return aten.mse_loss_backward(ct, x, target, _REDUCTIONS.index(reduction))
+
+
+mse_loss_p = P.primitive("mse_loss", _mse_loss_impl)
+mse_loss_backward_p = P.primitive("mse_loss_backward", _mse_loss_backward_impl)
+
+
+def _mse_scale(x, reduction):
+    """The constant of mse's derivative: 2, over the element count for 'mean'."""
+    return 2.0 / max(math.prod(shape_of(x)), 1) if reduction == "mean" else 2.0
+
+
+def mse_loss_vjp(x, target, *, reduction):
+    def backward(ct):
+        # derivatives.yaml: self: mse_loss_backward(grad, self, target), target: the same with
+        # self and target swapped (its negation, bit for bit)
+        return (bind(mse_loss_backward_p, ct, x, target, reduction=reduction)
+                if wants_cotangent(0, x) else None,
+                bind(mse_loss_backward_p, ct, target, x, reduction=reduction)
+                if wants_cotangent(1, target) else None)
+    return bind(mse_loss_p, x, target, reduction=reduction), backward
+vjp_rules[mse_loss_p] = mse_loss_vjp
+
+
+def _difference_tangent(x_dot, target_dot):
+    if target_dot is None:
+        return x_dot
+    return ops.neg(target_dot) if x_dot is None else ops.sub(x_dot, target_dot)
+
+
+def mse_loss_jvp(primals, tangents, *, reduction):
+    (x, target), (x_dot, target_dot) = primals, tangents
+    out = bind(mse_loss_p, x, target, reduction=reduction)
+    # derivatives.yaml: apply_loss_reduction(2 (x - t) (x_dot - t_dot), reduction)
+    out_dot = ops.mul(ops.mul(ops.sub(x, target), 2.0), _difference_tangent(x_dot, target_dot))
+    return out, _reduce(out_dot, reduction, "mse_loss")
+jvp_rules[mse_loss_p] = mse_loss_jvp
+
+
+def mse_loss_batch(values, bdims, *, reduction):
+    x, target = to_front(values, bdims, expand_unbatched=True)
+    loss = bind(mse_loss_p, x, target, reduction="none")
+    example_dims = tuple(range(1, len(shape_of(loss))))
+    if reduction == "none" or not example_dims:  # (the mean or sum of one number is itself)
+        return loss, 0
+    reduce = ops.mean if reduction == "mean" else ops.sum
+    return reduce(loss, example_dims), 0
+batching_rules[mse_loss_p] = mse_loss_batch
+
+
+def mse_loss_backward_vjp(ct, x, target, *, reduction):
+    def backward(g):
+        # linear in ct and in x - t (derivatives.yaml's mse_loss_double_backward and
+        # mse_loss_double_backward_grad_output)
+        ct_ct = ct_x = ct_target = None
+        if wants_cotangent(0, ct):
+            ct_ct = _reduce(ops.mul(ops.mul(ops.sub(x, target), 2.0), g), reduction,
+                            "mse_loss_backward")
+        if wants_cotangent(1, x) or wants_cotangent(2, target):
+            ct_x = ops.mul(ops.mul(g, ct), _mse_scale(x, reduction))
+            ct_target = ops.neg(ct_x) if wants_cotangent(2, target) else None
+            ct_x = ct_x if wants_cotangent(1, x) else None
+        return ct_ct, ct_x, ct_target
+    return bind(mse_loss_backward_p, ct, x, target, reduction=reduction), backward
+vjp_rules[mse_loss_backward_p] = mse_loss_backward_vjp
+
+
+def mse_loss_backward_jvp(primals, tangents, *, reduction):
+    (ct, x, target), (ct_dot, x_dot, target_dot) = primals, tangents
+    out = bind(mse_loss_backward_p, ct, x, target, reduction=reduction)
+    out_dot = None
+    if ct_dot is not None:
+        out_dot = bind(mse_loss_backward_p, ct_dot, x, target, reduction=reduction)
+    difference_dot = _difference_tangent(x_dot, target_dot)
+    if difference_dot is not None:
+        out_dot = add_tangents(out_dot, ops.mul(ops.mul(difference_dot, ct),
+                                                _mse_scale(x, reduction)))
+    return out, out_dot
+jvp_rules[mse_loss_backward_p] = mse_loss_backward_jvp
+
+
+def mse_loss_backward_batch(values, bdims, *, reduction):
+    ct, x, target = to_front(values, bdims, expand_unbatched=True)
+    x_shape = shape_of(x)
+    if reduction != "none":  # each example's cotangent, spread over its elements
+        ct = ops.reshape(ct, x_shape[0], *[1] * (len(x_shape) - 1))
+        if reduction == "mean":
+            ct = ops.div(ct, max(math.prod(x_shape[1:]), 1))
+        ct = ops.expand(ct, *x_shape)
+    return bind(mse_loss_backward_p, ct, x, target, reduction="none"), 0
+batching_rules[mse_loss_backward_p] = mse_loss_backward_batch
+
+
+def _mse_loss(x, target, reduction, weight):
+    if (weight is None and reduction in _REDUCTIONS and _is_tensor(x) and _is_tensor(target)
+            and shape_of(x) == shape_of(target) and x.dtype == target.dtype
+            and x.dtype.is_floating_point):
+        # NOTE [mse_loss: torch's kernel and its backward]
+        return bind(mse_loss_p, x, target, reduction=reduction)
+    return _pointwise_loss("mse_loss", x, target, reduction, weight, ops.square)
+
+
 @torch_api.register(F.mse_loss)
 def mse_loss(x, target, size_average=None, reduce=None, reduction="mean", weight=None):
-    return _pointwise_loss("mse_loss", x, target, _reduction(size_average, reduce, reduction),
-                           weight, ops.square)
+    return _mse_loss(x, target, _reduction(size_average, reduce, reduction), weight)
 
 
 @torch_api.register(F.l1_loss)
@@ -3841,11 +3958,11 @@ def huber_loss(x, target, reduction="mean", delta=1.0, weight=None):
     return _reduce(loss, reduction, "huber_loss")
 
 
-for _name, _loss in (("mse_loss", ops.square), ("l1_loss", ops.abs)):
-    aten_api.register(getattr(aten, _name).default)(
-        (lambda name, loss: lambda x, target, reduction=1:
-         _pointwise_loss(name, x, target, ("none", "mean", "sum")[reduction], None, loss))(
-            _name, _loss))
+aten_api.register(aten.mse_loss.default)(
+    lambda x, target, reduction=1: _mse_loss(x, target, _REDUCTIONS[reduction], None))
+aten_api.register(aten.l1_loss.default)(
+    lambda x, target, reduction=1: _pointwise_loss("l1_loss", x, target, _REDUCTIONS[reduction],
+                                                   None, ops.abs))
 aten_api.register(aten.smooth_l1_loss.default)(
     lambda x, target, reduction=1, beta=1.0: _pointwise_loss(
         "smooth_l1_loss", x, target, ("none", "mean", "sum")[reduction], None, _smooth_l1(beta)))
