@@ -3827,6 +3827,11 @@ def mse_loss_vjp(x, target, *, reduction):
 vjp_rules[mse_loss_p] = mse_loss_vjp
 
 
+def _twice_the_difference(x, target):
+    """2 (x - t): mse's derivative in x, per element, before the reduction."""
+    return ops.mul(ops.sub(x, target), 2.0)
+
+
 def _difference_tangent(x_dot, target_dot):
     if target_dot is None:
         return x_dot
@@ -3837,7 +3842,7 @@ def mse_loss_jvp(primals, tangents, *, reduction):
     (x, target), (x_dot, target_dot) = primals, tangents
     out = bind(mse_loss_p, x, target, reduction=reduction)
     # derivatives.yaml: apply_loss_reduction(2 (x - t) (x_dot - t_dot), reduction)
-    out_dot = ops.mul(ops.mul(ops.sub(x, target), 2.0), _difference_tangent(x_dot, target_dot))
+    out_dot = ops.mul(_twice_the_difference(x, target), _difference_tangent(x_dot, target_dot))
     return out, _reduce(out_dot, reduction, "mse_loss")
 jvp_rules[mse_loss_p] = mse_loss_jvp
 
@@ -3859,7 +3864,7 @@ def mse_loss_backward_vjp(ct, x, target, *, reduction):
         # mse_loss_double_backward_grad_output)
         ct_ct = ct_x = ct_target = None
         if wants_cotangent(0, ct):
-            ct_ct = _reduce(ops.mul(ops.mul(ops.sub(x, target), 2.0), g), reduction,
+            ct_ct = _reduce(ops.mul(_twice_the_difference(x, target), g), reduction,
                             "mse_loss_backward")
         if wants_cotangent(1, x) or wants_cotangent(2, target):
             ct_x = ops.mul(ops.mul(g, ct), _mse_scale(x, reduction))
