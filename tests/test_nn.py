@@ -938,6 +938,38 @@ def test_per_sample_weight_gradient_is_one_grouped_convolution(monkeypatch):
     assert calls == [((1, 5 * 6, 4, 4), (1, 5 * 4, 6, 6), 5 * 2)], calls
 
 
+# --- mse_loss: torch's kernel and its backward -------------------------------------------------
+def test_mse_loss_is_one_kernel_and_its_backward_under_vmap_of_grad(monkeypatch):
+    """NOTE [mse_loss: torch's kernel and its backward] in core/nn.py: MAML's inner loss, per
+    task, calls torch's mse_loss kernel once forward and its backward kernel once; a weight
+    still takes the ops, and both agree with torch.func."""
+    calls = []
+
+    def counting(prim):
+        impl = prim.impl
+
+        def counted(*args, **params):
+            calls.append(prim.name)
+            return impl(*args, **params)
+        return counted
+    for prim in (mf_nn.mse_loss_p, mf_nn.mse_loss_backward_p):
+        monkeypatch.setattr(prim, "impl", counting(prim))
+    g = torch.Generator().manual_seed(0)
+    w, xs, ts = normal(g, 3, 2), normal(g, 4, 5, 2), normal(g, 4, 5, 3)
+
+    def loss(w, x, t):
+        return F.mse_loss(x @ w.T, t)
+    ours = mf.vmap(mf.grad(loss), in_dims=(None, 0, 0))(w, xs, ts)
+    assert_same(ours, tf.vmap(tf.grad(loss), in_dims=(None, 0, 0))(w, xs, ts))
+    assert calls == ["mse_loss", "mse_loss_backward"], calls
+    calls.clear()
+    weight = positive(g, 5, 3)
+    weighted = mf.grad(lambda w, x, t: F.mse_loss(x @ w.T, t, weight=weight))(w, xs[0], ts[0])
+    assert calls == [], calls
+    assert_same(weighted, torch.func.grad(
+        lambda w, x, t: ((x @ w.T - t) ** 2 * weight).sum() / weight.sum())(w, xs[0], ts[0]))
+
+
 # --- small convolutions on a CPU: torch's one-example kernels ----------------------------------
 def _aten_ops_run(f):
     """The aten ops that ``f()`` calls (by torch's profiler), and its result."""
