@@ -130,6 +130,13 @@ def add_tangents(a, b):
     return ops.add(a, b)
 
 
+def sub_tangents(a, b):
+    """a - b, either a symbolic zero (None)."""
+    if b is None:
+        return a
+    return ops.neg(b) if a is None else ops.sub(a, b)
+
+
 def scale_tangent(tangent, factor):
     return None if tangent is None else ops.mul(tangent, factor)
 

@@ -58,7 +58,7 @@ from .errors import (DimOutOfRangeError, InPlaceError, InputDtypeError, InvalidO
                      MissingRuleError, ShapeMismatchError, TransformUsageError, TypecheckError,
                      UnsupportedOperationError)
 from .fast_code import register_fresh
-from .forward import add_tangents, jvp_rules, linear_jvp
+from .forward import add_tangents, jvp_rules, linear_jvp, sub_tangents
 from .tensor import as_tensor, unwrap_tree
 from .values import Value, bind, bottom_tensor
 
@@ -3832,17 +3832,11 @@ def _twice_the_difference(x, target):
     return ops.mul(ops.sub(x, target), 2.0)
 
 
-def _difference_tangent(x_dot, target_dot):
-    if target_dot is None:
-        return x_dot
-    return ops.neg(target_dot) if x_dot is None else ops.sub(x_dot, target_dot)
-
-
 def mse_loss_jvp(primals, tangents, *, reduction):
     (x, target), (x_dot, target_dot) = primals, tangents
     out = bind(mse_loss_p, x, target, reduction=reduction)
     # derivatives.yaml: apply_loss_reduction(2 (x - t) (x_dot - t_dot), reduction)
-    out_dot = ops.mul(_twice_the_difference(x, target), _difference_tangent(x_dot, target_dot))
+    out_dot = ops.mul(_twice_the_difference(x, target), sub_tangents(x_dot, target_dot))
     return out, _reduce(out_dot, reduction, "mse_loss")
 jvp_rules[mse_loss_p] = mse_loss_jvp
 
@@ -3881,7 +3875,7 @@ def mse_loss_backward_jvp(primals, tangents, *, reduction):
     out_dot = None
     if ct_dot is not None:
         out_dot = bind(mse_loss_backward_p, ct_dot, x, target, reduction=reduction)
-    difference_dot = _difference_tangent(x_dot, target_dot)
+    difference_dot = sub_tangents(x_dot, target_dot)
     if difference_dot is not None:
         out_dot = add_tangents(out_dot, ops.mul(ops.mul(difference_dot, ct),
                                                 _mse_scale(x, reduction)))
