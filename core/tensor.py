@@ -279,6 +279,14 @@ def _operator(func, x, y):
                 elif prim is not None and isinstance(value, Value):
                     # call_function's case "x * 1.1", without its lookups
                     return _wrapped(value.dispatcher.apply(prim, value, y), func, (x, y))
+            elif isinstance(y, torch.Tensor) and type(y) is not FuncTensor and x._view is None:
+                value = x.value
+                if type(value) is batched_value_type and not value.dispatcher.exited:
+                    # NOTE [An unbatched tensor beside a batched value] (batching.py)
+                    prim, x_first = _TENSOR_OPERAND[func]
+                    out = beside_a_tensor(prim, value, y, x_first, {})
+                    if out is not None:
+                        return _wrapped(out, func, (x, y))
             return call_function(func, (x, y), {})
         finally:
             _push_mode(_MODE)
@@ -809,6 +817,7 @@ def _qualified_name(func):
 _TORCH_FUNCTIONS = torch_api.TORCH_FUNCTIONS
 _ONE_PRIMITIVE = torch_api.ONE_PRIMITIVE
 _NUMBER_SECOND = torch_api.NUMBER_SECOND
+_TENSOR_OPERAND = torch_api.TENSOR_OPERAND
 _RANDOM_FUNCTIONS = torch_api.RANDOM_FUNCTIONS
 _VIEWS = torch_api.VIEWS
 
@@ -983,6 +992,7 @@ def _wrapped(out, func, args):
 # primitives that keep the batch dim.
 batched_value_type = None  # BatchedValue (set by batching.py)
 chain_to_bottom = None  # batching.chain_to_bottom: a chain of vmap values over one tensor
+beside_a_tensor = None  # batching.beside_a_tensor: a vmap value and a plain tensor
 keeps_batch_dim = frozenset()  # the primitives whose batching keeps the dim (batching.py)
 
 

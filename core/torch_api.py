@@ -172,6 +172,12 @@ for _name, _prim in (("add", P.add_p), ("sub", P.sub_p), ("mul", P.mul_p), ("div
         NUMBER_SECOND[_function] = _prim
 NUMBER_SECOND[torch.Tensor.__radd__] = P.add_p  # (2.0 + t is t + 2.0: reflected's number_last)
 NUMBER_SECOND[torch.Tensor.__rmul__] = P.mul_p
+# ``x - t`` and ``t - x`` for a plain tensor t: an operator of the FuncTensor x, the primitive
+# its op binds, and whether x is its first operand (``t - x`` reaches ``x.__rsub__(t)``)
+TENSOR_OPERAND: dict = {}
+for _name, _prim in (("add", P.add_p), ("sub", P.sub_p), ("mul", P.mul_p), ("truediv", P.div_p)):
+    TENSOR_OPERAND[getattr(torch.Tensor, f"__{_name}__")] = (_prim, True)
+    TENSOR_OPERAND[getattr(torch.Tensor, f"__r{_name}__")] = (_prim, False)
 for _name in ("neg", "exp", "log", "sin", "cos", "tanh", "sigmoid", "relu", "abs", "sqrt"):
     register_primitive(getattr(P, f"{_name}_p"), getattr(torch, _name),
                        getattr(torch.Tensor, _name))

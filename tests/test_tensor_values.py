@@ -1,5 +1,6 @@
 """Values are real tensors: what user code sees inside a transform, what transforms return,
 and the silent wrong answers and crashes of the old wrappers (each a regression test)."""
+import functools
 import math
 import re
 
@@ -94,6 +95,48 @@ def test_vmaps_elementwise_ops_at_the_front_door(monkeypatch, in_dims, dtype):
     for a, b in zip(mf.vmap(mf.vmap(nested))(xs[None]), tf.vmap(tf.vmap(nested))(xs[None])):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
+
+def _beside_plain_tensors(x, w, m):
+    """x an example of shape (3, 4); w a plain (4,) tensor of x's dtype, m a plain (3, 4)
+    float32 tensor (so float64 examples promote it)."""
+    return [x - w, w - x, x + w, w + x, x * m, m * x, x / m, m / x]
+
+
+@pytest.mark.parametrize("in_dims", [0, 1])
+def test_an_unbatched_tensor_beside_a_batched_one_is_one_kernel(monkeypatch, in_dims):
+    """NOTE [An unbatched tensor beside a batched value] (batching.py): an operator of a
+    batched tensor over a plain one and an unbatched tensor that broadcasts right of the
+    batch dim runs its kernel on the payload at the front door; one whose dims reach the
+    batch dim (m with the batch dim at 1) and a 0-d tensor (which promotes as a number) take
+    the rule (so does an op whose kernel does not broadcast: the gelu test above). Every
+    result is torch.func's, dtypes included."""
+    applied = _count_applies(monkeypatch)
+    torch.manual_seed(0)
+    xs = torch.randn(5, 3, 4, dtype=torch.float64).movedim(0, in_dims)
+    w, m = torch.randn(4, dtype=torch.float64), torch.rand(3, 4) + 0.5
+    f = functools.partial(_beside_plain_tensors, w=w, m=m)
+    ours, theirs = mf.vmap(f, in_dims=in_dims)(xs), tf.vmap(f, in_dims=in_dims)(xs)
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # with the batch dim at 1 the payload is (3, 5, 4): m's dims (3, 4) would meet it
+    assert applied == ([] if in_dims == 0 else ["mul", "mul", "div", "div"])
+    applied.clear()
+    # 0-d examples: a 0-d float64 tensor promotes them (two 0-d operands), a (1,) one too
+    scalar, one = torch.tensor(2.0, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    g = lambda x: (x * scalar, scalar - x, x + one)  # noqa: E731
+    numbers = torch.randn(5)
+    for a, b in zip(mf.vmap(g)(numbers), tf.vmap(g)(numbers)):
+        assert a.dtype == b.dtype == torch.float64
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert applied == ["mul", "sub", "add"]
+    # under vmap of grad (a MAML step's update), and nested vmaps, the same values
+    loss = lambda v: ((v - w) * m).sin().sum()  # noqa: E731
+    torch.testing.assert_close(mf.vmap(mf.grad(loss), in_dims=in_dims)(xs),
+                               tf.vmap(tf.grad(loss), in_dims=in_dims)(xs), rtol=0, atol=0)
+    nested = xs.movedim(in_dims, 0)[None]
+    for a, b in zip(mf.vmap(mf.vmap(f))(nested), tf.vmap(tf.vmap(f))(nested)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 def _views(x):
     """Every view primitive on an example of shape (3, 4): reshape, permute, unsqueeze,
