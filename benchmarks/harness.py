@@ -10,6 +10,14 @@ neighbour's load, the allocator's state) lands on every contender alike rather t
 one that happened to run last. The per-block times of all rounds are pooled; tables report
 their median and interquartile range, and ratios are medians divided by torch.func's median
 from the same run.
+
+Rounds are many and short (``ROUNDS`` of ``MIN_RUN_TIME`` seconds per contender, for the
+same total as 4 rounds of 0.25 s), because on a shared virtual machine the drift comes in
+bursts of a second or more that slow every call by up to half: with 4 rounds of 0.25 s, a
+burst could cover one contender's block and miss the next one's. Five runs of S8 on the
+2-core machine of RESULTS.md gave ratios from 0.85 to 1.31 that way (standard deviation
+0.18), and from 0.91 to 0.98 with 25 rounds of 0.05 s (0.025). A block is still one call or
+more of at least a millisecond, so the timer's own overhead stays negligible.
 """
 import atexit
 import cProfile
@@ -194,6 +202,11 @@ def check_case(case: Case) -> dict:
 
 
 # --- timing --------------------------------------------------------------------------------------
+# NOTE [Check, then time, interleaved]: many short rounds
+ROUNDS = 20
+MIN_RUN_TIME = 0.05
+
+
 def measure(results: list, *, threads: int, min_run_time: float, rounds: int,
             warmup: int = 2, log=print) -> None:
     """Time the checked contenders in ``results`` together, interleaved (see the NOTE).

@@ -123,8 +123,8 @@ def case_of(part: Part) -> Case:
                 **part.tolerances)
 
 
-def run(*, check_only=False, threads=1, min_run_time=0.25, rounds=8, out=None,
-        log=print) -> list:
+def run(*, check_only=False, threads=1, min_run_time=harness.MIN_RUN_TIME,
+        rounds=2 * harness.ROUNDS, out=None, log=print) -> list:
     """Check every part, then (unless ``check_only``) time it and write the report to
     ``out``. Returns [(Part, {contender: Result})]."""
     started = time.perf_counter()
@@ -207,10 +207,10 @@ def main(argv=None) -> int:
                              "written")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1)")
-    parser.add_argument("--min-run-time", type=float, default=0.25,
-                        help="seconds per blocked_autorange (default 0.25)")
-    parser.add_argument("--rounds", type=int, default=8,
-                        help="interleaved rounds per part (default 8)")
+    parser.add_argument("--min-run-time", type=float, default=harness.MIN_RUN_TIME,
+                        help=f"seconds per blocked_autorange (default {harness.MIN_RUN_TIME})")
+    parser.add_argument("--rounds", type=int, default=2 * harness.ROUNDS,
+                        help=f"interleaved rounds per part (default {2 * harness.ROUNDS})")
     parser.add_argument("--out", type=Path, default=HERE / "PROGRAMS.md",
                         help="where to write the table (default: benchmarks/PROGRAMS.md)")
     args = parser.parse_args(argv)

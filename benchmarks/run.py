@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def run(*, quick=False, device="cpu", threads=1, extra_threads=2, out_dir=None,
-        min_run_time=0.25, rounds=4, first_result_reps=5, max_profiles=16, groups=None,
+        min_run_time=harness.MIN_RUN_TIME, rounds=harness.ROUNDS, first_result_reps=5, max_profiles=16, groups=None,
         inductor=True, log=print) -> report.Suite:
     """Run the suite, or only the ``groups`` named; write the report to ``out_dir``
     (default: benchmarks/ for a full run of every group, else nowhere). Returns the Suite."""
@@ -182,10 +182,11 @@ def main(argv=None) -> int:
                         help="torch threads for the main run (default 1)")
     parser.add_argument("--extra-threads", type=int, default=2,
                         help="thread count of the second run of S2 (0: skip; default 2)")
-    parser.add_argument("--min-run-time", type=float, default=0.25,
-                        help="seconds per blocked_autorange (default 0.25)")
-    parser.add_argument("--rounds", type=int, default=4,
-                        help="interleaved rounds per measurement group (default 4)")
+    parser.add_argument("--min-run-time", type=float, default=harness.MIN_RUN_TIME,
+                        help=f"seconds per blocked_autorange (default {harness.MIN_RUN_TIME})")
+    parser.add_argument("--rounds", type=int, default=harness.ROUNDS,
+                        help=f"interleaved rounds per measurement group (default "
+                             f"{harness.ROUNDS})")
     parser.add_argument("--groups", default=None,
                         help="comma-separated groups to run (e.g. S7,S8; default: all); the "
                              "report is then written only with --out")
