@@ -570,6 +570,8 @@ def leaky_relu(x, negative_slope=0.01):
 
 _hardtanh = parametrized(
     "hardtanh", lambda x, *, min_val, max_val: F.hardtanh(x, min_val, max_val),
+    # (0 at a NaN, as torch's vectorized hardtanh_backward gives; its scalar loop, which
+    # takes the elements past the last full vector, gives 1 there: torch 2.13 on a CPU)
     lambda x, out, *, min_val, max_val: where(logical_and(gt(x, min_val), lt(x, max_val)),
                                               1.0, 0.0))
 
@@ -984,8 +986,12 @@ aten_api.register(aten.gelu_backward.default)(
 
 
 def _softplus_second_derivative(x, *, beta, threshold):
-    s = ops.sigmoid(mul(x, beta))
-    return where(gt(mul(x, beta), threshold), 0.0, mul(mul(s, sub(1, s)), beta))
+    # derivatives.yaml's softplus_double_backward: times (beta x < threshold) as a number, so
+    # 0 at the threshold itself (where the first derivative still takes the sigmoid) and NaN
+    # at a NaN
+    scaled = mul(x, beta)
+    s = ops.sigmoid(scaled)
+    return mul(mul(mul(s, sub(1, s)), beta), ops.convert(lt(scaled, threshold), x.dtype))
 
 
 softplus_backward_p = P.primitive(
@@ -1001,8 +1007,10 @@ aten_api.register(aten.softplus_backward.default)(
 
 
 def _elu_second_derivative(x, *, alpha, scale, input_scale):
-    return where(gt(x, 0), 0.0, mul(exp(mul(x, input_scale)),
-                                    alpha * scale * input_scale * input_scale))
+    # derivatives.yaml's elu_double_backward: times (x < 0), so 0 at 0 (where the first
+    # derivative takes the exponential's side) and at a NaN
+    return where(lt(x, 0), mul(exp(mul(x, input_scale)),
+                               alpha * scale * input_scale * input_scale), 0.0)
 
 
 elu_backward_p = P.primitive(
