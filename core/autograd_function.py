@@ -38,11 +38,10 @@ import inspect
 import weakref
 from typing import NamedTuple
 
-import optree
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import grad_mode, ops
+from . import grad_mode, ops, pytree
 from .autograd import Autograd, AutogradValue, TapeEntry, sum_to_size
 from .batching import Batched, BatchedValue
 from .dispatch import Logger, LoggedValue, complex_not_supported, current_dispatcher
@@ -134,7 +133,7 @@ def _holds_func_tensor(args, kwargs):
         if type(a) is FuncTensor:
             return True
         if isinstance(a, (list, tuple, dict)) and any(
-                type(leaf) is FuncTensor for leaf in optree.tree_leaves(a)):
+                type(leaf) is FuncTensor for leaf in pytree.tree_leaves(a)):
             return True
     return False
 
@@ -236,7 +235,7 @@ _calls: list = []
 def _call(cls, args, kwargs):
     """Apply ``cls`` at the highest level among ``args`` (values or constants); returns the
     outputs as a tuple and whether forward returned a single output."""
-    top = top_dispatcher(optree.tree_leaves(args))
+    top = top_dispatcher(pytree.tree_leaves(args))
     if top is None:
         if _calls:  # NOTE [mark_dirty]: copies of the tensors that were values
             constants = _calls[-1]["constants"]
@@ -556,9 +555,9 @@ def _batched_call(level, cls, args, kwargs):
 
     values = tuple(structure(a, lambda v: v.payload if own(v) else v) for a in args)
     in_dims = tuple(structure(a, lambda v: v.bdim if own(v) else None) for a in args)
-    if all(d is None for d in optree.tree_leaves(in_dims, none_is_leaf=True)):
+    if all(d is None for d in pytree.tree_leaves(in_dims, none_is_leaf=True)):
         return _call(cls, values, kwargs)
-    if any(_is_tensor(v) for v in optree.tree_leaves(kwargs)):
+    if any(_is_tensor(v) for v in pytree.tree_leaves(kwargs)):
         raise UnsupportedOperationError(
             f"{level.call}: {cls.__name__}.apply(...) got kwarg-only Tensor args, which "
             "torch.func refuses under vmap too. Fix: pass the tensors positionally."

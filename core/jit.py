@@ -24,9 +24,9 @@ are LRU caches too.
 import collections
 import functools
 
-import optree
 import torch
 
+from . import pytree
 from .fast_code import reusable_equations, unless_recorded
 from .tensor import as_tensor, engine_code, unwrap
 from .values import Value
@@ -135,8 +135,8 @@ class jit:
                 compiled = None
             if compiled is not None:
                 self._cache.move_to_end(compiled.key)
-                return optree.tree_unflatten(compiled.out_treedef, list(compiled.run(*args)))
-        leaves, treedef = optree.tree_flatten((args, kwargs))
+                return pytree.tree_unflatten(compiled.out_treedef, list(compiled.run(*args)))
+        leaves, treedef = pytree.tree_flatten((args, kwargs))
         leaves = [unwrap(leaf) for leaf in leaves]
         key = (treedef, _signature(leaves))
         compiled = self._cache.get(key)
@@ -155,7 +155,7 @@ class jit:
                 outputs = [as_tensor(o) for o in compiled.program.evaluate_flat(tensors)]
         else:
             outputs = compiled.run(*tensors)
-        return optree.tree_unflatten(compiled.out_treedef, list(outputs))
+        return pytree.tree_unflatten(compiled.out_treedef, list(outputs))
 
     def _compile(self, args, kwargs, key):
         program = simplify(fold_identity_bases(simplify(trace_flat(self.function, args,
@@ -171,7 +171,7 @@ class jit:
 
     def program_for(self, *args, **kwargs):
         """The (simplified) Program that a call with these arguments runs."""
-        leaves, treedef = optree.tree_flatten((args, kwargs))
+        leaves, treedef = pytree.tree_flatten((args, kwargs))
         leaves = [unwrap(leaf) for leaf in leaves]
         key = (treedef, _signature(leaves))
         compiled = self._cache.get(key) or self._compile(args, kwargs, key)

@@ -14,9 +14,9 @@ import html
 import keyword
 import operator
 
-import optree
 import torch
 
+from . import pytree
 from .fast_code import INPLACE_METHODS, number_operand_tensor, reusable_equations
 from .errors import TransformUsageError, TypecheckError
 from .ir import Literal, Var, emit_call, identifier, literal_source
@@ -191,7 +191,7 @@ class Program:
     # --- evaluation ------------------------------------------------------------------------
     def flatten_inputs(self, args, kwargs):
         """The tensor inputs of a call, checked against the traced structure."""
-        leaves, treedef = optree.tree_flatten((tuple(args), dict(kwargs)))
+        leaves, treedef = pytree.tree_flatten((tuple(args), dict(kwargs)))
         if self.in_treedef is not None and treedef != self.in_treedef:
             raise TransformUsageError(
                 f"program {self.name}(<inputs>): expected inputs with the traced structure "
@@ -238,7 +238,7 @@ class Program:
             outputs = [as_tensor(o) for o in self.evaluate_flat(inputs)]
         if self.out_treedef is None:
             return tuple(outputs)
-        return optree.tree_unflatten(self.out_treedef, outputs)
+        return pytree.tree_unflatten(self.out_treedef, outputs)
 
     # --- exports ---------------------------------------------------------------------------
     def python_source(self, function_name=None, *, reuse_buffers=False,

@@ -12,9 +12,9 @@ the ``fx_vjp`` of source-to-source AD; in JAX it is ``vjp`` traced by ``make_jax
 the forward program returns the outputs and the values the backward closures captured (the
 saved context); the backward program receives exactly those values and the cotangents.
 """
-import optree
 import torch
 
+from . import pytree
 from .autograd import AutogradValue
 from .dispatch import new_level, transform_scope
 from .errors import TransformUsageError
@@ -68,7 +68,7 @@ def _saved_values(tape, level):
     saved, seen = [], set()
     for entry in tape.entries:
         for value in entry.saved.values():
-            for leaf in optree.tree_leaves(value):
+            for leaf in pytree.tree_leaves(value):
                 if isinstance(leaf, TracerValue) and leaf.dispatcher is level \
                         and id(leaf) not in seen:
                     seen.add(id(leaf))
@@ -103,7 +103,7 @@ def split_vjp(f):
 
 def _split(f, args):
     name = getattr(f, "__name__", "f")
-    example_leaves, example_treedef = optree.tree_flatten(args)
+    example_leaves, example_treedef = pytree.tree_flatten(args)
     for leaf in example_leaves:
         if not isinstance(leaf, torch.Tensor):
             raise TransformUsageError(
@@ -114,12 +114,12 @@ def _split(f, args):
     device = example_leaves[0].device if example_leaves else torch.device("cpu")
     forward_level = new_level(Tracing, device=device)
     with transform_scope(forward_level):
-        traced_args = optree.tree_unflatten(
+        traced_args = pytree.tree_unflatten(
             example_treedef,
             [forward_level.new_input(x.shape, x.dtype) for x in example_leaves])
         autograd, out, _, inputs = _run_reverse(
             f, traced_args, {}, tuple(range(len(args))), f"split_vjp({name})(<inputs>)")
-    out_leaves, out_treedef = optree.tree_flatten(out)
+    out_leaves, out_treedef = pytree.tree_flatten(out)
     if not all(isinstance(o, AutogradValue) and o.dispatcher is autograd for o in out_leaves):
         raise TransformUsageError(
             f"split_vjp({name})(<inputs>): every output must depend on the inputs. Fix: "
@@ -132,8 +132,8 @@ def _split(f, args):
     fwd = simplify(Program(forward_level.inputs, forward_level.constants,
                            forward_level.equations, outputs, device=device,
                            name=f"{name}_fwd"))
-    fwd.out_treedef = optree.tree_structure(
-        (optree.tree_unflatten(out_treedef, [0] * len(out_leaves)), tuple([0] * len(saved))))
+    fwd.out_treedef = pytree.tree_structure(
+        (pytree.tree_unflatten(out_treedef, [0] * len(out_leaves)), tuple([0] * len(saved))))
     return fwd, bwd
 
 
@@ -186,6 +186,6 @@ def _backward_program(name, autograd, saved, out_leaves, inputs, device):
     bwd = simplify(Program(level.inputs, level.constants, level.equations, outputs,
                            device=device, name=f"{name}_bwd"))
     treedefs = [treedef for _, _, treedef in inputs]
-    bwd.out_treedef = optree.tree_structure(
-        tuple(optree.tree_unflatten(t, [0] * t.num_leaves) for t in treedefs))
+    bwd.out_treedef = pytree.tree_structure(
+        tuple(pytree.tree_unflatten(t, [0] * t.num_leaves) for t in treedefs))
     return bwd

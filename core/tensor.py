@@ -38,12 +38,11 @@ at the current level. The mode is thread-local, and the engine's own work runs w
 import contextlib
 
 import numpy
-import optree
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import aten_api, grad_mode, ops, torch_api
+from . import aten_api, grad_mode, ops, pytree, torch_api
 from .errors import InPlaceError, InvalidOptionError, UnsupportedOperationError
 from .names import label
 from . import values
@@ -329,7 +328,7 @@ def as_tensor(value):
 
 def as_tensors(tree):
     """``as_tensor`` on every leaf of a pytree."""
-    return optree.tree_map(as_tensor, tree, none_is_leaf=True)
+    return pytree.tree_map(as_tensor, tree, none_is_leaf=True)
 
 
 def value_of(t):
@@ -395,7 +394,7 @@ def _numpy_array_error(array, func):
 
 def unwrap_tree(tree):
     """``unwrap`` on every leaf of a pytree (transform inputs and outputs)."""
-    return optree.tree_map(unwrap, tree, none_is_leaf=True)
+    return pytree.tree_map(unwrap, tree, none_is_leaf=True)
 
 
 def _unwrap_kwargs(kwargs):
@@ -1124,7 +1123,7 @@ def _call_aten(func, args, kwargs):
         return _functionalize(func, args, kwargs)
     values = unwrap_all(args)
     kw = _unwrap_kwargs(kwargs)
-    top = top_dispatcher(optree.tree_leaves((values, kw), none_is_leaf=True))
+    top = top_dispatcher(pytree.tree_leaves((values, kw), none_is_leaf=True))
     if top is None:
         # only tensors that no level owns: torch's own kernel computes the result
         result = _wrap_result(func(*values, **kw))

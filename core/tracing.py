@@ -14,9 +14,9 @@ grad issued. Constants that the function captured become constant inputs of the 
 """
 import functools
 
-import optree
 import torch
 
+from . import pytree
 from .dispatch import Dispatcher, new_level, transform_scope
 from .errors import TransformError, TransformUsageError, UnsupportedOperationError
 from .ir import Equation, Literal, Var
@@ -138,7 +138,7 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
     Non-tensor leaves are static: they are passed to ``f`` as they are. Only the shapes and
     dtypes of the tensor leaves matter (meta tensors are fine examples).
     """
-    leaves, treedef = optree.tree_flatten((tuple(args), dict(kwargs or {})))
+    leaves, treedef = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
     leaves = [unwrap(leaf) for leaf in leaves]
     arrays = [leaf for leaf in leaves if _is_array(leaf)]
     if device is None:
@@ -148,12 +148,12 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
     with transform_scope(level):
         traced_leaves = [as_tensor(level.new_input(leaf.shape, leaf.dtype)) if _is_array(leaf)
                          else leaf for leaf in leaves]
-        traced_args, traced_kwargs = optree.tree_unflatten(treedef, traced_leaves)
+        traced_args, traced_kwargs = pytree.tree_unflatten(treedef, traced_leaves)
         with user_code():
             out = f(*traced_args, **traced_kwargs)
         out = unwrap_tree(out)  # while the level runs (NOTE [Outputs are read while their
         # level runs] in transforms.py)
-    out_leaves, out_treedef = optree.tree_flatten(out)
+    out_leaves, out_treedef = pytree.tree_flatten(out)
     outputs = []
     for leaf in out_leaves:
         if isinstance(leaf, TracerValue) and leaf.dispatcher is level:

@@ -13,10 +13,9 @@ a plain tensor, or a FuncTensor where the result is a value of an enclosing tran
 import functools
 import math
 
-import optree
 import torch
 
-from . import ops
+from . import ops, pytree
 from .autograd import Autograd, AutogradValue, refuse_write_to_recorded
 from .batching import Batched, BatchedValue, move_bdim
 from .dispatch import new_level, transform_scope
@@ -150,7 +149,7 @@ def _normalize_argnums(argnums, num_args, call):
 
 def _flatten_arrays(tree, call, what):
     """The leaves of ``tree`` as engine values (FuncTensors unwrapped), checked to be tensors."""
-    leaves, treedef = optree.tree_flatten(tree)
+    leaves, treedef = pytree.tree_flatten(tree)
     leaves = [unwrap(leaf) for leaf in leaves]
     for leaf in leaves:
         if not _is_array(leaf):
@@ -182,7 +181,7 @@ def _lower_tree(tree, level):
         if isinstance(leaf, Value) and leaf.dispatcher is level:
             leaf = level.lower(leaf)
         return as_tensor(leaf)
-    return optree.tree_map(lower, tree)
+    return pytree.tree_map(lower, tree)
 
 
 def _split_aux(out, has_aux, call):
@@ -194,7 +193,7 @@ def _split_aux(out, has_aux, call):
             f"{call}: {_torch_call(call)}output of function f should be a tuple: (output, aux) if has_aux is "
             f"True, got {got}. Fix: return (output, aux), or drop has_aux."
         )
-    for leaf in optree.tree_leaves(out[1]):
+    for leaf in pytree.tree_leaves(out[1]):
         if not _is_array(unwrap(leaf)):
             raise FunctionOutputError(
                 f"{call}: Expected tensors, got unsupported type {type(leaf)}: with "
@@ -299,14 +298,14 @@ def _run_reverse(f, args, kwargs, argnums, call):
     with transform_scope(level), level_scope(level), \
             torch.autograd.graph.disable_saved_tensors_hooks(hooks_message):
         for argnum in argnums:
-            originals += optree.tree_leaves(args[argnum])
+            originals += pytree.tree_leaves(args[argnum])
             leaves, treedef = _flatten_arrays(args[argnum], call, f"argument {argnum}")
             _check_differentiable(leaves, call)
             wrapped = _wrap_for_autograd(level, leaves)
             inputs.append((leaves, wrapped, treedef))
             tensors = [as_tensor(w) for w in wrapped]
             shown += tensors
-            args[argnum] = optree.tree_unflatten(treedef, tensors)
+            args[argnum] = pytree.tree_unflatten(treedef, tensors)
         with user_code():
             out = f(*args, **kwargs)
         out = _output_values(out)
@@ -344,7 +343,7 @@ def _gradients(level, seeds, inputs):
             elif g.dtype != leaf.dtype:  # as torch's autograd: a gradient has its input's dtype
                 g = ops.convert(g, leaf.dtype)
             grads.append(g)
-        result.append(optree.tree_unflatten(treedef, grads))
+        result.append(pytree.tree_unflatten(treedef, grads))
     return result
 
 
@@ -444,10 +443,10 @@ def _vjp(f, primals, has_aux):
     call = describe_call("vjp", f)
     level, out, _, inputs = _run_reverse(f, primals, {}, tuple(range(len(primals))), call)
     out, aux = _split_aux(out, has_aux, call)
-    out_leaves, out_treedef = optree.tree_flatten(out)
+    out_leaves, out_treedef = pytree.tree_flatten(out)
     _check_outputs_are_tensors(out_leaves, call, "f(*primals)", out)
     own = [isinstance(o, AutogradValue) and o.dispatcher is level for o in out_leaves]
-    primal_out = optree.tree_unflatten(
+    primal_out = pytree.tree_unflatten(
         out_treedef, [as_tensor(o.payload if is_own else o) for o, is_own in zip(out_leaves, own)])
 
     def vjp_fn(cotangents, retain_graph=True, create_graph=None):
@@ -457,12 +456,12 @@ def _vjp(f, primals, has_aux):
         with engine_code():
             cts = _pull_back(cotangents)
         if create_graph is False or (create_graph is None and not torch.is_grad_enabled()):
-            cts = optree.tree_map(lambda ct: ct.detach() if type(ct) is torch.Tensor else ct,
+            cts = pytree.tree_map(lambda ct: ct.detach() if type(ct) is torch.Tensor else ct,
                                   cts, none_is_leaf=True)
         return cts
 
     def _pull_back(cotangents):
-        ct_leaves, ct_treedef = optree.tree_flatten(cotangents)
+        ct_leaves, ct_treedef = pytree.tree_flatten(cotangents)
         ct_leaves = [unwrap(ct) for ct in ct_leaves]
         if ct_treedef != out_treedef:
             raise TangentsError(
@@ -511,8 +510,8 @@ def _check_primals_and_tangents(primals, tangents, call):
             f"f(*primals). Got {_type_shown(primals)}. Fix: jvp(f, (x,), (t,)), one tangent "
             "per argument of f."
         )
-    p_leaves, p_treedef = optree.tree_flatten(primals)
-    t_leaves, t_treedef = optree.tree_flatten(tangents)
+    p_leaves, p_treedef = pytree.tree_flatten(primals)
+    t_leaves, t_treedef = pytree.tree_flatten(tangents)
     if p_treedef != t_treedef:
         raise TangentsError(
             f"{call}: {_torch_call(call)}Expected primals and tangents to have the same python structure. For "
@@ -572,11 +571,11 @@ def _jvp(f, primals, tangents, has_aux, strict=False):
     with transform_scope(level), level_scope(level):
         wrapped = [as_tensor(level.wrap_input(p, t)) for p, t in zip(p_leaves, t_leaves)]
         with user_code():
-            out = f(*optree.tree_unflatten(p_treedef, wrapped))
+            out = f(*pytree.tree_unflatten(p_treedef, wrapped))
         out = _output_values(out)
-    _write_back(wrapped, optree.tree_leaves(primals), level.lower_own, call)
+    _write_back(wrapped, pytree.tree_leaves(primals), level.lower_own, call)
     out, aux = _split_aux(out, has_aux, call)
-    out_leaves, out_treedef = optree.tree_flatten(out)
+    out_leaves, out_treedef = pytree.tree_flatten(out)
     _check_outputs_are_tensors(out_leaves, call, "f(*primals)", out)
     primal_out, tangent_out = [], []
     for o in out_leaves:
@@ -592,8 +591,8 @@ def _jvp(f, primals, tangents, has_aux, strict=False):
                 )
             primal_out.append(o)
             tangent_out.append(ops.zeros_like(o) if _is_array(o) else None)
-    result = (optree.tree_unflatten(out_treedef, as_tensors(primal_out)),
-              optree.tree_unflatten(out_treedef, as_tensors(tangent_out)))
+    result = (pytree.tree_unflatten(out_treedef, as_tensors(primal_out)),
+              pytree.tree_unflatten(out_treedef, as_tensors(tangent_out)))
     if has_aux:
         return (*result, _lower_tree(aux, level))
     return result
@@ -622,8 +621,8 @@ def linearize(f, *primals):
 def _check_linearize_tangents(primals, tangents):
     """linearize's jvp_fn takes tangents like the primals: structure, shape and dtype."""
     call = "linearize(f, *primals)'s jvp_fn(*tangents)"
-    p_leaves, p_treedef = optree.tree_flatten(primals)
-    t_leaves, t_treedef = optree.tree_flatten(tangents)
+    p_leaves, p_treedef = pytree.tree_flatten(primals)
+    t_leaves, t_treedef = pytree.tree_flatten(tangents)
     if p_treedef != t_treedef:
         raise TangentsError(
             f"{call}: Expected the tangents {_structure(t_treedef)} to have the same argspec as "
@@ -647,12 +646,12 @@ def _check_linearize_tangents(primals, tangents):
 def _broadcast_dims(dims, tree, call, what):
     """Spread ``dims`` (an int/None, or a prefix of ``tree``) over the leaves of ``tree``."""
     try:
-        return optree.tree_flatten(optree.tree_broadcast_prefix(dims, tree, none_is_leaf=True),
+        return pytree.tree_flatten(pytree.tree_broadcast_prefix(dims, tree, none_is_leaf=True),
                                    none_is_leaf=True)[0]
     except (ValueError, TypeError):
         where = "inputs" if what == "in_dims" else "outputs"
-        dims_structure = optree.tree_structure(dims, none_is_leaf=True)
-        tree_structure = optree.tree_structure(tree, none_is_leaf=True)
+        dims_structure = pytree.tree_structure(dims, none_is_leaf=True)
+        tree_structure = pytree.tree_structure(tree, none_is_leaf=True)
         raise TransformUsageError(
             f"{call}: {what} is not compatible with the structure of `{where}`. {what} has "
             f"structure {_structure(dims_structure)} but {where} has structure "
@@ -738,10 +737,9 @@ def _check_out_dims(out_dims, call):
     """torch.func's out_dims: an int, None, or a container of them (checked before f runs)."""
     if out_dims is None or type(out_dims) is int:
         return
-    leaves = optree.tree_leaves(out_dims, none_is_leaf=True)
-    if isinstance(out_dims, (int, type(None))) or (
-            isinstance(out_dims, (tuple, list, dict))
-            and all(isinstance(d, (int, type(None))) for d in leaves)):
+    # (any pytree of them: a registered class too, NOTE [Pytrees are torch's])
+    if all(isinstance(d, (int, type(None)))
+           for d in pytree.tree_leaves(out_dims, none_is_leaf=True)):
         return
     raise TransformUsageError(
         f"{call}: `out_dims` must be an int, None or a python collection of ints representing "
@@ -775,7 +773,7 @@ def _vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs, *, chunks=
         )
     _check_out_dims(out_dims, call)
     prefix = in_dims if isinstance(in_dims, tuple) else (in_dims,) * len(args)
-    originals, arg_treedef = optree.tree_flatten(args, none_is_leaf=True)
+    originals, arg_treedef = pytree.tree_flatten(args, none_is_leaf=True)
     arg_leaves = [unwrap(leaf) for leaf in originals]
     if all(d is None or type(d) is int for d in prefix):  # one dim per argument: spread it
         dim_leaves = [d for d, child in zip(prefix, arg_treedef.children())
@@ -864,7 +862,7 @@ def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, r
         wrapped = [as_tensor(leaf if d is None else level.wrap_input(leaf, d % len(leaf.shape)))
                    for leaf, d in zip(arg_leaves, dim_leaves)]
         with user_code():
-            out = f(*optree.tree_unflatten(arg_treedef, wrapped), **kwargs)
+            out = f(*pytree.tree_unflatten(arg_treedef, wrapped), **kwargs)
         out_values = _output_values(out)
     # the batched inputs that f wrote in place
     written = {id(t): (t, original, d) for t, original, d in zip(wrapped, originals, dim_leaves)
@@ -891,8 +889,8 @@ def _views_are_fresh_tensors(out, result, arg_leaves):
     back its input's value, so the result would be the caller's tensor itself; in torch (and
     torch.func) a view op returns a new tensor, a view of its input (``y._base is x``). So an
     output that a view op made, and that came out as one of the inputs, becomes an alias."""
-    out_leaves = optree.tree_leaves(out, none_is_leaf=False)
-    result_leaves, treedef = optree.tree_flatten(result, none_is_leaf=False)
+    out_leaves = pytree.tree_leaves(out, none_is_leaf=False)
+    result_leaves, treedef = pytree.tree_flatten(result, none_is_leaf=False)
     if len(out_leaves) != len(result_leaves):
         return result
 
@@ -906,7 +904,7 @@ def _views_are_fresh_tensors(out, result, arg_leaves):
             tensor = as_tensor(tensor)  # (inside another vmap: a view that it sees as one)
             result_leaves[position] = tensor.view_as(tensor)
             changed = True
-    return optree.tree_unflatten(treedef, result_leaves) if changed else result
+    return pytree.tree_unflatten(treedef, result_leaves) if changed else result
 
 
 # --- NOTE [vmap over a nested tensor] ------------------------------------------------------------
@@ -952,7 +950,7 @@ def _vmap_nested(f, arg_leaves, arg_treedef, dim_leaves, kwargs, out_dims, rando
             sizes.add(None)
         else:
             sizes.add(leaf.size(0) if _is_nested(leaf) else leaf.size(d))
-    out_leaves_of_dims = optree.tree_leaves(out_dims, none_is_leaf=True)
+    out_leaves_of_dims = pytree.tree_leaves(out_dims, none_is_leaf=True)
     for d in out_leaves_of_dims:
         if d is not None and d != 0:
             raise NestedTensorError(
@@ -984,14 +982,14 @@ def _vmap_nested(f, arg_leaves, arg_treedef, dim_leaves, kwargs, out_dims, rando
                     example = ops.getitem(leaf, (slice(None),) * d + (slice(i, i + 1),))
                     wrapped.append(as_tensor(level.wrap_input(example, d)))
             with user_code():
-                out = f(*optree.tree_unflatten(arg_treedef, wrapped), **kwargs)
+                out = f(*pytree.tree_unflatten(arg_treedef, wrapped), **kwargs)
             if any(type(t) is FuncTensor and t._generation for t in wrapped):
                 raise NestedTensorError(
                     f"{call}: an in-place write to an input of a vmap over a nested tensor "
                     "is not supported here. Fix: compute a new tensor (x = x + y, not "
                     "x += y).")
             out = _output_values(out)
-        leaves, treedef = optree.tree_flatten(out, none_is_leaf=True)
+        leaves, treedef = pytree.tree_flatten(out, none_is_leaf=True)
         per_example.append([None if leaf is None else
                             ops.squeeze(level.lower(leaf), 0)
                             if isinstance(leaf, BatchedValue) and leaf.dispatcher is level
@@ -1008,7 +1006,7 @@ def _vmap_nested(f, arg_leaves, arg_treedef, dim_leaves, kwargs, out_dims, rando
             outputs.append(torch.nested.as_nested_tensor(
                 [bottom_tensor(c[0] if type(c) is tuple else c) for c in column],
                 layout=torch.strided))
-    return optree.tree_unflatten(treedef, outputs)
+    return pytree.tree_unflatten(treedef, outputs)
 
 
 def _alias_written_inputs(out, result, written, out_dims):
@@ -1025,8 +1023,8 @@ def _alias_written_inputs(out, result, written, out_dims):
     out_dims = _single_out_dim(out, out_dims)
     if not isinstance(out_dims, int):
         return result  # (per-output out_dims: the result keeps its own copy)
-    out_leaves = optree.tree_leaves(out, none_is_leaf=False)
-    result_leaves, treedef = optree.tree_flatten(result, none_is_leaf=False)
+    out_leaves = pytree.tree_leaves(out, none_is_leaf=False)
+    result_leaves, treedef = pytree.tree_flatten(result, none_is_leaf=False)
     for position, leaf in enumerate(out_leaves):
         chain, alias = _views_of_a_written_input(leaf, written)
         if alias is None:
@@ -1041,7 +1039,7 @@ def _alias_written_inputs(out, result, written, out_dims):
         aliased = _replay_views(chain, original, in_dim, out_dim)
         if aliased is not None and aliased.shape == result_leaves[position].shape:
             result_leaves[position] = aliased
-    return optree.tree_unflatten(treedef, result_leaves)
+    return pytree.tree_unflatten(treedef, result_leaves)
 
 
 def _views_of_a_written_input(leaf, written):
@@ -1063,7 +1061,7 @@ def _replay_views(chain, original, in_dim, out_dim):
     """The views of ``chain``, per example, on the caller's tensor: a view of it, or None."""
     if type(original) is FuncTensor or any(
             isinstance(a, torch.Tensor) for view in chain
-            for a in optree.tree_leaves((view.args, view.kwargs))):
+            for a in pytree.tree_leaves((view.args, view.kwargs))):
         return None  # (view ops take sizes and dims; a tensor argument is not replayed)
 
     def replay(example):
@@ -1090,7 +1088,7 @@ def _unbatch_outputs(level, out, out_dims, size, call, name):
     out_dims = _single_out_dim(out, out_dims)
     # None is a leaf here, as in _broadcast_dims, so that leaves and dims stay aligned:
     # vmap(lambda x: (None, x), out_dims=(None, 0))
-    out_leaves, out_treedef = optree.tree_flatten(out, none_is_leaf=True)
+    out_leaves, out_treedef = pytree.tree_flatten(out, none_is_leaf=True)
     dims = _broadcast_dims(out_dims, out, call, "out_dims") if not isinstance(out_dims, int) \
         else [out_dims] * len(out_leaves)
     result = []
@@ -1136,13 +1134,13 @@ def _unbatch_outputs(level, out, out_dims, size, call, name):
             shape = list(leaf.shape)
             shape.insert(dim, size)
             result.append(ops.expand(ops.unsqueeze(leaf, dim), *shape))
-    return optree.tree_unflatten(out_treedef, result)
+    return pytree.tree_unflatten(out_treedef, result)
 
 
 def _concatenate_chunks(outputs, out_dims, call):
     out_dims = _single_out_dim(outputs[0], out_dims)
-    leaves_per_chunk = [optree.tree_flatten(o, none_is_leaf=True)[0] for o in outputs]
-    treedef = optree.tree_structure(outputs[0], none_is_leaf=True)
+    leaves_per_chunk = [pytree.tree_flatten(o, none_is_leaf=True)[0] for o in outputs]
+    treedef = pytree.tree_structure(outputs[0], none_is_leaf=True)
     if isinstance(out_dims, int):
         dims = [out_dims] * len(leaves_per_chunk[0])
     else:
@@ -1151,7 +1149,7 @@ def _concatenate_chunks(outputs, out_dims, call):
     for position, dim in enumerate(dims):
         pieces = [leaves[position] for leaves in leaves_per_chunk]
         merged.append(pieces[0] if dim is None or pieces[0] is None else ops.cat(pieces, dim))
-    return optree.tree_unflatten(treedef, merged)
+    return pytree.tree_unflatten(treedef, merged)
 
 
 def functionalize(f, *, remove="mutations"):
@@ -1233,7 +1231,7 @@ def _with_selected(f, args, argnums):
 def _refuse_complex_inputs(transform, selected, call, what="inputs"):
     """torch.func's jacrev and jacfwd compute real Jacobians only, of real inputs and real
     outputs, and say so (in the same words for both)."""
-    for index, leaf in enumerate(optree.tree_leaves(selected)):
+    for index, leaf in enumerate(pytree.tree_leaves(selected)):
         if _is_array(unwrap(leaf)) and unwrap(leaf).dtype.is_complex:
             raise InputDtypeError(
                 f"{call}: {transform}: Expected all {what} to be real but received complex "
@@ -1301,12 +1299,12 @@ def _jacrev(f, argnums, has_aux, chunk_size, args):
     _refuse_complex_inputs("jacrev", selected, call)
     result = _vjp(_with_selected(f, args, argnums_), selected, has_aux)
     out, vjp_fn = result[0], result[1]
-    out_leaves, out_treedef = optree.tree_flatten(out)
+    out_leaves, out_treedef = pytree.tree_flatten(out)
     _refuse_complex_inputs("jacrev", out_leaves, call, "outputs")
     basis, sizes = _identity_basis(out_leaves)
 
     def pull_back(*basis_leaves):
-        return vjp_fn(optree.tree_unflatten(out_treedef, list(basis_leaves)))
+        return vjp_fn(pytree.tree_unflatten(out_treedef, list(basis_leaves)))
     pull_back.__name__ = f"vjp_fn of {_function_name(f)}"
 
     # vmap(pull_back, chunk_size=chunk_size)(*basis): (total, *in_shape) leaves
@@ -1315,7 +1313,7 @@ def _jacrev(f, argnums, has_aux, chunk_size, args):
         # with data-dependent ops (nonzero, .item()) works (pytorch/pytorch issue 127036)
         total = ops.shape_of(basis[0])[0]
         rows = [pull_back(*[b[i] for b in basis]) for i in range(total)]
-        per_input = as_tensors(optree.tree_map(lambda *r: ops.stack(list(r)), *rows))
+        per_input = as_tensors(pytree.tree_map(lambda *r: ops.stack(list(r)), *rows))
     else:
         per_input = as_tensors(_vmap(pull_back, 0, 0, "error", chunk_size, tuple(basis), {}))
     jacobians = []
@@ -1325,9 +1323,9 @@ def _jacrev(f, argnums, has_aux, chunk_size, args):
         def block(g, o=o, n=n, offset=offset):
             rows = g if len(sizes) == 1 else g[offset:offset + n]
             return _reshaped(rows, (*o.shape, *g.shape[1:]))
-        per_arg = tuple(optree.tree_map(block, tree) for tree in per_input)
+        per_arg = tuple(pytree.tree_map(block, tree) for tree in per_input)
         jacobians.append(per_arg[0] if isinstance(argnums, int) else per_arg)
-    jacobian = optree.tree_unflatten(out_treedef, jacobians)
+    jacobian = pytree.tree_unflatten(out_treedef, jacobians)
     if has_aux:
         return jacobian, result[2]
     return jacobian
@@ -1361,7 +1359,7 @@ def _jacfwd(f, argnums, has_aux, randomness, args):
     f_selected = _with_selected(f, args, argnums_)
 
     def push_forward(*basis_leaves):
-        tangents = optree.tree_unflatten(in_treedef, list(basis_leaves))
+        tangents = pytree.tree_unflatten(in_treedef, list(basis_leaves))
         with engine_code():  # vmap runs this as user code; _jvp is the engine's
             result = _jvp(f_selected, selected, tangents, has_aux)
         return (result[1], result[2]) if has_aux else result[1]
@@ -1380,11 +1378,11 @@ def _jacfwd(f, argnums, has_aux, randomness, args):
             columns = t if len(sizes) == 1 else t[..., begin:begin + n]
             blocks.append(_reshaped(columns, (*out_shape, *x.shape)))
             begin += n
-        per_arg = optree.tree_unflatten(in_treedef, blocks)
+        per_arg = pytree.tree_unflatten(in_treedef, blocks)
         return per_arg[0] if isinstance(argnums, int) else per_arg
-    jacobian = optree.tree_map(split, tangents_out)
+    jacobian = pytree.tree_map(split, tangents_out)
     if has_aux:
-        return jacobian, optree.tree_map(lambda a: a[0], aux)
+        return jacobian, pytree.tree_map(lambda a: a[0], aux)
     return jacobian
 
 

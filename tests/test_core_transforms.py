@@ -5,6 +5,7 @@ chunk_size / randomness, functional_call (per-sample gradients, ensembles), cust
 perturbation confusion, Python control flow, and the tapes that grad records.
 """
 import collections
+import dataclasses
 
 import optree
 import pytest
@@ -60,6 +61,55 @@ def tree_to_tree(tree, scale):
     return {"out": Pair(pair.first * tree["w"] * scale, (u * pair.second).exp()),
             "list": [torch.tanh(v), v.sum() * scale]}
 
+
+
+# NOTE [Pytrees are torch's] (core/pytree.py): classes registered with torch.utils._pytree
+# are containers to every transform, as they are to torch.func's
+@dataclasses.dataclass
+class Particles:  # registered with register_dataclass (which torch does not mirror to optree)
+    positions: torch.Tensor
+    charges: torch.Tensor
+
+
+torch.utils._pytree.register_dataclass(Particles)
+
+
+class Box:  # registered with register_pytree_node, after the engine was imported
+    def __init__(self, corner, size):
+        self.corner, self.size = corner, size
+
+
+torch.utils._pytree.register_pytree_node(
+    Box, lambda box: ([box.corner], box.size), lambda children, size: Box(children[0], size),
+    serialized_type_name="test_core_transforms.Box")
+
+
+def _energy(particles, box):
+    shifted = particles.positions - box.corner * box.size
+    return Particles(shifted.sin() * particles.charges[:, None], particles.charges.exp())
+
+
+def test_containers_registered_with_torch_are_containers_to_every_transform():
+    particles, box = Particles(randn(5, 3), randn(5, seed=1)), Box(randn(3, seed=2), 2.0)
+    scalar = lambda p, b: _energy(p, b).positions.sum() + _energy(p, b).charges.sum()  # noqa: E731
+    for argnums in (0, 1, (0, 1)):
+        assert_same_structure(mf.grad(scalar, argnums=argnums)(particles, box),
+                              tf.grad(scalar, argnums=argnums)(particles, box))
+    out, pullback = mf.vjp(_energy, particles, box)
+    out_t, pullback_t = tf.vjp(_energy, particles, box)
+    assert_same_structure(out, out_t)
+    assert_same_structure(pullback(out_t), pullback_t(out_t))
+    assert_same_structure(mf.jvp(_energy, (particles, box), (particles, box)),
+                          tf.jvp(_energy, (particles, box), (particles, box)))
+    for jac in ("jacrev", "jacfwd"):
+        assert_same_structure(getattr(mf, jac)(_energy)(particles, box),
+                              getattr(tf, jac)(_energy)(particles, box))
+    # vmap: in_dims and out_dims as the registered class itself
+    batch = Particles(randn(4, 5, 3, seed=3), randn(5, 4, seed=4))
+    in_dims, out_dims = (Particles(0, 1), None), Particles(0, 1)
+    assert_same_structure(mf.vmap(_energy, in_dims=in_dims, out_dims=out_dims)(batch, box),
+                          tf.vmap(_energy, in_dims=in_dims, out_dims=out_dims)(batch, box))
+    torch.testing.assert_close(mf.jit(scalar)(particles, box), scalar(particles, box))
 
 def test_grad_of_pytree_input():
     tree = tree_inputs()
