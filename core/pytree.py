@@ -8,9 +8,10 @@ immutable list and dict). The engine flattens with optree, whose builtin contain
 same (tuple, list, dict, namedtuple, OrderedDict, defaultdict, deque, torch.return_types);
 every other class in torch's registry is registered here into optree's namespace
 "minifunctorch", adapting torch's unflatten(children, context) to optree's (context,
-children), and the functions below flatten in that namespace. A registration made after
-the engine was imported is mirrored at the next flatten (the registry only grows; the check
-is its length). torch keeps its own optree mirror (torch.utils._cxx_pytree) for
+children), and the functions below flatten in that namespace. A class registered after the
+engine was imported is mirrored at the next flatten, and one taken back
+(``_deregister_pytree_node``) is taken back here: the check is the registry's size and its
+last class. torch keeps its own optree mirror (torch.utils._cxx_pytree) for
 register_pytree_node but not for register_dataclass, hence one here. (JAX keeps a single
 registry, jax.tree_util's, for the same reason: a container is one to every transform.)
 """
@@ -24,29 +25,34 @@ NAMESPACE = "minifunctorch"
 # optree's own containers (namedtuple and PyStructSequence classes are recognized by kind)
 _BUILTIN = (tuple, list, dict, collections.OrderedDict, collections.defaultdict,
             collections.deque)
-_mirrored: set = set()
-_registry_size = 0
+_mirrored: set = set()  # the classes registered here
+_registry_state = None  # (size, last class) of torch's registry when last mirrored
+
+
+def _state():
+    return len(SUPPORTED_NODES), next(reversed(SUPPORTED_NODES), None)
 
 
 def _mirror_torchs_registry():
-    global _registry_size
+    global _registry_state
+    for cls in _mirrored - SUPPORTED_NODES.keys():  # deregistered in torch since
+        optree.unregister_pytree_node(cls, namespace=NAMESPACE)
+        _mirrored.discard(cls)
     for cls, node in list(SUPPORTED_NODES.items()):
-        if cls in _mirrored:
-            continue
-        _mirrored.add(cls)
-        if (not isinstance(cls, type) or cls in _BUILTIN or optree.is_namedtuple_class(cls)
-                or optree.is_structseq_class(cls)):
+        if (cls in _mirrored or not isinstance(cls, type) or cls in _BUILTIN
+                or optree.is_namedtuple_class(cls) or optree.is_structseq_class(cls)):
             continue
         optree.register_pytree_node(
             cls, node.flatten_fn,
             lambda context, children, unflatten=node.unflatten_fn: unflatten(children, context),
             namespace=NAMESPACE)
-    _registry_size = len(SUPPORTED_NODES)
+        _mirrored.add(cls)
+    _registry_state = _state()
 
 
 def _with_torchs_containers(function):
     def call(*args, **kwargs):
-        if len(SUPPORTED_NODES) != _registry_size:
+        if _state() != _registry_state:
             _mirror_torchs_registry()
         return function(*args, namespace=NAMESPACE, **kwargs)
     return functools.update_wrapper(call, function)

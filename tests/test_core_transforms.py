@@ -111,6 +111,30 @@ def test_containers_registered_with_torch_are_containers_to_every_transform():
                           tf.vmap(_energy, in_dims=in_dims, out_dims=out_dims)(batch, box))
     torch.testing.assert_close(mf.jit(scalar)(particles, box), scalar(particles, box))
 
+
+def test_a_class_registered_again_after_deregistering_is_the_new_one():
+    # (PyTorch's own tests register a class, deregister it, then register another of the
+    # same name: the registry then has the same size as before)
+    for attempt in range(2):
+        class Holder:
+            def __init__(self, value):
+                self.value = value
+
+        torch.utils._pytree.register_pytree_node(
+            Holder, lambda h: ([h.value], None), lambda children, _: Holder(children[0]),
+            serialized_type_name=f"test_core_transforms.Holder{attempt}")
+        try:
+            x = Holder(randn(3, seed=attempt))
+            f = lambda h: (h.value.sin() * (attempt + 1)).sum()  # noqa: E731
+            ours, theirs = mf.grad(f)(x), tf.grad(f)(x)
+            assert type(ours) is Holder
+            torch.testing.assert_close(ours.value, theirs.value)
+        finally:
+            torch.utils._pytree._deregister_pytree_node(Holder)
+    # deregistered, it is a leaf again: vmap refuses it as torch.func does
+    with pytest.raises(mf.TransformError, match="We cannot vmap over non-Tensor arguments"):
+        mf.vmap(lambda v: v * 2)(Holder(randn(2, 3)))
+
 def test_grad_of_pytree_input():
     tree = tree_inputs()
     assert_same_structure(mf.grad(tree_scalar)(tree), tf.grad(tree_scalar)(tree))
