@@ -1008,7 +1008,8 @@ aten_api.register(aten.softplus_backward.default)(
 
 def _elu_second_derivative(x, *, alpha, scale, input_scale):
     # derivatives.yaml's elu_double_backward: times (x < 0), so 0 at 0 (where the first
-    # derivative takes the exponential's side) and at a NaN
+    # derivative takes the exponential's side). At a NaN this gives 0; torch's own answer
+    # there is 0 or NaN, by whether the element falls in a vectorized block of its kernel.
     return where(lt(x, 0), mul(exp(mul(x, input_scale)),
                                alpha * scale * input_scale * input_scale), 0.0)
 
