@@ -440,7 +440,7 @@ def broadcasting_batch(prim):
         if aligned:
             return bind(prim, *values, **params), shared_bdim
         ranks = [len(ops.shape_of(v)) - (b is not None) for v, b in zip(values, bdims)]
-        values = promote_logically(prim, values, ranks)
+        values = promote_logically(prim, values, ranks, bdims)
         out_rank = max(ranks)
         batched = {b for b in bdims if b is not None}
         if len(batched) == 1:
@@ -473,7 +473,7 @@ for _prim in (P.add_p, P.sub_p, P.mul_p, P.div_p, P.div_rounding_p, P.pow_p, P.e
     batching_rules[_prim] = broadcasting_batch(_prim)
 
 
-def promote_logically(prim, values, ranks):
+def promote_logically(prim, values, ranks, bdims):
     """NOTE [Type promotion sees one example]
     torch promotes dtypes by rank: a 0-d tensor does not raise the dtype of a tensor with
     dims (``f32[3] + f64[]`` is f32), but two 0-d tensors promote (``f32[] + f64[]`` is f64).
@@ -483,7 +483,13 @@ def promote_logically(prim, values, ranks):
     tensors = [(i, v) for i, v in enumerate(values) if isinstance(v, (torch.Tensor, Value))]
     if prim is P.where_p:
         tensors = tensors[1:] if tensors and tensors[0][0] == 0 else tensors
-    if len({v.dtype for _, v in tensors}) <= 1:
+    dtypes = {v.dtype for _, v in tensors}
+    if len(dtypes) <= 1:
+        return values
+    if prim is P.sub_p and torch.bool in dtypes and all(
+            ranks[i] for i, _ in tensors if bdims[i] is not None):
+        # torch refuses a bool operand of a subtraction, and so does torch.func unless an
+        # example is a number (which it converts first, as here): the kernel says so
         return values
     dtype = ops.promoted_dtype([(v.dtype, ranks[i]) for i, v in tensors])
     values = list(values)

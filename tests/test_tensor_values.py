@@ -2,6 +2,8 @@
 and the silent wrong answers and crashes of the old wrappers (each a regression test)."""
 import functools
 import math
+import operator
+import random
 import re
 
 import optree
@@ -137,6 +139,50 @@ def test_an_unbatched_tensor_beside_a_batched_one_is_one_kernel(monkeypatch, in_
     nested = xs.movedim(in_dims, 0)[None]
     for a, b in zip(mf.vmap(mf.vmap(f))(nested), tf.vmap(tf.vmap(f))(nested)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+_BINARY_OPERATORS = [operator.add, operator.sub, operator.mul, operator.truediv, torch.maximum,
+                     torch.pow, torch.atan2]
+_DTYPES = [torch.float32, torch.float64, torch.int64, torch.bool, torch.complex64]
+
+
+def _operand(shape, dtype, generator):
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=generator) > 0.5
+    if dtype == torch.int64:
+        return torch.randint(1, 4, shape, generator=generator)
+    return (torch.rand(shape, generator=generator) + 0.5).to(dtype)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_batched_and_an_unbatched_tensor_promote_and_refuse_as_in_torch_func(seed):
+    """An operator of examples (rank 0 to 3, batch dim anywhere) and an unbatched tensor
+    (rank 0 to 4), in every pair of dtypes, either way round: the fast path (NOTE [An
+    unbatched tensor beside a batched value]) or the rule (NOTE [Type promotion sees one
+    example]) gives torch.func's dtype, shape and values, or fails where it fails (a bool
+    operand of a subtraction, unless the example is a number, which torch.func converts)."""
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    compared = 0
+    for _ in range(150):
+        example = [rng.choice([1, 2, 3]) for _ in range(rng.randint(0, 3))]
+        bdim = rng.randint(0, len(example))
+        other = [rng.choice([1, 2, 3]) for _ in range(rng.randint(0, 4))]
+        xs = _operand([rng.choice([1, 2, 4]), *example], rng.choice(_DTYPES),
+                      generator).movedim(0, bdim)
+        t = _operand(other, rng.choice(_DTYPES), generator)
+        op, first = rng.choice(_BINARY_OPERATORS), rng.random() < 0.5
+        f = (lambda x: op(x, t)) if first else (lambda x: op(t, x))  # noqa: E731
+        try:
+            theirs = tf.vmap(f, in_dims=bdim)(xs)
+        except RuntimeError as error:
+            with pytest.raises(RuntimeError, match=re.escape(str(error).split(".")[0])):
+                mf.vmap(f, in_dims=bdim)(xs)
+            continue
+        ours = mf.vmap(f, in_dims=bdim)(xs)
+        assert (ours.dtype, ours.shape) == (theirs.dtype, theirs.shape), (op, example, other)
+        torch.testing.assert_close(ours, theirs, equal_nan=True)
+        compared += 1
+    assert compared > 80  # (the rest raise in both)
 
 def _views(x):
     """Every view primitive on an example of shape (3, 4): reshape, permute, unsqueeze,
