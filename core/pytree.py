@@ -16,7 +16,6 @@ register_pytree_node but not for register_dataclass, hence one here. (JAX keeps 
 registry, jax.tree_util's, for the same reason: a container is one to every transform.)
 """
 import collections
-import functools
 
 import optree
 from torch.utils._pytree import SUPPORTED_NODES
@@ -26,15 +25,11 @@ NAMESPACE = "minifunctorch"
 _BUILTIN = (tuple, list, dict, collections.OrderedDict, collections.defaultdict,
             collections.deque)
 _mirrored: set = set()  # the classes registered here
-_registry_state = None  # (size, last class) of torch's registry when last mirrored
-
-
-def _state():
-    return len(SUPPORTED_NODES), next(reversed(SUPPORTED_NODES), None)
+_size, _last = 0, None  # torch's registry when last mirrored: its size and last class
 
 
 def _mirror_torchs_registry():
-    global _registry_state
+    global _size, _last
     for cls in _mirrored - SUPPORTED_NODES.keys():  # deregistered in torch since
         optree.unregister_pytree_node(cls, namespace=NAMESPACE)
         _mirrored.discard(cls)
@@ -47,20 +42,40 @@ def _mirror_torchs_registry():
             lambda context, children, unflatten=node.unflatten_fn: unflatten(children, context),
             namespace=NAMESPACE)
         _mirrored.add(cls)
-    _registry_state = _state()
+    _size, _last = len(SUPPORTED_NODES), next(reversed(SUPPORTED_NODES), None)
 
 
-def _with_torchs_containers(function):
-    def call(*args, **kwargs):
-        if _state() != _registry_state:
-            _mirror_torchs_registry()
-        return function(*args, namespace=NAMESPACE, **kwargs)
-    return functools.update_wrapper(call, function)
+def _check_registry():
+    """Mirror torch's registry again if it changed since it was last mirrored."""
+    if len(SUPPORTED_NODES) != _size or next(reversed(SUPPORTED_NODES), None) is not _last:
+        _mirror_torchs_registry()
 
 
-tree_flatten = _with_torchs_containers(optree.tree_flatten)
-tree_leaves = _with_torchs_containers(optree.tree_leaves)
-tree_map = _with_torchs_containers(optree.tree_map)
-tree_structure = _with_torchs_containers(optree.tree_structure)
-tree_broadcast_prefix = _with_torchs_containers(optree.tree_broadcast_prefix)
+def tree_flatten(tree, is_leaf=None, *, none_is_leaf=False):
+    _check_registry()
+    return optree.tree_flatten(tree, is_leaf, none_is_leaf=none_is_leaf, namespace=NAMESPACE)
+
+
+def tree_leaves(tree, is_leaf=None, *, none_is_leaf=False):
+    _check_registry()
+    return optree.tree_leaves(tree, is_leaf, none_is_leaf=none_is_leaf, namespace=NAMESPACE)
+
+
+def tree_structure(tree, is_leaf=None, *, none_is_leaf=False):
+    _check_registry()
+    return optree.tree_structure(tree, is_leaf, none_is_leaf=none_is_leaf, namespace=NAMESPACE)
+
+
+def tree_map(func, tree, *rests, is_leaf=None, none_is_leaf=False):
+    _check_registry()
+    return optree.tree_map(func, tree, *rests, is_leaf=is_leaf, none_is_leaf=none_is_leaf,
+                           namespace=NAMESPACE)
+
+
+def tree_broadcast_prefix(prefix_tree, full_tree, is_leaf=None, *, none_is_leaf=False):
+    _check_registry()
+    return optree.tree_broadcast_prefix(prefix_tree, full_tree, is_leaf,
+                                        none_is_leaf=none_is_leaf, namespace=NAMESPACE)
+
+
 tree_unflatten = optree.tree_unflatten  # (a treespec keeps the namespace it was made in)
