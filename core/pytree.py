@@ -16,6 +16,7 @@ register_pytree_node but not for register_dataclass, hence one here. (JAX keeps 
 registry, jax.tree_util's, for the same reason: a container is one to every transform.)
 """
 import collections
+import threading
 
 import optree
 from torch.utils._pytree import SUPPORTED_NODES
@@ -26,23 +27,26 @@ _BUILTIN = (tuple, list, dict, collections.OrderedDict, collections.defaultdict,
             collections.deque)
 _mirrored: set = set()  # the classes registered here
 _size, _last = 0, None  # torch's registry when last mirrored: its size and last class
+_lock = threading.Lock()  # (transforms may run in several threads: one mirrors at a time)
 
 
 def _mirror_torchs_registry():
     global _size, _last
-    for cls in _mirrored - SUPPORTED_NODES.keys():  # deregistered in torch since
-        optree.unregister_pytree_node(cls, namespace=NAMESPACE)
-        _mirrored.discard(cls)
-    for cls, node in list(SUPPORTED_NODES.items()):
-        if (cls in _mirrored or not isinstance(cls, type) or cls in _BUILTIN
-                or optree.is_namedtuple_class(cls) or optree.is_structseq_class(cls)):
-            continue
-        optree.register_pytree_node(
-            cls, node.flatten_fn,
-            lambda context, children, unflatten=node.unflatten_fn: unflatten(children, context),
-            namespace=NAMESPACE)
-        _mirrored.add(cls)
-    _size, _last = len(SUPPORTED_NODES), next(reversed(SUPPORTED_NODES), None)
+    with _lock:
+        for cls in _mirrored - SUPPORTED_NODES.keys():  # deregistered in torch since
+            optree.unregister_pytree_node(cls, namespace=NAMESPACE)
+            _mirrored.discard(cls)
+        for cls, node in list(SUPPORTED_NODES.items()):
+            if (cls in _mirrored or not isinstance(cls, type) or cls in _BUILTIN
+                    or optree.is_namedtuple_class(cls) or optree.is_structseq_class(cls)):
+                continue
+            optree.register_pytree_node(
+                cls, node.flatten_fn,
+                lambda context, children, unflatten=node.unflatten_fn: unflatten(children,
+                                                                                 context),
+                namespace=NAMESPACE)
+            _mirrored.add(cls)
+        _size, _last = len(SUPPORTED_NODES), next(reversed(SUPPORTED_NODES), None)
 
 
 def _check_registry():

@@ -175,6 +175,33 @@ def test_transforms_in_concurrent_threads():
     assert not mf.dispatch.transform_levels()
 
 
+
+def test_threads_that_register_pytree_classes_while_others_flatten():
+    # NOTE [Pytrees are torch's]: each thread registers its own class with torch while the
+    # others run transforms, so the engine mirrors torch's registry from several threads
+    import dataclasses
+
+    registered = []
+
+    def work(k):
+        @dataclasses.dataclass
+        class State:
+            value: torch.Tensor
+
+        torch.utils._pytree.register_dataclass(
+            State, serialized_type_name=f"test_reliability.State{k}")
+        registered.append(State)
+        for _ in range(30):
+            grads = mf.grad(lambda s: (s.value * (k + 1)).sin().sum())(State(torch.ones(3)))
+            assert type(grads) is State
+            torch.testing.assert_close(grads.value, (k + 1) * torch.ones(3).mul(k + 1).cos())
+
+    try:
+        _in_threads(work, count=6)
+    finally:
+        for cls in registered:
+            torch.utils._pytree._deregister_pytree_node(cls)
+
 def test_random_calls_in_one_thread_while_another_runs_vmap():
     x = torch.randn(4, 3)
 
