@@ -56,6 +56,9 @@ def register(*functions, view=None):
 # primitive bound on the two (``1.1 * x`` too, which torch computes as ``x * 1.1``).
 ONE_PRIMITIVE: dict = {}  # torch function -> the primitive its op binds
 NUMBER_SECOND: dict = {}  # torch function -> the primitive its op binds with a number second
+# ``x - t`` and ``t - x`` for a plain tensor t: an operator of the FuncTensor x -> the primitive
+# its op binds, and whether x is its first operand (``t - x`` reaches ``x.__rsub__(t)``)
+TENSOR_OPERAND: dict = {}
 
 
 def register_primitive(prim, *functions):
@@ -167,17 +170,14 @@ for _name, _op in _OPERATORS.items():
     TORCH_FUNCTIONS[getattr(torch.Tensor, _name)] = _op
 ACTIVATIONS[F.relu] = (ops.relu, 1)
 for _name, _prim in (("add", P.add_p), ("sub", P.sub_p), ("mul", P.mul_p), ("div", P.div_p)):
+    _operator_name = "truediv" if _name == "div" else _name
     for _function in (getattr(torch, _name), getattr(torch.Tensor, _name),
-                      getattr(torch.Tensor, f"__{'truediv' if _name == 'div' else _name}__")):
+                      getattr(torch.Tensor, f"__{_operator_name}__")):
         NUMBER_SECOND[_function] = _prim
+    TENSOR_OPERAND[getattr(torch.Tensor, f"__{_operator_name}__")] = (_prim, True)
+    TENSOR_OPERAND[getattr(torch.Tensor, f"__r{_operator_name}__")] = (_prim, False)
 NUMBER_SECOND[torch.Tensor.__radd__] = P.add_p  # (2.0 + t is t + 2.0: reflected's number_last)
 NUMBER_SECOND[torch.Tensor.__rmul__] = P.mul_p
-# ``x - t`` and ``t - x`` for a plain tensor t: an operator of the FuncTensor x, the primitive
-# its op binds, and whether x is its first operand (``t - x`` reaches ``x.__rsub__(t)``)
-TENSOR_OPERAND: dict = {}
-for _name, _prim in (("add", P.add_p), ("sub", P.sub_p), ("mul", P.mul_p), ("truediv", P.div_p)):
-    TENSOR_OPERAND[getattr(torch.Tensor, f"__{_name}__")] = (_prim, True)
-    TENSOR_OPERAND[getattr(torch.Tensor, f"__r{_name}__")] = (_prim, False)
 for _name in ("neg", "exp", "log", "sin", "cos", "tanh", "sigmoid", "relu", "abs", "sqrt"):
     register_primitive(getattr(P, f"{_name}_p"), getattr(torch, _name),
                        getattr(torch.Tensor, _name))
