@@ -3662,7 +3662,7 @@ def nll_loss(x, target, weight=None, size_average=None, ignore_index=-100, reduc
 @aten_api.register(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def _nll_loss_forward(x, target, weight, reduction, ignore_index):
     """(loss, total_weight), with reduction as torch's enum (0 none, 1 mean, 2 sum)."""
-    reduction = ("none", "mean", "sum")[reduction]
+    reduction = _REDUCTIONS[reduction]
     weights, _ = _target_weights(target, weight, int(ignore_index), x.dtype)
     loss = _nll_loss(x, target, weight, int(ignore_index), reduction)
     total = ops.sum(weights) if reduction != "none" else ops.sum(ops.mul(weights, 0.0))
@@ -3671,7 +3671,7 @@ def _nll_loss_forward(x, target, weight, reduction, ignore_index):
 
 aten_api.register(aten.nll_loss_nd.default, aten.nll_loss.default, aten.nll_loss2d.default)(
     lambda x, target, weight=None, reduction=1, ignore_index=-100:
-    _nll_loss(x, target, weight, int(ignore_index), ("none", "mean", "sum")[reduction]))
+    _nll_loss(x, target, weight, int(ignore_index), _REDUCTIONS[reduction]))
 
 
 @torch_api.register(F.cross_entropy)
@@ -3964,10 +3964,10 @@ aten_api.register(aten.l1_loss.default)(
                                                    None, ops.abs))
 aten_api.register(aten.smooth_l1_loss.default)(
     lambda x, target, reduction=1, beta=1.0: _pointwise_loss(
-        "smooth_l1_loss", x, target, ("none", "mean", "sum")[reduction], None, _smooth_l1(beta)))
+        "smooth_l1_loss", x, target, _REDUCTIONS[reduction], None, _smooth_l1(beta)))
 aten_api.register(aten.huber_loss.default)(
     lambda x, target, reduction=1, delta=1.0: _pointwise_loss(
-        "huber_loss", x, target, ("none", "mean", "sum")[reduction], None, _huber(delta)))
+        "huber_loss", x, target, _REDUCTIONS[reduction], None, _huber(delta)))
 
 
 @torch_api.register(F.kl_div)
@@ -4047,8 +4047,7 @@ def multilabel_margin_loss(x, target, size_average=None, reduce=None, reduction=
 
 
 aten_api.register(aten.multilabel_margin_loss_forward.default)(
-    lambda x, target, reduction: _multilabel_margin(x, target,
-                                                    ("none", "mean", "sum")[reduction]))
+    lambda x, target, reduction: _multilabel_margin(x, target, _REDUCTIONS[reduction]))
 
 
 def _multi_margin(x, target, p, margin, weight, reduction):
@@ -4096,7 +4095,7 @@ def multi_margin_loss(x, target, p=1, margin=1.0, weight=None, size_average=None
 
 aten_api.register(aten.multi_margin_loss.default)(
     lambda x, target, p=1, margin=1.0, weight=None, reduction=1: _multi_margin(
-        x, target, p, margin, weight, ("none", "mean", "sum")[reduction]))
+        x, target, p, margin, weight, _REDUCTIONS[reduction]))
 
 
 # --- interpolation -------------------------------------------------------------------------------
