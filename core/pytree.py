@@ -33,10 +33,13 @@ _lock = threading.Lock()  # (transforms may run in several threads: one mirrors 
 def _mirror_torchs_registry():
     global _size, _last
     with _lock:
-        for cls in _mirrored - SUPPORTED_NODES.keys():  # deregistered in torch since
+        # (one snapshot for the work and the state it records: a class that another thread
+        # registers meanwhile changes the registry's size, and the next check mirrors it)
+        nodes = list(SUPPORTED_NODES.items())
+        for cls in _mirrored - {cls for cls, _ in nodes}:  # deregistered in torch since
             optree.unregister_pytree_node(cls, namespace=NAMESPACE)
             _mirrored.discard(cls)
-        for cls, node in list(SUPPORTED_NODES.items()):
+        for cls, node in nodes:
             if (cls in _mirrored or not isinstance(cls, type) or cls in _BUILTIN
                     or optree.is_namedtuple_class(cls) or optree.is_structseq_class(cls)):
                 continue
@@ -46,7 +49,7 @@ def _mirror_torchs_registry():
                                                                                  context),
                 namespace=NAMESPACE)
             _mirrored.add(cls)
-        _size, _last = len(SUPPORTED_NODES), next(reversed(SUPPORTED_NODES), None)
+        _size, _last = len(nodes), (nodes[-1][0] if nodes else None)
 
 
 def _check_registry():
