@@ -117,7 +117,7 @@ def _split(f, args):
         traced_args = pytree.tree_unflatten(
             example_treedef,
             [forward_level.new_input(x.shape, x.dtype) for x in example_leaves])
-        autograd, out, _, inputs = _run_reverse(
+        autograd, out, _, inputs, _ = _run_reverse(
             f, traced_args, {}, tuple(range(len(args))), f"split_vjp({name})(<inputs>)")
     out_leaves, out_treedef = pytree.tree_flatten(out)
     if not all(isinstance(o, AutogradValue) and o.dispatcher is autograd for o in out_leaves):

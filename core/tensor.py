@@ -664,15 +664,20 @@ def _write(target, new_value, call):
             torch_words = ("vmap: inplace arithmetic(self, *extra_args) is not possible "
                            "because there exists a Tensor `other` in extra_args that has more "
                            "elements than `self`: ")
+            or_else = ""
         else:
             torch_words = ("During a grad (vjp, jvp, grad, etc) transform, the function "
                            f"provided attempted to call in-place operation ({call}) that would "
                            "mutate a captured Tensor: ")
+            # NOTE [Arguments a transform does not differentiate] (transforms.py)
+            or_else = (", or pass it to the transformed function as an argument that it does "
+                       "not differentiate (grad(f)(x, buf) may write into buf)")
         raise InPlaceError(
             f"{call}: {torch_words}this writes a value of a transform into a tensor created "
             "outside the transform, which torch.func refuses too (the tensor would have to "
             "hold a value of the transform). Fix: compute out of place, or create the tensor "
-            "inside the transformed function (torch.zeros(...) there can be written into)."
+            f"inside the transformed function (torch.zeros(...) there can be written "
+            f"into){or_else}."
         )
     new_value = _conform(target, new_value, call)
     if (not _is_grad_enabled() and grad_mode.grad_off()) or grad_mode.floors[grad_mode.REVERSE]:

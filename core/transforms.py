@@ -47,6 +47,7 @@ from .tensor import (
     unwrap_tree,
     user_code,
     value_of,
+    wrap,
 )
 from .values import Value, bottom_tensor
 
@@ -254,6 +255,56 @@ def _write_back(shown, originals, lower, call):
                         original.copy_(new_value)
 
 
+def _writable_arguments(args, argnums, kwargs=None):
+    """NOTE [Arguments a transform does not differentiate]
+    torch.func's grad, jacrev and jacfwd wrap every positional argument at their level, the
+    differentiated ones requiring grad and the others not, so that ``f`` may write into the
+    others in place: a running statistic (``stats.mul_(0.9).add_(...)``), a preallocated
+    output (``out.copy_(x @ w)``), even with a value of the transform. The write reaches the
+    caller's tensor, and the result carries its derivative. Here each tensor of such an
+    argument is shown to ``f`` as a fresh FuncTensor holding what the caller passed (its
+    plain tensor, or its value of an enclosing transform), as a tensor that ``f`` creates is
+    (NOTE [Tensors created inside a transform] in tensor.py): a write swaps in a new value,
+    and ``_write_back`` copies it into the caller's tensor when ``f`` returns. One tensor
+    passed twice is one FuncTensor, so each place sees the other's writes. grad's keyword
+    arguments are shown the same way (``kwargs``), as torch.func's grad does; a tensor that
+    ``f`` closes over stays plain, and torch.func refuses to write a value of the transform
+    into it (tensor.py, ``_write``).
+    Returns the arguments (and keyword arguments, with ``kwargs``) to call ``f`` with, and
+    (shown, originals) for ``_write_back``."""
+    args = list(args)
+    shown, originals, by_id = [], [], {}
+
+    def show(tree):
+        leaves, treedef = pytree.tree_flatten(tree)
+        if not any(_is_writable(leaf) for leaf in leaves):
+            return tree
+        for i, leaf in enumerate(leaves):
+            if _is_writable(leaf):
+                key = id(leaf)
+                if key not in by_id:
+                    by_id[key] = wrap(value_of(leaf) if type(leaf) is FuncTensor else leaf)
+                    shown.append(by_id[key])
+                    originals.append(leaf)
+                leaves[i] = by_id[key]
+        return pytree.tree_unflatten(treedef, leaves)
+
+    for argnum, arg in enumerate(args):
+        if argnum not in argnums:
+            args[argnum] = show(arg)
+    if kwargs is None:
+        return args, shown, originals
+    return args, {name: show(value) for name, value in kwargs.items()}, shown, originals
+
+
+def _is_writable(leaf) -> bool:
+    """A tensor that ``_writable_arguments`` shows to ``f``: a FuncTensor, or a strided
+    plain tensor (a Parameter too); other subclasses and layouts are passed as they are."""
+    kind = type(leaf)
+    return kind is FuncTensor or (
+        (kind is torch.Tensor or kind is torch.nn.Parameter) and leaf.layout is torch.strided)
+
+
 # --- reverse mode ------------------------------------------------------------------------------
 def _wrap_for_autograd(level, leaves):
     wrapped, used = [], set()
@@ -280,7 +331,9 @@ def _run_reverse(f, args, kwargs, argnums, call):
 
     ``argnums`` is already normalized (a tuple of distinct non-negative ints; vjp with no
     primals gives ``()``). Returns (level, out, argnums, one (leaves, wrapped values, treedef)
-    per selected argument).
+    per selected argument, and a function that copies what ``f`` wrote into the other
+    arguments into the caller's tensors, to be called once the backward pass has read the
+    tape: NOTE [Arguments a transform does not differentiate]).
     """
     # NOTE [Saved-tensor hooks]: torch.func refuses them under its reverse-mode transforms
     # (a hook would see the engine's values, not what torch's autograd saves); so do we, with
@@ -292,11 +345,12 @@ def _run_reverse(f, args, kwargs, argnums, call):
     if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
         raise SavedTensorHooksError(hooks_message)
     level = new_level(Autograd, name="Autograd", record_steps=False, call=call)
-    args = list(args)
     inputs = []
     shown, originals = [], []
     with transform_scope(level), level_scope(level), \
             torch.autograd.graph.disable_saved_tensors_hooks(hooks_message):
+        # NOTE [Arguments a transform does not differentiate]
+        args, kwargs, fixed_shown, fixed_originals = _writable_arguments(args, argnums, kwargs)
         for argnum in argnums:
             originals += pytree.tree_leaves(args[argnum])
             leaves, treedef = _flatten_arrays(args[argnum], call, f"argument {argnum}")
@@ -311,7 +365,11 @@ def _run_reverse(f, args, kwargs, argnums, call):
         out = _output_values(out)
         _refuse_writes_a_tape_reads(shown, originals)
     _write_back(shown, originals, level.lower_own, call)
-    return level, out, argnums, inputs
+
+    def write_back_fixed():
+        """After the backward pass, which may read what the arguments held."""
+        _write_back(fixed_shown, fixed_originals, level.lower_own, call)
+    return level, out, argnums, inputs, write_back_fixed
 
 
 def _refuse_writes_a_tape_reads(shown, originals):
@@ -365,8 +423,15 @@ def grad_and_value(f, argnums=0, has_aux=False):
 
 def _grad_and_value(f, argnums, has_aux, args, kwargs):
     call = describe_call("grad", f, argnums=argnums) if argnums != 0 else describe_call("grad", f)
-    level, out, argnums_, inputs = _run_reverse(
+    level, out, argnums_, inputs, write_back_fixed = _run_reverse(
         f, args, kwargs, _normalize_argnums(argnums, len(args), call), call)
+    try:
+        return _gradient_and_value(level, out, inputs, argnums, has_aux, call)
+    finally:
+        write_back_fixed()
+
+
+def _gradient_and_value(level, out, inputs, argnums, has_aux, call):
     out, aux = _split_aux(out, has_aux, call)
     if not _is_array(out):
         raise NonScalarOutputError(
@@ -440,8 +505,17 @@ def vjp(f, *primals, has_aux=False):
 
 
 def _vjp(f, primals, has_aux):
+    result, _ = _vjp_of_selected(f, primals, has_aux, tuple(range(len(primals))))
+    return result
+
+
+def _vjp_of_selected(f, args, has_aux, argnums):
+    """vjp's result, where vjp_fn pulls back to the arguments ``argnums`` only (jacrev's), and
+    the function that copies what f wrote into the other arguments into the caller's
+    tensors, to be called after the last pull-back (NOTE [Arguments a transform does not
+    differentiate]); with every argument selected (vjp's), it does nothing."""
     call = describe_call("vjp", f)
-    level, out, _, inputs = _run_reverse(f, primals, {}, tuple(range(len(primals))), call)
+    level, out, _, inputs, write_back_fixed = _run_reverse(f, args, {}, argnums, call)
     out, aux = _split_aux(out, has_aux, call)
     out_leaves, out_treedef = pytree.tree_flatten(out)
     _check_outputs_are_tensors(out_leaves, call, "f(*primals)", out)
@@ -489,8 +563,8 @@ def _vjp(f, primals, has_aux):
         return as_tensors(tuple(_gradients(level, seeds, inputs)))
 
     if has_aux:
-        return primal_out, vjp_fn, _lower_tree(aux, level)
-    return primal_out, vjp_fn
+        return (primal_out, vjp_fn, _lower_tree(aux, level)), write_back_fixed
+    return (primal_out, vjp_fn), write_back_fixed
 
 
 # --- forward mode ------------------------------------------------------------------------------
@@ -564,16 +638,27 @@ def jvp(f, primals, tangents, *, strict=False, has_aux=False):
         return _jvp(f, primals, tangents, has_aux, strict)
 
 
-def _jvp(f, primals, tangents, has_aux, strict=False):
+def _jvp(f, primals, tangents, has_aux, strict=False, fixed=None):
+    """``fixed``: jacfwd's (all of f's arguments, argnums), where ``primals`` are the
+    selected ones, and the others are passed as they are (NOTE [Arguments a transform does
+    not differentiate])."""
     call = describe_call("jvp", f)
     p_leaves, t_leaves, p_treedef = _check_primals_and_tangents(primals, tangents, call)
     level = new_level(Forward, call=call)
+    shown, originals = [], []
     with transform_scope(level), level_scope(level):
         wrapped = [as_tensor(level.wrap_input(p, t)) for p, t in zip(p_leaves, t_leaves)]
+        args = pytree.tree_unflatten(p_treedef, wrapped)
+        if fixed is not None:
+            all_args, argnums = fixed
+            full, shown, originals = _writable_arguments(all_args, argnums)
+            for argnum, arg in zip(argnums, args):
+                full[argnum] = arg
+            args = full
         with user_code():
-            out = f(*pytree.tree_unflatten(p_treedef, wrapped))
+            out = f(*args)
         out = _output_values(out)
-    _write_back(wrapped, pytree.tree_leaves(primals), level.lower_own, call)
+    _write_back(wrapped + shown, pytree.tree_leaves(primals) + originals, level.lower_own, call)
     out, aux = _split_aux(out, has_aux, call)
     out_leaves, out_treedef = pytree.tree_flatten(out)
     _check_outputs_are_tensors(out_leaves, call, "f(*primals)", out)
@@ -1214,20 +1299,6 @@ def debug_unwrap(tensor, *, recurse=True):
 # the bodies (_vjp, _vmap, _jvp) rather than the public functions: those would build a
 # functools.wraps wrapper and check their arguments again on every call, which is a tenth of
 # the time of a small Jacobian.
-def _with_selected(f, args, argnums):
-    """``f`` as a function of the arguments ``argnums`` only, the others held fixed."""
-    if len(argnums) == len(args):
-        return f
-
-    def f_of_selected(*selected):
-        full = list(args)
-        for argnum, value in zip(argnums, selected):
-            full[argnum] = value
-        return f(*full)
-    f_of_selected.__name__ = _function_name(f)  # errors name the user's function
-    return f_of_selected
-
-
 def _refuse_complex_inputs(transform, selected, call, what="inputs"):
     """torch.func's jacrev and jacfwd compute real Jacobians only, of real inputs and real
     outputs, and say so (in the same words for both)."""
@@ -1297,7 +1368,14 @@ def _jacrev(f, argnums, has_aux, chunk_size, args):
     argnums_ = _normalize_argnums(argnums, len(args), call)
     selected = [args[a] for a in argnums_]
     _refuse_complex_inputs("jacrev", selected, call)
-    result = _vjp(_with_selected(f, args, argnums_), selected, has_aux)
+    result, write_back_fixed = _vjp_of_selected(f, args, has_aux, argnums_)
+    try:
+        return _jacobian_by_rows(f, argnums, has_aux, chunk_size, result, call)
+    finally:
+        write_back_fixed()
+
+
+def _jacobian_by_rows(f, argnums, has_aux, chunk_size, result, call):
     out, vjp_fn = result[0], result[1]
     out_leaves, out_treedef = pytree.tree_flatten(out)
     _refuse_complex_inputs("jacrev", out_leaves, call, "outputs")
@@ -1356,12 +1434,11 @@ def _jacfwd(f, argnums, has_aux, randomness, args):
     in_leaves, in_treedef = _flatten_arrays(selected, call, "a differentiated argument")
     _refuse_complex_inputs("jacfwd", selected, call)
     basis, sizes = _identity_basis(in_leaves)
-    f_selected = _with_selected(f, args, argnums_)
 
     def push_forward(*basis_leaves):
         tangents = pytree.tree_unflatten(in_treedef, list(basis_leaves))
         with engine_code():  # vmap runs this as user code; _jvp is the engine's
-            result = _jvp(f_selected, selected, tangents, has_aux)
+            result = _jvp(f, selected, tangents, has_aux, fixed=(args, argnums_))
         return (result[1], result[2]) if has_aux else result[1]
     push_forward.__name__ = f"jvp of {_function_name(f)}"
 

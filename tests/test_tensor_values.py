@@ -834,14 +834,22 @@ def _renorm_of_an_output(x):
     (_renorm_of_an_output, (torch.randn(4, 3) + 2,)),
 ], ids=["add_ after mul", "embedding max_norm after mul", "embedding max_norm of exp"])
 def test_a_write_into_a_tensor_a_tape_may_read_is_refused(f, args):
-    # torch.func raises at its backward pass (version counter); the gradient here would
-    # silently read the new numbers, so the write is refused
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        tf.grad(f)(*[a.clone() for a in args])
+    # The tensor written is one that f closes over: torch.func refuses every write into
+    # one. Here a write that no recorded op reads is done; this one would make the gradient
+    # silently read the new numbers, so it is refused. (An argument that is not
+    # differentiated is written after the backward pass:
+    # test_writes_into_arguments_that_are_not_differentiated)
+    def closing_over(captured):
+        def g(x):
+            return f(x, *captured)
+        g.__name__ = f.__name__
+        return g
+    with pytest.raises(RuntimeError, match="mutate a captured Tensor|modified by an inplace"):
+        tf.grad(closing_over([a.clone() for a in args[1:]]))(args[0].clone())
     with pytest.raises(mf.UnsupportedOperationError,
                        match=r"^grad\(.*?\)\(<inputs>\): .* writes in place into a tensor that "
                              r"grad recorded an op on \((mul|exp)\).*Fix: "):
-        mf.grad(f)(*[a.clone() for a in args])
+        mf.grad(closing_over([a.clone() for a in args[1:]]))(args[0].clone())
     assert mf.grad(lambda x: (x * 2).sum())(torch.ones(2)).tolist() == [2.0, 2.0], \
         "the next call works"
 
@@ -882,6 +890,137 @@ def test_a_write_before_any_use_runs_as_in_torch_func():
                                tf.grad(f)(torch.ones(3), theirs_w))
     torch.testing.assert_close(ours_w, theirs_w)
 
+
+
+# --- writes into arguments that a transform does not differentiate ---------------------------
+def _running_mean(w, stats, x):  # a statistic kept by the caller, updated with a plain value
+    y = x @ w
+    stats.mul_(0.9).add_(0.1 * y.detach().mean(0))
+    return y.sum()
+
+
+def _copy_into(x, y):  # torch.func's test_inplace: the write carries x's derivative
+    y.copy_(x)
+    return y
+
+
+def _write_a_slice(x, y, z):  # ... and through a view of an argument that is not selected
+    x[:2] = y
+    return torch.vstack([(x ** 2).sum(), (z ** 3).sum()])
+
+
+def _written_then_read(x, buf):  # the write's value carries x's derivative, then is read
+    buf.copy_(x * 2)
+    return (buf * x).sum()
+
+
+def _in_a_dict(x, state):  # an argument that is a pytree, one tensor passed twice
+    state["seen"].add_(x.detach())
+    state["out"].copy_(x.exp())
+    return (state["out"] * state["alias"]).sum()
+
+
+_WRITES = {
+    "grad, a running statistic": (lambda api, f, a: api.grad(f)(*a), _running_mean,
+                                  lambda: (torch.arange(12.0).reshape(3, 4) / 10,
+                                           torch.zeros(4), torch.randn(8, 3))),
+    "jacrev, copy_": (lambda api, f, a: api.jacrev(f)(*a), _copy_into,
+                      lambda: (torch.randn(2), torch.randn(2))),
+    "jacfwd, copy_": (lambda api, f, a: api.jacfwd(f)(*a), _copy_into,
+                      lambda: (torch.randn(2), torch.randn(2))),
+    "jacrev, a slice": (lambda api, f, a: api.jacrev(f, argnums=(1, 2))(*a), _write_a_slice,
+                        lambda: (torch.randn(3), torch.randn(2), torch.randn(2))),
+    "jacfwd, a slice": (lambda api, f, a: api.jacfwd(f, argnums=(1, 2))(*a), _write_a_slice,
+                        lambda: (torch.randn(3), torch.randn(2), torch.randn(2))),
+    "grad_and_value, read after": (lambda api, f, a: api.grad_and_value(f)(*a),
+                                   _written_then_read, lambda: (torch.randn(2), torch.zeros(2))),
+    "hessian, read after": (lambda api, f, a: api.hessian(f)(*a), _written_then_read,
+                            lambda: (torch.randn(2), torch.zeros(2))),
+    "vmap(grad), read after": (lambda api, f, a: api.vmap(api.grad(f))(*a), _written_then_read,
+                               lambda: (torch.randn(3, 2), torch.zeros(3, 2))),
+    "grad(grad), read after": (lambda api, f, a: api.grad(lambda x, b: api.grad(f)(x, b).sum())(*a),
+                               _written_then_read, lambda: (torch.randn(2), torch.zeros(2))),
+}
+
+
+@pytest.mark.parametrize("case", list(_WRITES))
+def test_writes_into_arguments_that_are_not_differentiated(case):
+    # torch.func shows every positional argument to f at the transform's level, so f may
+    # write into one it does not differentiate, even a value of the transform, and the write
+    # reaches the caller's tensor (NOTE [Arguments a transform does not differentiate])
+    run, f, make = _WRITES[case]
+    torch.manual_seed(0)
+    theirs_args = make()
+    before = [a.clone() for a in theirs_args]
+    ours_args = [a.clone() for a in theirs_args]
+    expected = run(tf, f, theirs_args)
+    got = run(mf, f, ours_args)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    for ours, theirs in zip(ours_args, theirs_args):  # the writes reached the caller
+        torch.testing.assert_close(ours, theirs)
+    assert any(not torch.equal(a, b) for a, b in zip(ours_args, before)), "an argument changed"
+
+
+def test_a_write_into_an_argument_in_a_pytree_and_passed_twice():
+    x = torch.tensor([0.5, -1.0])
+
+    def state():
+        alias = torch.full((2,), 2.0)
+        return {"seen": torch.zeros(2), "out": torch.zeros(2), "alias": alias}
+    theirs, ours = state(), state()
+    torch.testing.assert_close(mf.grad(_in_a_dict)(x, ours), tf.grad(_in_a_dict)(x, theirs))
+    for key in theirs:
+        torch.testing.assert_close(ours[key], theirs[key])
+    # One tensor under two keys: a write under one is seen under both, with its derivative,
+    # as in eager torch: the gradient of exp(x) * exp(x). (torch.func wraps the tensor once
+    # per key, and the other key sees the new numbers as a constant: exp(2x), not 2 exp(2x).)
+    shared = torch.zeros(2)
+    both = {"seen": torch.zeros(2), "out": shared, "alias": shared}
+    eager_x, eager_shared = x.clone().requires_grad_(), torch.zeros(2)
+    _in_a_dict(eager_x, {"seen": torch.zeros(2), "out": eager_shared, "alias": eager_shared}
+               ).backward()
+    torch.testing.assert_close(mf.grad(_in_a_dict)(x, both), eager_x.grad)
+    torch.testing.assert_close(eager_x.grad, 2 * torch.exp(2 * x))
+    torch.testing.assert_close(shared, torch.exp(x))
+
+
+def test_a_write_into_an_argument_that_a_recorded_op_reads_gives_the_gradient_of_the_old_value():
+    # torch.func raises at its backward pass (version counter). The caller's tensor is
+    # written after the backward pass here, so the gradient reads what f computed with
+    def f(x, w):
+        y = (x * w).sum()  # mul's backward reads w
+        w.add_(1)
+        return y
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        tf.grad(f)(torch.ones(3), torch.full((3,), 2.0))
+    w = torch.full((3,), 2.0)
+    assert mf.grad(f)(torch.ones(3), w).tolist() == [2.0, 2.0, 2.0]
+    assert w.tolist() == [3.0, 3.0, 3.0]
+
+
+def test_a_write_into_a_keyword_argument_of_grad_and_into_a_captured_tensor():
+    # torch.func's grad shows its keyword arguments at its level too, so f may write into
+    # them; a tensor that f closes over is captured, and a write of a value of the transform
+    # into it is refused (the fix names the way that works)
+    def f(x, *, buf):
+        buf.copy_(x * 2)
+        return (buf * x).sum()
+    ours, theirs = torch.zeros(2), torch.zeros(2)
+    torch.testing.assert_close(mf.grad(f)(torch.ones(2), buf=ours),
+                               tf.grad(f)(torch.ones(2), buf=theirs))
+    torch.testing.assert_close(ours, theirs)
+    captured = torch.zeros(2)
+
+    def g(x):
+        return f(x, buf=captured)
+    with pytest.raises(RuntimeError, match="mutate a captured Tensor"):
+        tf.grad(g)(torch.ones(2))
+    with pytest.raises(mf.InPlaceError, match=r"^Tensor\.copy_\(\.\.\.\): .*mutate a captured "
+                                              r"Tensor.*Fix: .*pass it to the transformed function"):
+        mf.grad(g)(torch.ones(2))
+    assert captured.tolist() == [0.0, 0.0]
+    assert mf.grad(lambda x: (x * 2).sum())(torch.ones(2)).tolist() == [2.0, 2.0], \
+        "the next call works"
 
 def _view_then_write_its_base(x):
     y = x.clone()
