@@ -24,6 +24,7 @@ from .errors import (
     CotangentTypeError,
     DimOutOfRangeError,
     FunctionOutputError,
+    InPlaceError,
     InputDtypeError,
     InvalidOptionError,
     NestedTensorError,
@@ -49,7 +50,7 @@ from .tensor import (
     value_of,
     wrap,
 )
-from .values import Value, bottom_tensor
+from .values import Value, batched_by_vmap, bottom_tensor
 
 
 # --- call descriptions for error messages -----------------------------------------------------
@@ -244,6 +245,8 @@ def _write_back(shown, originals, lower, call):
                 # a value of an enclosing transform: its grad levels record the write
                 # (under no_grad they would not: NOTE [Grad modes and transform levels])
                 original.copy_(new_value)
+            elif isinstance(new_value, FuncTensor):
+                _refuse_a_value_in_a_plain_tensor(new_value, original, call)
             else:
                 with torch.no_grad():  # a plain leaf that requires grad may be written
                     if new_value.untyped_storage().data_ptr() == \
@@ -253,6 +256,27 @@ def _write_back(shown, originals, lower, call):
                         original.set_(new_value)  # new shape, as in torch.func
                     else:
                         original.copy_(new_value)
+
+
+def _refuse_a_value_in_a_plain_tensor(new_value, original, call):
+    """f wrote a value of an enclosing transform into an argument that the caller passed as a
+    plain tensor, which cannot hold it: one value per example of an enclosing vmap
+    (``vmap(grad(f), in_dims=(0, None))(x, buf)`` with ``buf.copy_(x)``), or a value that an
+    enclosing grad differentiates. torch.func raises at the write, in these words."""
+    if batched_by_vmap(value_of(new_value)):
+        raise InPlaceError(
+            f"{call}: vmap: inplace arithmetic(self, *extra_args) is not possible because "
+            "there exists a Tensor `other` in extra_args that has more elements than `self`: "
+            f"f wrote a value batched by an enclosing vmap into an argument of shape "
+            f"{tuple(original.shape)} that the vmap does not batch (in_dims=None), and one "
+            "tensor cannot hold one value per example. Fix: batch the argument too (in_dims "
+            "0, with a batch dim added), or compute out of place.")
+    raise InPlaceError(
+        f"{call}: During a grad (vjp, jvp, grad, etc) transform, the function provided "
+        "attempted to call in-place operation that would mutate a captured Tensor: f wrote a "
+        f"value of an enclosing transform into an argument of shape {tuple(original.shape)} "
+        "that the enclosing transform does not see (a tensor it closes over). Fix: pass the "
+        "tensor to the enclosing transform as an argument too, or compute out of place.")
 
 
 def _writable_arguments(args, argnums, kwargs=None):
@@ -265,7 +289,10 @@ def _writable_arguments(args, argnums, kwargs=None):
     argument is shown to ``f`` as a fresh FuncTensor holding what the caller passed (its
     plain tensor, or its value of an enclosing transform), as a tensor that ``f`` creates is
     (NOTE [Tensors created inside a transform] in tensor.py): a write swaps in a new value,
-    and ``_write_back`` copies it into the caller's tensor when ``f`` returns. One tensor
+    and ``_write_back`` copies it into the caller's tensor, when ``f`` returns for jacfwd,
+    and after the backward pass for grad and jacrev: the backward pass reads what ``f``
+    computed with (torch.func's version counter raises where a backward would read a written
+    tensor; here the gradient is that of what ``f`` computed). One tensor
     passed twice is one FuncTensor, so each place sees the other's writes. grad's keyword
     arguments are shown the same way (``kwargs``), as torch.func's grad does; a tensor that
     ``f`` closes over stays plain, and torch.func refuses to write a value of the transform
@@ -640,8 +667,8 @@ def jvp(f, primals, tangents, *, strict=False, has_aux=False):
 
 def _jvp(f, primals, tangents, has_aux, strict=False, fixed=None):
     """``fixed``: jacfwd's (all of f's arguments, argnums), where ``primals`` are the
-    selected ones, and the others are passed as they are (NOTE [Arguments a transform does
-    not differentiate])."""
+    selected ones, and f may write into the others (NOTE [Arguments a transform does not
+    differentiate])."""
     call = describe_call("jvp", f)
     p_leaves, t_leaves, p_treedef = _check_primals_and_tangents(primals, tangents, call)
     level = new_level(Forward, call=call)

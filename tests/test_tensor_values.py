@@ -998,6 +998,22 @@ def test_a_write_into_an_argument_that_a_recorded_op_reads_gives_the_gradient_of
     assert w.tolist() == [3.0, 3.0, 3.0]
 
 
+@pytest.mark.parametrize("argnums", [0, 1], ids=["differentiated", "not differentiated"])
+def test_a_batched_write_into_an_argument_that_vmap_does_not_batch_is_refused(argnums):
+    def f(buf, x):
+        buf.copy_(x * 2)
+        return (buf * x).sum()
+    # (torch.func refuses a write into a differentiated input before it looks at batching)
+    with pytest.raises(RuntimeError, match="vmap: inplace arithmetic|a leaf Variable that "):
+        tf.vmap(tf.grad(f, argnums=argnums), in_dims=(None, 0))(torch.zeros(2), torch.ones(3, 2))
+    buf = torch.zeros(2)
+    with pytest.raises(mf.InPlaceError, match=r"^grad\(f.*\)\(<inputs>\): vmap: inplace "
+                                              r"arithmetic.*in_dims=None.*Fix: "):
+        mf.vmap(mf.grad(f, argnums=argnums), in_dims=(None, 0))(buf, torch.ones(3, 2))
+    assert buf.tolist() == [0.0, 0.0]
+    assert mf.vmap(mf.grad(f, argnums=argnums))(torch.zeros(3, 2), torch.ones(3, 2)).shape == \
+        (3, 2), "the next call works"
+
 def test_a_write_into_a_keyword_argument_of_grad_and_into_a_captured_tensor():
     # torch.func's grad shows its keyword arguments at its level too, so f may write into
     # them; a tensor that f closes over is captured, and a write of a value of the transform
