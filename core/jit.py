@@ -32,6 +32,7 @@ from .tensor import as_tensor, engine_code, unwrap
 from .values import Value
 from .errors import TransformUsageError
 from .passes import fold_identity_bases, simplify
+from .program import write_inputs
 from .tracing import trace_flat
 
 
@@ -135,9 +136,12 @@ class jit:
                 compiled = None
             if compiled is not None:
                 self._cache.move_to_end(compiled.key)
-                return pytree.tree_unflatten(compiled.out_treedef, list(compiled.run(*args)))
-        leaves, treedef = pytree.tree_flatten((args, kwargs))
-        leaves = [unwrap(leaf) for leaf in leaves]
+                outputs = compiled.run(*args)
+                if compiled.program.writes:  # NOTE [A traced function that writes its inputs]
+                    outputs = write_inputs(compiled.program, args, outputs)
+                return pytree.tree_unflatten(compiled.out_treedef, list(outputs))
+        callers, treedef = pytree.tree_flatten((args, kwargs))
+        leaves = [unwrap(leaf) for leaf in callers]
         key = (treedef, _signature(leaves))
         compiled = self._cache.get(key)
         if compiled is not None:
@@ -147,7 +151,8 @@ class jit:
             if not kwargs and compiled.run is not None and \
                     all(type(a) is torch.Tensor for a in args):
                 self._plain_cache[tuple((a.shape, a.dtype, a.device) for a in args)] = compiled
-        tensors = [leaf for leaf in leaves if isinstance(leaf, (torch.Tensor, Value))]
+        arrays = [isinstance(leaf, (torch.Tensor, Value)) for leaf in leaves]
+        tensors = [leaf for leaf, is_array in zip(leaves, arrays) if is_array]
         if compiled.run is None or any(isinstance(t, Value) for t in tensors):
             # values of an enclosing transform: the program is evaluated with bind, so that
             # the transform applies its rules to each equation
@@ -155,6 +160,9 @@ class jit:
                 outputs = [as_tensor(o) for o in compiled.program.evaluate_flat(tensors)]
         else:
             outputs = compiled.run(*tensors)
+        if compiled.program.writes:  # into the caller's tensors, FuncTensors as they are
+            outputs = write_inputs(compiled.program, [
+                leaf for leaf, is_array in zip(callers, arrays) if is_array], outputs)
         return pytree.tree_unflatten(compiled.out_treedef, list(outputs))
 
     def _compile(self, args, kwargs, key):

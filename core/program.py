@@ -59,11 +59,13 @@ class Program:
     """
 
     def __init__(self, inputs, constants, equations, outputs, *, in_treedef=None,
-                 out_treedef=None, static_leaves=None, device=None, name="f"):
+                 out_treedef=None, static_leaves=None, device=None, name="f", writes=()):
         self.inputs = list(inputs)
         self.constants = list(constants)  # (Var, tensor) pairs
         self.equations = list(equations)
         self.outputs = list(outputs)
+        # (input index, output index) pairs: NOTE [A traced function that writes its inputs]
+        self.writes = tuple(writes)
         self.in_treedef = in_treedef
         self.out_treedef = out_treedef
         self.static_leaves = static_leaves
@@ -77,7 +79,8 @@ class Program:
                        self.equations if equations is None else equations,
                        self.outputs if outputs is None else outputs,
                        in_treedef=self.in_treedef, out_treedef=self.out_treedef,
-                       static_leaves=self.static_leaves, device=self.device, name=self.name)
+                       static_leaves=self.static_leaves, device=self.device, name=self.name,
+                       writes=self.writes)
 
     # --- names and text ------------------------------------------------------------------------
     def names(self) -> dict:
@@ -110,8 +113,16 @@ class Program:
         for i, equation in enumerate(self.equations):
             lines.append(("  let " if i == 0 else "      ") + self.equation_text(equation, names))
         outputs = ", ".join(self._operand_text(o, names) for o in self.outputs)
-        lines.append(f"  in ({outputs}{',' if len(self.outputs) == 1 else ''}) }}")
+        lines.append(f"  in ({outputs}{',' if len(self.outputs) == 1 else ''})"
+                     f"{self._writes_text(lambda o: self._operand_text(o, names), names)} }}")
         return "\n".join(lines)
+
+    def _writes_text(self, operand_text, names) -> str:
+        """`` writes a <- e`` for the inputs the program writes (empty without any)."""
+        if not self.writes:
+            return ""
+        return " writes " + ", ".join(
+            f"{names[self.inputs[i]]} <- {operand_text(self.outputs[o])}" for i, o in self.writes)
 
     def __repr__(self):
         return (f"<Program {self.name}: {len(self.inputs)} inputs, {len(self.constants)} "
@@ -143,7 +154,9 @@ class Program:
                              *(operand_html(o) for o in eq.inputs)] + ([params] if params else []))
             lines.append(("  let " if i == 0 else "      ") + f"{var_html(eq.out)} = {body}")
         outputs = ", ".join(operand_html(o) for o in self.outputs)
-        lines.append(f"  in ({outputs}{',' if len(self.outputs) == 1 else ''}) }}")
+        writes = html.escape(self._writes_text(lambda o: repr(o.value) if isinstance(o, Literal)
+                                               else names[o], names))
+        lines.append(f"  in ({outputs}{',' if len(self.outputs) == 1 else ''}){writes} }}")
         style = ("<style>.mft-program .mft-prim{color:#0550ae;font-weight:bold}"
                  ".mft-program .mft-type{color:#6e7781}.mft-program .mft-literal{color:#953800}"
                  ".mft-program .mft-param{color:#8250df}</style>")
@@ -234,8 +247,9 @@ class Program:
 
     def __call__(self, *args, **kwargs):
         with engine_code():
-            inputs = [unwrap(t) for t in self.flatten_inputs(args, kwargs)]
-            outputs = [as_tensor(o) for o in self.evaluate_flat(inputs)]
+            callers = self.flatten_inputs(args, kwargs)
+            outputs = [as_tensor(o) for o in self.evaluate_flat([unwrap(t) for t in callers])]
+        outputs = write_inputs(self, callers, outputs)
         if self.out_treedef is None:
             return tuple(outputs)
         return pytree.tree_unflatten(self.out_treedef, outputs)
@@ -305,3 +319,32 @@ class Program:
         """
         from .export import program_to_fx
         return program_to_fx(self)
+
+
+def write_inputs(program, callers, outputs):
+    """NOTE [A traced function that writes its inputs]
+    ``p.sub_(lr * g)`` on a parameter, ``stats.mul_(0.9).add_(...)``: the traced function
+    wrote into tensors its caller passed. Inside the trace the write swaps a new value into
+    the input's FuncTensor (tensor.py, ``_write``), as it does under any transform, so the
+    equations compute the new value out of place; the program then has it as an extra
+    output, at the end, and ``writes`` pairs the input's index with that output's. This is
+    torch.func's functionalization, and AOTAutograd's input mutations: the graph stays pure
+    (to_fx, the generated code and torch.compile see outputs only), and a call of the
+    program copies each such output into the caller's tensor, which ``jit`` and
+    ``program(...)`` do here. Without it the replay would return the right outputs and
+    silently leave the caller's tensors as they were.
+    Copies the written outputs into ``callers`` (the call's flat tensor arguments) and
+    returns the other outputs."""
+    if not program.writes:
+        return outputs
+    outputs = list(outputs)
+    for input_index, output_index in program.writes:
+        target, new_value = callers[input_index], outputs[output_index]
+        if type(target) is torch.Tensor and not isinstance(new_value, torch.Tensor):
+            new_value = torch.as_tensor(new_value, dtype=target.dtype, device=target.device)
+        if type(target) is torch.Tensor and target.is_leaf and target.requires_grad:
+            with torch.no_grad():  # the only way f could write into it: ``with no_grad():``
+                target.copy_(new_value)
+        else:  # recorded as f's own write was (by torch's autograd, or by an enclosing
+            target.copy_(new_value)  # transform when the caller passed one of its values)
+    return outputs[:len(outputs) - len(program.writes)]

@@ -21,7 +21,8 @@ from .dispatch import Dispatcher, new_level, transform_scope
 from .errors import TransformError, TransformUsageError, UnsupportedOperationError
 from .ir import Equation, Literal, Var
 from .program import Program
-from .tensor import as_tensor, engine_code, unwrap, unwrap_tree, user_code
+from .tensor import (FuncTensor, as_tensor, engine_code, unwrap, unwrap_tree, user_code,
+                     value_of)
 from .values import NUMBERS, Value
 
 
@@ -153,9 +154,11 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
             out = f(*traced_args, **traced_kwargs)
         out = unwrap_tree(out)  # while the level runs (NOTE [Outputs are read while their
         # level runs] in transforms.py)
+        written = _written_inputs(
+            [leaf for leaf in traced_leaves if type(leaf) is FuncTensor], level.inputs, name)
     out_leaves, out_treedef = pytree.tree_flatten(out)
     outputs = []
-    for leaf in out_leaves:
+    for leaf in [*out_leaves, *(value for _, value in written)]:
         if isinstance(leaf, TracerValue) and leaf.dispatcher is level:
             outputs.append(leaf.var)
         elif isinstance(leaf, (bool, int, float)):
@@ -168,9 +171,27 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
                 f"return tensors, got a leaf of type {type(leaf).__name__}."
             )
     static = [None if _is_array(leaf) else leaf for leaf in leaves]
+    writes = [(index, len(out_leaves) + k) for k, (index, _) in enumerate(written)]
     return Program(level.inputs, level.constants, level.equations, outputs,
                    in_treedef=treedef, out_treedef=out_treedef, static_leaves=static,
-                   device=device, name=name)
+                   device=device, name=name, writes=writes)
+
+
+def _written_inputs(shown, inputs, name):
+    """(input index, new value) for each input that f wrote in place: NOTE [A traced
+    function that writes its inputs] (program.py)."""
+    written = []
+    for index, (tensor, var) in enumerate(zip(shown, inputs)):
+        if tensor._generation:
+            value = value_of(tensor)
+            if tuple(value.shape) != var.shape:
+                raise UnsupportedOperationError(
+                    f"trace({name})(<inputs>): an in-place op that changes an input's shape "
+                    f"(squeeze_, unsqueeze_, t_, ...) is not supported in a traced program: "
+                    f"input {index} of shape {var.shape} would become {tuple(value.shape)}. "
+                    "Fix: use the out-of-place op (x = x.squeeze()) and return the result.")
+            written.append((index, value))
+    return written
 
 
 def trace(f):

@@ -502,3 +502,90 @@ def test_dropout_in_eval_mode_traces_as_the_identity():
     x = torch.randn(2, 3)
     assert_close(jit(model)(x), model(x))
     assert_close(jit(lambda x: F.dropout(x, 0.5, training=False))(x), x)
+
+
+# --- writes into the caller's tensors ----------------------------------------------------------
+def _running_stats(x, stats, count):
+    stats.mul_(0.9).add_(0.1 * x.mean(0))
+    count += 1  # an in-place add on a 0-d tensor
+    stats[0] = stats[0] * 2  # through a view
+    return x - stats
+
+
+def _sgd_step(params, x):
+    def loss(params, x):
+        return ((x @ params["w"] + params["b"]) ** 2).sum()
+    g = grad(loss)(params, x)
+    with torch.no_grad():
+        for k in params:
+            params[k].sub_(0.1 * g[k])
+    return loss(params, x)
+
+
+def test_a_traced_function_that_writes_its_inputs_writes_them_at_every_call():
+    """NOTE [A traced function that writes its inputs]: the replay used to return the right
+    outputs and leave the caller's tensors as they were."""
+    jitted = jit(_running_stats)
+    eager_stats, eager_count = torch.zeros(3), torch.tensor(0)
+    ours_stats, ours_count = torch.zeros(3), torch.tensor(0)
+    for seed in range(3):
+        x = rand(seed, 4, 3)
+        assert_close(jitted(x, ours_stats, ours_count), _running_stats(x, eager_stats, eager_count))
+        assert_close(ours_stats, eager_stats)
+        assert_close(ours_count, eager_count)
+    assert eager_count.item() == 3 and jitted.cache_size() == 1
+    program = jitted.program_for(rand(0, 4, 3), ours_stats, ours_count)
+    assert program.writes and str(program).splitlines()[-1].endswith(
+        " writes b <- " + program.names()[program.outputs[program.writes[0][1]]] + ", c <- "
+        + program.names()[program.outputs[program.writes[1][1]]] + " }")
+    assert "writes" in program._repr_html_()
+    stats = torch.zeros(3)  # trace(f) gives a program that writes as well
+    trace(_running_stats)(rand(0, 4, 3), torch.zeros(3), torch.tensor(0))(
+        rand(0, 4, 3), stats, torch.tensor(0))
+    assert_close(stats, _stats_after(rand(0, 4, 3)))
+
+
+def _stats_after(x):
+    stats = torch.zeros(3)
+    _running_stats(x, stats, torch.tensor(0))
+    return stats
+
+
+@pytest.mark.parametrize("backend", [None, pytest.param("inductor", marks=pytest.mark.slow)])
+def test_a_jitted_sgd_step_updates_the_parameters_as_eager_does(backend):
+    if backend == "inductor" and _inductor_unavailable() is not None:
+        pytest.skip(_inductor_unavailable())
+    step = jit(_sgd_step, backend=backend)
+    x = rand(0, 4, 3)
+    ours = {"w": torch.ones(3, 1, requires_grad=True), "b": torch.zeros(1, requires_grad=True)}
+    eager = {k: v.detach().clone().requires_grad_() for k, v in ours.items()}
+    for _ in range(3):
+        assert_close(step(ours, x), _sgd_step(eager, x))
+        for k in ours:
+            assert_close(ours[k], eager[k])
+    assert not torch.equal(ours["w"], torch.ones(3, 1)), "the parameters moved"
+
+
+def test_a_jitted_function_that_writes_its_input_under_grad_and_vmap():
+    def f(x, buf):
+        buf.copy_(x * 3)
+        return (buf * x).sum()
+    jitted = jit(f)
+    ours, eager = torch.zeros(2), torch.zeros(2)
+    assert_close(grad(jitted)(torch.tensor([1.0, 2.0]), ours),
+                 tf.grad(f)(torch.tensor([1.0, 2.0]), eager))
+    assert_close(ours, eager)
+    ours, eager = torch.zeros(3, 2), torch.zeros(3, 2)
+    assert_close(vmap(jitted)(rand(1, 3, 2), ours), tf.vmap(f)(rand(1, 3, 2), eager))
+    assert_close(ours, eager)
+
+
+def test_an_in_place_op_that_reshapes_a_traced_input_is_refused():
+    def f(x):
+        x.unsqueeze_(0)
+        return x * 2
+    with pytest.raises(mf.UnsupportedOperationError,
+                       match=r"^trace\(f\)\(<inputs>\): an in-place op that changes an input's "
+                             r"shape .*Fix: "):
+        jit(f)(torch.ones(3))
+    assert jit(lambda x: x.sin())(torch.ones(3)).shape == (3,), "the next call works"
