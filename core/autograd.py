@@ -589,7 +589,7 @@ def refuse_write_to_recorded(target, call):
                     "(t = t.clone()), or do the write outside the transform.")
 
 
-tensor_module.plain_write_guard = refuse_write_to_recorded
+tensor_module.plain_write_guards.append(refuse_write_to_recorded)
 
 
 # --- helpers ---------------------------------------------------------------------------------

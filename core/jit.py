@@ -100,9 +100,11 @@ class jit:
     ``f.program_for(*args)`` returns the Program that a call with these arguments replays.
     At most ``max_signatures`` programs are kept, the most recently used (NOTE [A bounded
     cache]). A program replays only what it recorded: a random draw inside ``f`` is refused
-    (NOTE [Random numbers in a traced program] in tracing.py), and the checks that read
-    values (indices in range, BCE's probabilities) are steps of the program, made at every
-    call. Zeros are symbolic (passes.py): ``x * 0`` is 0 in a program even where x is inf
+    (NOTE [Random numbers in a traced program] in tracing.py), and so is a write into a
+    tensor that ``f`` closes over (NOTE [A traced function that writes a tensor it closes
+    over]); writes into its arguments happen at every call (NOTE [A traced function that
+    writes its inputs] in program.py), and the checks that read values (indices in range,
+    BCE's probabilities) are steps of the program, made at every call. Zeros are symbolic (passes.py): ``x * 0`` is 0 in a program even where x is inf
     or NaN, which eager code would turn into NaN.
     """
 

@@ -1212,9 +1212,14 @@ def _functionalize(func, args, kwargs):
 
 
 # --- the mode: tensors created while user code runs inside a transform ---------------------------
-# refuses an in-place write into a plain tensor that a tape may read (set by autograd.py, which
-# imports this module: NOTE [A tape has no version counter])
-plain_write_guard = None
+# Called with each plain tensor that an in-place torch function is about to write, and the
+# call's name, while user code runs inside a transform; each may refuse the write. Filled by
+# the modules above this one: autograd.py (NOTE [A tape has no version counter]) and
+# tracing.py (NOTE [A traced function that writes a tensor it closes over]).
+plain_write_guards = []
+# While a trace runs: called with the result of each torch function of plain tensors that
+# user code calls (tracing.py's record of the tensors created during the trace)
+plain_results_hook = None
 
 
 def _writes_in_place(func) -> bool:
@@ -1256,14 +1261,21 @@ class _TransformMode(TorchFunctionMode):
             return _wrap_result(func(*args, **kwargs))
         if func in torch_api.REFUSED_IN_TRANSFORMS:  # even on plain tensors: Tensor.backward()
             raise _refusal(func, torch_api.REFUSED_IN_TRANSFORMS[func])
-        if plain_write_guard is not None:  # NOTE [A tape has no version counter]
+        if plain_write_guards:
             if args and isinstance(args[0], torch.Tensor) and _writes_in_place(func):
-                plain_write_guard(args[0], f"{_qualified_name(func)}(...)")
+                for guard in plain_write_guards:
+                    guard(args[0], f"{_qualified_name(func)}(...)")
             written = torch_api.WRITES_AN_ARGUMENT.get(func)
-            target = written(*args, **kwargs) if written is not None else None
-            if isinstance(target, torch.Tensor):
-                plain_write_guard(target, f"{_qualified_name(func)}(...)")
-        return func(*args, **kwargs)
+            target = written(*args, **kwargs) if written is not None else kwargs.get("out")
+            for target in (target if isinstance(target, (tuple, list)) else (target,)):
+                if isinstance(target, torch.Tensor):
+                    for guard in plain_write_guards:
+                        guard(target, f"{_qualified_name(func)}(...)")
+        if plain_results_hook is None:
+            return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        plain_results_hook(result, args, kwargs)
+        return result
 
 
 _MODE = _TransformMode()

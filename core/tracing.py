@@ -13,11 +13,13 @@ grad issued. Constants that the function captured become constant inputs of the 
 (Python numbers stay literals).
 """
 import functools
+import threading
 
 import torch
 
 from . import pytree
-from .dispatch import Dispatcher, new_level, transform_scope
+from . import tensor as tensor_module
+from .dispatch import Dispatcher, new_level, transform_levels, transform_scope
 from .errors import TransformError, TransformUsageError, UnsupportedOperationError
 from .ir import Equation, Literal, Var
 from .program import Program
@@ -150,7 +152,7 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
         traced_leaves = [as_tensor(level.new_input(leaf.shape, leaf.dtype)) if _is_array(leaf)
                          else leaf for leaf in leaves]
         traced_args, traced_kwargs = pytree.tree_unflatten(treedef, traced_leaves)
-        with user_code():
+        with _TracingUserCode():
             out = f(*traced_args, **traced_kwargs)
         out = unwrap_tree(out)  # while the level runs (NOTE [Outputs are read while their
         # level runs] in transforms.py)
@@ -175,6 +177,95 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
     return Program(level.inputs, level.constants, level.equations, outputs,
                    in_treedef=treedef, out_treedef=out_treedef, static_leaves=static,
                    device=device, name=name, writes=writes)
+
+
+# NOTE [A traced function that writes a tensor it closes over]
+# ``counter.add_(1)``, ``cache.copy_(x.detach())`` on a tensor that f closes over, with plain
+# values: the write runs while f is traced, once, and a program has no step for it, so every
+# later call of the jit function would skip it, silently. Such a write is refused while a
+# trace runs (a write of a traced value into it is refused anyway: tensor.py's ``_write``).
+# The tensors f creates during the trace (``t = W * 2; t[0] = 0``) may be written: the
+# storages of the plain results of torch functions called while the trace runs are
+# remembered, and a write into one of them is a write into a temporary, baked into the
+# program as its constant is. (JAX has no writes; torch.compile records them as graph
+# mutations of globals, and here an argument does that: NOTE [A traced function that writes
+# its inputs] in program.py.)
+# The sets are per thread (transforms run in several threads); tensor.py's hook is on while
+# a trace runs in any thread.
+_traces = threading.local()  # .fresh: one set of storage addresses per trace running here
+_tracing_threads = [0]
+_tracing_lock = threading.Lock()
+
+
+def _fresh_storages() -> list:
+    return getattr(_traces, "fresh", ())
+
+
+class _TracingUserCode:
+    """``user_code()`` for a trace: remembers the storages f creates (see the NOTE above)."""
+
+    def __enter__(self):
+        if not hasattr(_traces, "fresh"):
+            _traces.fresh = []
+        _traces.fresh.append(set())
+        with _tracing_lock:
+            _tracing_threads[0] += 1
+            tensor_module.plain_results_hook = _remember_fresh
+        self.user_code = user_code()
+        self.user_code.__enter__()
+
+    def __exit__(self, *exc_info):
+        try:
+            self.user_code.__exit__(*exc_info)
+        finally:
+            _traces.fresh.pop()
+            with _tracing_lock:
+                _tracing_threads[0] -= 1
+                if not _tracing_threads[0]:
+                    tensor_module.plain_results_hook = None
+
+
+def _remember_fresh(result, args, kwargs):
+    """The storages of a plain torch function's results, except those of its tensor
+    arguments (a view of a tensor f closes over, or an ``out=`` tensor, is not new)."""
+    results = [r for r in (result if isinstance(result, (tuple, list)) else (result,))
+               if _has_storage(r)]
+    if not results:
+        return
+    known = {_storage(a) for a in pytree.tree_leaves((args, kwargs)) if _has_storage(a)}
+    for storages in _fresh_storages():
+        storages.update(_storage(r) for r in results if _storage(r) not in known)
+
+
+def _has_storage(value) -> bool:
+    """A plain strided tensor with memory (not a FuncTensor, a meta or a sparse tensor)."""
+    kind = type(value)
+    return (kind is torch.Tensor or kind is torch.nn.Parameter) and \
+        value.layout is torch.strided and not value.is_meta
+
+
+def _storage(tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def refuse_write_to_captured(target, call):
+    fresh = _fresh_storages()
+    if not fresh or not _has_storage(target):
+        return
+    if target.numel() == 0 or _storage(target) in fresh[-1]:
+        return
+    level = next((level for level in reversed(transform_levels())
+                  if isinstance(level, Tracing)), None)
+    raise UnsupportedOperationError(
+        f"{level.call if level else 'trace(f)(<inputs>)'}: {call} writes in place into a tensor that the traced function closes "
+        "over (or a view of one): the write would run once, while the function is traced, and "
+        "never at a later call of the program or the jit function. Fix: pass the tensor as an "
+        "argument (a program writes its arguments at every call), or write into a copy made "
+        "inside the function (t = t.clone())."
+    )
+
+
+tensor_module.plain_write_guards.append(refuse_write_to_captured)
 
 
 def _written_inputs(shown, inputs, name):

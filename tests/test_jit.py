@@ -589,3 +589,72 @@ def test_an_in_place_op_that_reshapes_a_traced_input_is_refused():
                              r"shape .*Fix: "):
         jit(f)(torch.ones(3))
     assert jit(lambda x: x.sin())(torch.ones(3)).shape == (3,), "the next call works"
+
+
+# --- writes into tensors the traced function closes over ---------------------------------------
+_CAPTURED = {
+    "add_": lambda state, x: state.add_(1),
+    "setitem through a view": lambda state, x: state.__setitem__(0, 5.0),
+    "a view's add_": lambda state, x: state[1:].add_(2.0),
+    "+=": lambda state, x: state.__iadd__(1),
+    "out=": lambda state, x: torch.add(state, 1, out=state),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CAPTURED))
+def test_a_write_into_a_tensor_the_traced_function_closes_over_is_refused(name):
+    """NOTE [A traced function that writes a tensor it closes over]: the write would run once,
+    when traced, and every later call would skip it silently."""
+    state = torch.zeros(3)
+
+    def f(x):
+        _CAPTURED[name](state, x)
+        return x * 2
+    with pytest.raises(mf.UnsupportedOperationError,
+                       match=r"^trace\(f\)\(<inputs>\): .* writes in place into a tensor that "
+                             r"the traced function closes over.*Fix: pass the tensor as an "
+                             r"argument"):
+        jit(f)(torch.ones(3))
+    assert state.tolist() == [0.0, 0.0, 0.0], "nothing was written"
+    # the same write outside a trace, and inside grad, runs as in eager torch
+    _CAPTURED[name](state, None)
+    assert not torch.equal(state, torch.zeros(3))
+    assert grad(lambda x: f(x).sum())(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
+
+
+def test_tensors_the_traced_function_creates_may_be_written():
+    weight = torch.arange(3.0)
+
+    def f(x):
+        masked = weight.clone()
+        masked[0] = 0.0               # copies made inside: their writes are part of the trace
+        shifted = weight * 2
+        shifted.add_(1)
+        shifted[1:].mul_(3)
+        return x * masked + shifted
+    jitted = jit(f)
+    for seed in range(3):
+        x = rand(seed, 3)
+        assert_close(jitted(x), f(x))
+    assert weight.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_thread_that_traces_does_not_refuse_another_threads_writes():
+    import threading
+    captured = torch.zeros(2)
+    results = {}
+
+    def other_thread():
+        try:  # a plain write inside grad, outside any trace: allowed
+            results["other"] = grad(lambda x: (captured.add_(1), (x * 2).sum())[1])(torch.ones(2))
+        except Exception as error:  # noqa: BLE001 (reported below)
+            results["other"] = error
+
+    def f(x):
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        return x * 2
+    assert_close(jit(f)(torch.ones(2)), torch.full((2,), 2.0))
+    assert not isinstance(results["other"], Exception), results["other"]
+    assert captured.tolist() == [1.0, 1.0]
