@@ -1010,6 +1010,11 @@ def clone_vjp(x):
 vjp_rules[P.clone_p] = clone_vjp
 
 
+def no_grad_vjp(x):
+    return bind(P.no_grad_p, x), lambda ct: (None,)
+vjp_rules[P.no_grad_p] = no_grad_vjp
+
+
 def to_device_vjp(x, *, device):
     x_device = x.device
     return (bind(P.to_device_p, x, device=device),

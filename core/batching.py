@@ -366,7 +366,7 @@ def elementwise_batch(prim):
 
 for _prim in (P.neg_p, P.exp_p, P.log_p, P.sin_p, P.cos_p, P.tanh_p, P.sigmoid_p, P.relu_p,
               P.abs_p, P.sqrt_p, P.sign_p, P.full_like_p, P.convert_p, P.detach_p, P.clone_p,
-              P.to_device_p):
+              P.to_device_p, P.no_grad_p):
     batching_rules[_prim] = elementwise_batch(_prim)
 
 

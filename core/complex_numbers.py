@@ -249,6 +249,7 @@ complex_ready(
     P.sum_p, P.mean_p, P.permute_p, P.reshape_p, P.unsqueeze_p, P.squeeze_p, P.expand_p,
     P.cat_p, P.getitem_p, P.scatter_index_p, P.diagonal_p, P.diagonal_scatter_p,
     P.diag_embed_p, P.gather_p, P.scatter_add_p, P.clone_p, P.to_device_p, P.convert_p,
+    P.no_grad_p,
     # nn.py's padding by a constant, linear in x (what fft(x, n) does for n > size), marked
     # here to leave nn.py's hot paths alone
     nn.constant_pad_nd_p,

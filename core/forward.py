@@ -175,8 +175,8 @@ def linear_jvp(prim, *, refuse_others=None):
 for _prim in (P.neg_p, P.sum_p, P.mean_p, P.permute_p, P.reshape_p, P.unsqueeze_p,
               P.squeeze_p, P.expand_p, P.getitem_p, P.scatter_index_p, P.diagonal_p,
               P.diagonal_scatter_p, P.diag_embed_p, P.gather_p, P.scatter_add_p,
-              P.clone_p, P.to_device_p):
-    jvp_rules[_prim] = linear_jvp(_prim)
+              P.clone_p, P.to_device_p, P.no_grad_p):
+    jvp_rules[_prim] = linear_jvp(_prim)  # (no_grad: its tangent is itself no_grad's)
 
 
 def convert_jvp(primals, tangents, *, dtype):

@@ -86,6 +86,7 @@ TORCH_FUNCTIONS = {
     P.diagonal_p: (torch.diagonal, {}), P.diag_embed_p: (torch.diag_embed, {}),
     P.gather_p: (torch.gather, {}), P.full_like_p: (torch.full_like, {}),
     P.detach_p: (torch.detach, {}), P.convert_p: (torch.Tensor.to, {}),
+    P.no_grad_p: (torch.detach, {}),
 }
 
 

@@ -103,9 +103,11 @@ class jit:
     (NOTE [Random numbers in a traced program] in tracing.py), and so is a write into a
     tensor that ``f`` closes over (NOTE [A traced function that writes a tensor it closes
     over]); writes into its arguments happen at every call (NOTE [A traced function that
-    writes its inputs] in program.py), and the checks that read values (indices in range,
-    BCE's probabilities) are steps of the program, made at every call. Zeros are symbolic (passes.py): ``x * 0`` is 0 in a program even where x is inf
-    or NaN, which eager code would turn into NaN.
+    writes its inputs] in program.py); a ``torch.no_grad()`` region stays one (NOTE [A
+    no_grad region in a traced function]); and the checks that read values (indices in
+    range, BCE's probabilities) are steps of the program, made at every call. Zeros are
+    symbolic (passes.py): ``x * 0`` is 0 in a program even where x is inf or NaN, which
+    eager code would turn into NaN.
     """
 
     def __init__(self, f, backend=None, *, max_signatures=64):

@@ -255,6 +255,10 @@ to_device_p = primitive("to_device",
                         lambda x, *, device: x if x.device.type == "meta" else x.to(device))
 # Identity whose derivative is zero: `x.detach()` inside a transform (JAX's stop_gradient).
 detach_p = primitive("detach", lambda x: x.detach(), differentiable=False)
+# Identity that reverse mode does not differentiate and forward mode does: a value computed
+# under ``torch.no_grad()`` in a traced function (NOTE [A no_grad region in a traced
+# function] in tracing.py). torch.no_grad stops torch's autograd, not its forward AD.
+no_grad_p = primitive("no_grad", lambda x: x.detach())
 
 
 # --- complex numbers (their rules: complex_numbers.py) --------------------------------------

@@ -2,9 +2,10 @@
 and exports.
 
 A Program has input binders, constant inputs (tensors the traced function captured),
-equations ``c:f32[4] = mul a b`` and outputs. Names are given when printing, in order of
-appearance (a, b, ..., z, ba, bb, ...), so the text is the same whatever the value counter
-said while tracing.
+equations ``c:f32[4] = mul a b`` and outputs, and, for a function that wrote into its
+arguments, which outputs are their new values (``writes``). Names are given when printing,
+in order of appearance (a, b, ..., z, ba, bb, ...), so the text is the same whatever the
+value counter said while tracing.
 
 ``program(*args)`` evaluates it with ``bind``, so a program runs under any transform:
 ``grad(program)``, ``vmap(program)`` and ``trace(program)`` all work, and tracing a traced

@@ -17,7 +17,8 @@ import threading
 
 import torch
 
-from . import pytree
+from . import grad_mode, pytree
+from . import primitives as P
 from . import tensor as tensor_module
 from .dispatch import Dispatcher, new_level, transform_levels, transform_scope
 from .errors import TransformError, TransformUsageError, UnsupportedOperationError
@@ -26,6 +27,8 @@ from .program import Program
 from .tensor import (FuncTensor, as_tensor, engine_code, unwrap, unwrap_tree, user_code,
                      value_of)
 from .values import NUMBERS, Value
+
+_is_grad_enabled = torch.is_grad_enabled
 
 
 class TracerValue(Value):
@@ -94,6 +97,21 @@ class Tracing(Dispatcher):
         out_meta = prim.impl(*meta_args, **params)
         out = Var(tuple(out_meta.shape), out_meta.dtype)
         self.equations.append(Equation(prim, operands, params, out))
+        if not _is_grad_enabled() and prim.differentiable and grad_mode.grad_off() and \
+                (out.dtype.is_floating_point or out.dtype.is_complex):
+            # NOTE [A no_grad region in a traced function]
+            # ``with torch.no_grad(): shift = x * 2`` inside f: for reverse mode, f's caller
+            # (torch's autograd over the replay) and a transform of the program
+            # (grad(jit(f))) must see ``shift`` as a constant, while forward mode goes on
+            # through it (torch.no_grad does not stop jvp; hessian = jacfwd(jacrev) needs
+            # both). The program records the op, then ``no_grad`` of its result: an identity
+            # whose vjp is zero and whose jvp is itself (primitives.py). The trace starts
+            # with grad on (``_TracingUserCode``): what f does under an outer no_grad is the
+            # replay's business, not the program's. Before, the program differentiated
+            # through the region, silently.
+            stopped = Var(out.shape, out.dtype)
+            self.equations.append(Equation(P.no_grad_p, [out], {}, stopped))
+            out = stopped
         return TracerValue(self, out)
 
     def random_op(self, name, run, values, kwargs):
@@ -211,12 +229,15 @@ class _TracingUserCode:
         with _tracing_lock:
             _tracing_threads[0] += 1
             tensor_module.plain_results_hook = _remember_fresh
+        self.grad_mode = torch.enable_grad()  # NOTE [A no_grad region in a traced function]
+        self.grad_mode.__enter__()
         self.user_code = user_code()
         self.user_code.__enter__()
 
     def __exit__(self, *exc_info):
         try:
             self.user_code.__exit__(*exc_info)
+            self.grad_mode.__exit__(*exc_info)
         finally:
             _traces.fresh.pop()
             with _tracing_lock:

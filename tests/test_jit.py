@@ -658,3 +658,35 @@ def test_a_thread_that_traces_does_not_refuse_another_threads_writes():
     assert_close(jit(f)(torch.ones(2)), torch.full((2,), 2.0))
     assert not isinstance(results["other"], Exception), results["other"]
     assert captured.tolist() == [1.0, 1.0]
+
+
+# --- grad modes inside a traced function --------------------------------------------------------
+def _with_a_no_grad_region(x):
+    with torch.no_grad():
+        shift = x * 2                       # a constant for every derivative
+        with torch.enable_grad():
+            back_on = x.sin()               # recorded again
+    with torch.set_grad_enabled(False):
+        scale = x.exp()
+    return (shift * x + back_on + scale).sum()
+
+
+def test_a_no_grad_region_of_the_traced_function_stays_a_constant():
+    """NOTE [A no_grad region in a traced function]: the program used to differentiate
+    through it, under grad(jit(f)) and under torch's autograd over the replay alike."""
+    jitted = jit(_with_a_no_grad_region)
+    x = rand(0, 3)
+    assert_close(grad(jitted)(x), tf.grad(_with_a_no_grad_region)(x))
+    assert_close(mf.hessian(jitted)(x), tf.hessian(_with_a_no_grad_region)(x))
+    leaf = x.clone().requires_grad_()
+    jitted(leaf).backward()
+    eager = x.clone().requires_grad_()
+    _with_a_no_grad_region(eager).backward()
+    assert_close(leaf.grad, eager.grad)
+    with torch.no_grad():  # a first call under no_grad traces the same program
+        fresh = jit(_with_a_no_grad_region)
+        assert not fresh(x.clone().requires_grad_()).requires_grad
+    assert_close(grad(fresh)(x), tf.grad(_with_a_no_grad_region)(x))
+    tangent = torch.ones(3)
+    assert_close(mf.jvp(jitted, (x,), (tangent,)), tf.jvp(_with_a_no_grad_region, (x,), (tangent,)))
+    assert sum(eq.prim.name == "no_grad" for eq in jitted.program_for(x).equations) == 2

@@ -164,6 +164,7 @@ CASES = [
     unary("full_like", lambda x: torch.full_like(x, 2.5) - x),
     unary("to_dtype", lambda x: x.to(torch.float64) * x.double().float().to(dtype=torch.float64)),
     unary("detach", lambda x: x.detach() * x),
+    unary("no_grad", lambda x: _no_grad_region(x)),
     unary("clone", lambda x: x.clone() * x),
     unary("div_rounding", lambda x: torch.div(x, 0.3, rounding_mode="floor") + x),
     # complex numbers, between real inputs and outputs
@@ -183,6 +184,12 @@ CASES = [
     unary("grad_softmax", grad(lambda x: (torch.softmax(x, dim=-1) * x).sum())),
 ]
 CONSTANT = torch.linspace(-1.0, 1.0, 3)
+
+
+def _no_grad_region(x):
+    with torch.no_grad():
+        y = x * 2
+    return y * x
 
 
 def _complex_numbers(x):
