@@ -676,7 +676,7 @@ def _write(target, new_value, call):
             f"{call}: {torch_words}this writes a value of a transform into a tensor created "
             "outside the transform, which torch.func refuses too (the tensor would have to "
             "hold a value of the transform). Fix: compute out of place, or create the tensor "
-            f"inside the transformed function (torch.zeros(...) there can be written "
+            "inside the transformed function (torch.zeros(...) there can be written "
             f"into){or_else}."
         )
     new_value = _conform(target, new_value, call)
