@@ -303,6 +303,13 @@ def _plain_name(tensor):
 
 
 # --- wrapping and unwrapping ---------------------------------------------------------------------
+def is_plain_strided(value) -> bool:
+    """A plain tensor (a Parameter too) with the strided layout: one that a FuncTensor can
+    show and whose memory a write reaches (not a FuncTensor, another subclass or sparse)."""
+    kind = type(value)
+    return (kind is torch.Tensor or kind is torch.nn.Parameter) and value.layout is _STRIDED
+
+
 def wrap(value):
     """A FuncTensor showing ``value`` (a Value, or a plain tensor that no level owns)."""
     if isinstance(value, Value):

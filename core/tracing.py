@@ -24,8 +24,8 @@ from .dispatch import Dispatcher, new_level, transform_levels, transform_scope
 from .errors import TransformError, TransformUsageError, UnsupportedOperationError
 from .ir import Equation, Literal, Var
 from .program import Program
-from .tensor import (FuncTensor, as_tensor, engine_code, unwrap, unwrap_tree, user_code,
-                     value_of)
+from .tensor import (FuncTensor, as_tensor, engine_code, is_plain_strided, unwrap, unwrap_tree,
+                     user_code, value_of)
 from .values import NUMBERS, Value
 
 _is_grad_enabled = torch.is_grad_enabled
@@ -260,9 +260,7 @@ def _remember_fresh(result, args, kwargs):
 
 def _has_storage(value) -> bool:
     """A plain strided tensor with memory (not a FuncTensor, a meta or a sparse tensor)."""
-    kind = type(value)
-    return (kind is torch.Tensor or kind is torch.nn.Parameter) and \
-        value.layout is torch.strided and not value.is_meta
+    return is_plain_strided(value) and not value.is_meta
 
 
 def _storage(tensor) -> int:

@@ -44,6 +44,7 @@ from .tensor import (
     as_tensor,
     as_tensors,
     engine_code,
+    is_plain_strided,
     unwrap,
     unwrap_tree,
     user_code,
@@ -326,10 +327,8 @@ def _writable_arguments(args, argnums, kwargs=None):
 
 def _is_writable(leaf) -> bool:
     """A tensor that ``_writable_arguments`` shows to ``f``: a FuncTensor, or a strided
-    plain tensor (a Parameter too); other subclasses and layouts are passed as they are."""
-    kind = type(leaf)
-    return kind is FuncTensor or (
-        (kind is torch.Tensor or kind is torch.nn.Parameter) and leaf.layout is torch.strided)
+    plain tensor; other subclasses and layouts are passed as they are."""
+    return type(leaf) is FuncTensor or is_plain_strided(leaf)
 
 
 # --- reverse mode ------------------------------------------------------------------------------
