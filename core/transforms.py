@@ -280,7 +280,7 @@ def _refuse_a_value_in_a_plain_tensor(new_value, original, call):
         "tensor to the enclosing transform as an argument too, or compute out of place.")
 
 
-def _writable_arguments(args, argnums, kwargs=None):
+def _writable_arguments(args, argnums, kwargs):
     """NOTE [Arguments a transform does not differentiate]
     torch.func's grad, jacrev and jacfwd wrap every positional argument at their level, the
     differentiated ones requiring grad and the others not, so that ``f`` may write into the
@@ -293,13 +293,13 @@ def _writable_arguments(args, argnums, kwargs=None):
     and ``_write_back`` copies it into the caller's tensor, when ``f`` returns for jacfwd,
     and after the backward pass for grad and jacrev: the backward pass reads what ``f``
     computed with (torch.func's version counter raises where a backward would read a written
-    tensor; here the gradient is that of what ``f`` computed). One tensor
-    passed twice is one FuncTensor, so each place sees the other's writes. grad's keyword
-    arguments are shown the same way (``kwargs``), as torch.func's grad does; a tensor that
-    ``f`` closes over stays plain, and torch.func refuses to write a value of the transform
-    into it (tensor.py, ``_write``).
-    Returns the arguments (and keyword arguments, with ``kwargs``) to call ``f`` with, and
-    (shown, originals) for ``_write_back``."""
+    tensor; here the gradient is that of what ``f`` computed). One tensor passed twice is
+    one FuncTensor, so each place sees the other's writes. grad's keyword arguments are
+    shown the same way, as torch.func's grad does; a tensor that ``f`` closes over stays
+    plain, and torch.func refuses to write a value of the transform into it (tensor.py,
+    ``_write``).
+    Returns the arguments and keyword arguments to call ``f`` with, and (shown, originals)
+    for ``_write_back``."""
     args = list(args)
     shown, originals, by_id = [], [], {}
 
@@ -320,8 +320,6 @@ def _writable_arguments(args, argnums, kwargs=None):
     for argnum, arg in enumerate(args):
         if argnum not in argnums:
             args[argnum] = show(arg)
-    if kwargs is None:
-        return args, shown, originals
     return args, {name: show(value) for name, value in kwargs.items()}, shown, originals
 
 
@@ -677,7 +675,7 @@ def _jvp(f, primals, tangents, has_aux, strict=False, fixed=None):
         args = pytree.tree_unflatten(p_treedef, wrapped)
         if fixed is not None:
             all_args, argnums = fixed
-            full, shown, originals = _writable_arguments(all_args, argnums)
+            full, _, shown, originals = _writable_arguments(all_args, argnums, {})
             for argnum, arg in zip(argnums, args):
                 full[argnum] = arg
             args = full
