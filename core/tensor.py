@@ -655,6 +655,18 @@ def _written(target):
     _writes += 1
 
 
+def captured_write_words(batched, op=None) -> str:
+    """torch.func's words for a write of a transform's value into a tensor that the
+    transform does not hold: vmap's where the value has a batch dim (``batched``), else
+    autograd's, which name the in-place ``op`` where it is known."""
+    if batched:
+        return ("vmap: inplace arithmetic(self, *extra_args) is not possible because there "
+                "exists a Tensor `other` in extra_args that has more elements than `self`: ")
+    return ("During a grad (vjp, jvp, grad, etc) transform, the function provided attempted "
+            f"to call in-place operation{f' ({op})' if op else ''} that would mutate a "
+            "captured Tensor: ")
+
+
 def _write(target, new_value, call):
     """Functionalization: an in-place op on ``target`` computed out of place as
     ``new_value``, which becomes ``target``'s value.
@@ -666,21 +678,13 @@ def _write(target, new_value, call):
     are recomputed when next read (``_refresh_view``). torch's functionalization replays
     views the same way."""
     if type(target) is not FuncTensor:
-        # torch.func's words: vmap's where the written value has a batch dim, else autograd's
-        if batched_by_vmap(new_value):
-            torch_words = ("vmap: inplace arithmetic(self, *extra_args) is not possible "
-                           "because there exists a Tensor `other` in extra_args that has more "
-                           "elements than `self`: ")
-            or_else = ""
-        else:
-            torch_words = ("During a grad (vjp, jvp, grad, etc) transform, the function "
-                           f"provided attempted to call in-place operation ({call}) that would "
-                           "mutate a captured Tensor: ")
-            # NOTE [Arguments a transform does not differentiate] (transforms.py)
-            or_else = (", or pass it to the transformed function as an argument that it does "
-                       "not differentiate (grad(f)(x, buf) may write into buf)")
+        batched = batched_by_vmap(new_value)
+        # NOTE [Arguments a transform does not differentiate] (transforms.py)
+        or_else = "" if batched else (
+            ", or pass it to the transformed function as an argument that it does not "
+            "differentiate (grad(f)(x, buf) may write into buf)")
         raise InPlaceError(
-            f"{call}: {torch_words}this writes a value of a transform into a tensor created "
+            f"{call}: {captured_write_words(batched, call)}this writes a value of a transform into a tensor created "
             "outside the transform, which torch.func refuses too (the tensor would have to "
             "hold a value of the transform). Fix: compute out of place, or create the tensor "
             "inside the transformed function (torch.zeros(...) there can be written "

@@ -43,6 +43,7 @@ from .tensor import (
     FuncTensor,
     as_tensor,
     as_tensors,
+    captured_write_words,
     engine_code,
     is_plain_strided,
     unwrap,
@@ -264,20 +265,18 @@ def _refuse_a_value_in_a_plain_tensor(new_value, original, call):
     plain tensor, which cannot hold it: one value per example of an enclosing vmap
     (``vmap(grad(f), in_dims=(0, None))(x, buf)`` with ``buf.copy_(x)``), or a value that an
     enclosing grad differentiates. torch.func raises at the write, in these words."""
-    if batched_by_vmap(value_of(new_value)):
-        raise InPlaceError(
-            f"{call}: vmap: inplace arithmetic(self, *extra_args) is not possible because "
-            "there exists a Tensor `other` in extra_args that has more elements than `self`: "
-            f"f wrote a value batched by an enclosing vmap into an argument of shape "
-            f"{tuple(original.shape)} that the vmap does not batch (in_dims=None), and one "
-            "tensor cannot hold one value per example. Fix: batch the argument too (in_dims "
-            "0, with a batch dim added), or compute out of place.")
-    raise InPlaceError(
-        f"{call}: During a grad (vjp, jvp, grad, etc) transform, the function provided "
-        "attempted to call in-place operation that would mutate a captured Tensor: f wrote a "
-        f"value of an enclosing transform into an argument of shape {tuple(original.shape)} "
-        "that the enclosing transform does not see (a tensor it closes over). Fix: pass the "
-        "tensor to the enclosing transform as an argument too, or compute out of place.")
+    batched = batched_by_vmap(value_of(new_value))
+    if batched:
+        what = ("a value batched by an enclosing vmap into an argument of shape "
+                f"{tuple(original.shape)} that the vmap does not batch (in_dims=None), and "
+                "one tensor cannot hold one value per example. Fix: batch the argument too "
+                "(in_dims 0, with a batch dim added), or compute out of place.")
+    else:
+        what = (f"a value of an enclosing transform into an argument of shape "
+                f"{tuple(original.shape)} that the enclosing transform does not see (a tensor "
+                "it closes over). Fix: pass the tensor to the enclosing transform as an "
+                "argument too, or compute out of place.")
+    raise InPlaceError(f"{call}: {captured_write_words(batched)}f wrote {what}")
 
 
 def _writable_arguments(args, argnums, kwargs):
