@@ -20,7 +20,7 @@ import torch
 from . import grad_mode, pytree
 from . import primitives as P
 from . import tensor as tensor_module
-from .dispatch import Dispatcher, new_level, transform_levels, transform_scope
+from .dispatch import Dispatcher, new_level, transform_scope
 from .errors import TransformError, TransformUsageError, UnsupportedOperationError
 from .ir import Equation, Literal, Var
 from .program import Program
@@ -170,7 +170,7 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
         traced_leaves = [as_tensor(level.new_input(leaf.shape, leaf.dtype)) if _is_array(leaf)
                          else leaf for leaf in leaves]
         traced_args, traced_kwargs = pytree.tree_unflatten(treedef, traced_leaves)
-        with _TracingUserCode():
+        with _TracingUserCode(level.call):
             out = f(*traced_args, **traced_kwargs)
         out = unwrap_tree(out)  # while the level runs (NOTE [Outputs are read while their
         # level runs] in transforms.py)
@@ -210,7 +210,7 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
 # its inputs] in program.py.)
 # The sets are per thread (transforms run in several threads); tensor.py's hook is on while
 # a trace runs in any thread.
-_traces = threading.local()  # .fresh: one set of storage addresses per trace running here
+_traces = threading.local()  # .fresh: per trace running here, (its call, storage addresses)
 _tracing_threads = [0]
 _tracing_lock = threading.Lock()
 
@@ -222,10 +222,13 @@ def _fresh_storages() -> list:
 class _TracingUserCode:
     """``user_code()`` for a trace: remembers the storages f creates (see the NOTE above)."""
 
+    def __init__(self, call):
+        self.call = call  # the trace's, for its errors
+
     def __enter__(self):
         if not hasattr(_traces, "fresh"):
             _traces.fresh = []
-        _traces.fresh.append(set())
+        _traces.fresh.append((self.call, set()))
         with _tracing_lock:
             _tracing_threads[0] += 1
             tensor_module.plain_results_hook = _remember_fresh
@@ -237,8 +240,8 @@ class _TracingUserCode:
     def __exit__(self, *exc_info):
         try:
             self.user_code.__exit__(*exc_info)
-            self.grad_mode.__exit__(*exc_info)
         finally:
+            self.grad_mode.__exit__(*exc_info)
             _traces.fresh.pop()
             with _tracing_lock:
                 _tracing_threads[0] -= 1
@@ -254,7 +257,7 @@ def _remember_fresh(result, args, kwargs):
     if not results:
         return
     known = {_storage(a) for a in pytree.tree_leaves((args, kwargs)) if _has_storage(a)}
-    for storages in _fresh_storages():
+    for _, storages in _fresh_storages():
         storages.update(_storage(r) for r in results if _storage(r) not in known)
 
 
@@ -271,12 +274,11 @@ def refuse_write_to_captured(target, call):
     fresh = _fresh_storages()
     if not fresh or not _has_storage(target):
         return
-    if target.numel() == 0 or _storage(target) in fresh[-1]:
+    trace_call, storages = fresh[-1]
+    if target.numel() == 0 or _storage(target) in storages:
         return
-    level = next((level for level in reversed(transform_levels())
-                  if isinstance(level, Tracing)), None)
     raise UnsupportedOperationError(
-        f"{level.call if level else 'trace(f)(<inputs>)'}: {call} writes in place into a tensor that the traced function closes "
+        f"{trace_call}: {call} writes in place into a tensor that the traced function closes "
         "over (or a view of one): the write would run once, while the function is traced, and "
         "never at a later call of the program or the jit function. Fix: pass the tensor as an "
         "argument (a program writes its arguments at every call), or write into a copy made "
