@@ -2492,7 +2492,7 @@ for _prim in _BN_KINDS:
 
 
 # --- batch norm: the doors -----------------------------------------------------------------------
-def _update_running_stats(op, x, running_mean, running_var, momentum, eps):
+def _update_running_stats(op, x, running_mean, running_var, momentum, eps, updated):
     """NOTE [Running statistics]
     In training mode batch norm also updates its running statistics in place:
     running = (1 - momentum) * running + momentum * batch statistic (the variance unbiased).
@@ -2503,8 +2503,20 @@ def _update_running_stats(op, x, running_mean, running_var, momentum, eps):
     a batched input has one set of statistics per example: buffers batched along with it
     hold one running statistic per example, and each is updated with its own example's (the
     kernel runs once, the examples folded into channels). One unbatched buffer cannot hold
-    them: torch.func raises, as we do, naming the fixes it names."""
+    them: torch.func raises, as we do, naming the fixes it names.
+    In a traced function the update becomes part of the program instead (``updated``:
+    NOTE [Running statistics in a traced function])."""
     from .batching import BatchedValue
+    trace_call = _trace_call(x, running_mean, running_var)
+    if trace_call is not None:
+        if updated is None:  # an aten door, reached through one of torch's decompositions
+            raise UnsupportedOperationError(
+                f"{trace_call}: {op}(..., training=True) inside a traced function: this form "
+                "of batch norm cannot update its running statistics. Fix: call "
+                "torch.nn.functional.batch_norm (or the module) directly, or run the module "
+                "in eval mode.")
+        updated.extend(_traced_running_stats(op, x, running_mean, running_var, momentum))
+        return
     stats = [s for s in (running_mean, running_var) if s is not None]
     batched = {s.dispatcher for stat in stats for s in _chain(stat)
                if isinstance(s, BatchedValue)}
@@ -2550,6 +2562,63 @@ def _update_running_stats(op, x, running_mean, running_var, momentum, eps):
                 buffer.copy_(updated.reshape(b, c))
 
 
+def _trace_call(*values):
+    """The call of the trace that one of ``values`` belongs to (None outside a trace)."""
+    return next((v.dispatcher.call for value in values for v in _chain(value)
+                 if getattr(v.dispatcher, "records_a_program", False)), None)
+
+
+def _traced_value(value):
+    """The value under ``value`` at the level that records a program (None if it has none)."""
+    return next((v for v in _chain(value) if getattr(v.dispatcher, "records_a_program", False)),
+                None)
+
+
+def _traced_running_stats(op, x, running_mean, running_var, momentum):
+    """NOTE [Running statistics in a traced function]
+    ``jit(train_step)(params, buffers, x, y)`` with batch norm in training mode: the input has
+    no numbers while the function is traced, so torch's kernel cannot update the running
+    statistics (NOTE [Running statistics]). The update is computed instead, from the traced
+    input, with the kernel's formula (the variance unbiased), and the new values are returned
+    to the front door, which writes them into the tensors that hold the statistics: arguments
+    of the traced function, so the program writes them at every call (NOTE [A traced
+    function that writes its inputs] in program.py), as make_fx records the functionalized
+    ``_native_batch_norm_legit_functional`` and its copies into the buffers. The values are
+    those of the trace, under any transform between it and the call: no derivative reaches
+    them, as none reaches torch's kernel. Statistics that the function closes over, and
+    statistics per example under vmap, are refused.
+    """
+    from .batching import BatchedValue
+    call = _trace_call(x, running_mean, running_var)
+    if any(isinstance(v, BatchedValue) for value in (x, running_mean, running_var)
+           for v in _chain(value)):
+        raise UnsupportedOperationError(
+            f"{call}: {op}(..., training=True) inside a traced function: batch norm in "
+            "training mode under vmap would update running statistics per example, which a "
+            "program does not record. Fix: build the module with track_running_stats=False "
+            "(or patch it with replace_all_batch_norm_modules_), or run it in eval mode, or "
+            "call it outside jit."
+        )
+    x_traced = _traced_value(x)
+    stats = [None if s is None else _traced_value(s) for s in (running_mean, running_var)]
+    if x_traced is None or any(s is None for s, given in zip(stats, (running_mean, running_var))
+                               if given is not None):
+        raise UnsupportedOperationError(
+            f"{call}: {op}(..., training=True) inside a traced function: batch norm "
+            "in training mode updates running_mean and running_var in place, and here they "
+            "are tensors that the traced function closes over: the update would run once, "
+            "while the function is traced, and never at a later call. Fix: pass the buffers "
+            "as arguments (functional_call(model, (params, buffers), (x,)) with buffers an "
+            "argument of the jit function), or run the module in eval mode."
+        )
+    shape = shape_of(x_traced)
+    dims = (0, *range(2, len(shape)))
+    batch_stats = (ops.mean(x_traced, dims), structural.var(x_traced, dims, correction=1))
+    return [None if stat is None else ops.add(ops.mul(stat, 1 - momentum),
+                                              ops.mul(batch_stat, momentum))
+            for stat, batch_stat in zip(stats, batch_stats)]
+
+
 def _chain(value):
     """A value and the values under it, down to the plain tensor (not included)."""
     while isinstance(value, Value):
@@ -2570,7 +2639,11 @@ def _examples(value, level, bottom=False):
     return tensor.movedim(batched.bdim, 0)
 
 
-def _batch_norm(op, x, weight, bias, running_mean, running_var, training, momentum, eps):
+def _batch_norm(op, x, weight, bias, running_mean, running_var, training, momentum, eps,
+                updated=None):
+    """Batch norm's result; in training mode its running statistics are updated too, or,
+    in a traced function, their new values are added to ``updated`` for the front door to
+    write (a door without it refuses: NOTE [Running statistics in a traced function])."""
     _refuse_complex(op, x, weight, bias)
     shape = shape_of(x)
     if math.prod(shape) == 0:
@@ -2611,12 +2684,15 @@ def _batch_norm(op, x, weight, bias, running_mean, running_var, training, moment
             )
         if running_mean is not None or running_var is not None:
             if training:
-                _update_running_stats(op, x, running_mean, running_var, momentum, eps)
+                _update_running_stats(op, x, running_mean, running_var, momentum, eps,
+                                      updated)
         return bind(batch_norm_train_p, x, weight, bias, eps=eps)
     return bind(batch_norm_eval_p, x, weight, bias, running_mean, running_var, eps=eps)
 
 
-@torch_api.register(F.batch_norm)
+@torch_api.register_updating(
+    F.batch_norm, written=lambda x, running_mean, running_var, *args, **kwargs: (running_mean,
+                                                                               running_var))
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
     if not training and (running_mean is None or running_var is None):
@@ -2625,14 +2701,18 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
             "be defined in evaluation mode (as in torch: eval mode normalizes with the running "
             "statistics, and they are None). Fix: pass them, or training=True."
         )
-    return _batch_norm("batch_norm", x, weight, bias, running_mean, running_var, training,
-                       momentum, eps)
+    updated = []
+    out = _batch_norm("batch_norm", x, weight, bias, running_mean, running_var, training,
+                      momentum, eps, updated)
+    return out, updated
 
 
-torch_api.register(torch.batch_norm)(
-    lambda x, weight, bias, running_mean, running_var, training, momentum, eps,
-    cudnn_enabled=True: _batch_norm("batch_norm", x, weight, bias, running_mean, running_var,
-                                    training, momentum, eps))
+@torch_api.register_updating(
+    torch.batch_norm, written=lambda x, weight, bias, running_mean, running_var, *args,
+    **kwargs: (running_mean, running_var))
+def _torch_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                      cudnn_enabled=True):
+    return batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
 
 
 def _saved_stats(x, training, eps):

@@ -21,7 +21,7 @@ from .errors import TransformUsageError
 from .passes import simplify
 from .program import Program, Var
 from .tensor import as_tensors, engine_code, unwrap
-from .tracing import TracerValue, Tracing, trace_flat
+from .tracing import TracedUserCode, TracerValue, Tracing, trace_flat
 from .transforms import _run_reverse, vjp
 
 
@@ -117,8 +117,10 @@ def _split(f, args):
         traced_args = pytree.tree_unflatten(
             example_treedef,
             [forward_level.new_input(x.shape, x.dtype) for x in example_leaves])
+        call = f"split_vjp({name})(<inputs>)"
         autograd, out, _, inputs, _ = _run_reverse(
-            f, traced_args, {}, tuple(range(len(args))), f"split_vjp({name})(<inputs>)")
+            f, traced_args, {}, tuple(range(len(args))), call,
+            user_scope=lambda: TracedUserCode(call))
     out_leaves, out_treedef = pytree.tree_flatten(out)
     if not all(isinstance(o, AutogradValue) and o.dispatcher is autograd for o in out_leaves):
         raise TransformUsageError(

@@ -972,6 +972,14 @@ def call_function(func, args, kwargs):
         if in_place:
             return _write(args[0], new_value, f"{_qualified_name(func)}(..., inplace=True)")
         return wrap(new_value) if isinstance(new_value, Value) else _wrap_result(new_value)
+    updating = torch_api.UPDATES.get(func)
+    if updating is not None:
+        op, written = updating
+        out, new_values = op(*unwrap_all(args, func), **_unwrap_kwargs(kwargs))
+        call = f"{_qualified_name(func)}(...)"
+        for target, new_value in zip(written(*args, **kwargs), new_values):
+            _write(target, new_value, call)
+        return wrap(out) if isinstance(out, Value) else _wrap_result(out)
     refusal = torch_api.REFUSED.get(func)
     if refusal is not None:
         raise _refusal(func, refusal)

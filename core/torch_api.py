@@ -11,6 +11,8 @@ When user code calls a torch function with a FuncTensor among its arguments, tor
   argument (``x.add_(y)`` is ``ops.add(x, y)``, then written into ``x``).
 - ``ACTIVATIONS``: ``torch.nn.functional`` activations, whose ``inplace=True`` writes the
   result into the input.
+- ``UPDATES``: functions that return a result and may also write new values into some of
+  their tensor arguments (batch norm in training mode updates its running statistics).
 - ``REFUSED``: functions that would silently bypass the engine, with the reason and the fix.
 - ``FACTORIES``: functions that create tensors from nothing (see tensor.py, NOTE [Tensors
   created inside a transform]).
@@ -31,6 +33,7 @@ TORCH_FUNCTIONS: dict = {}
 VIEWS: dict = {}
 IN_PLACE: dict = {}
 ACTIVATIONS: dict = {}
+UPDATES: dict = {}
 REFUSED: dict = {}
 
 
@@ -75,6 +78,17 @@ def register_activation(function):
 
     def decorate(op):
         ACTIVATIONS[function] = (op, position)
+        return op
+    return decorate
+
+
+def register_updating(*functions, written):
+    """Decorator for functions that may also update arguments in place: the op returns
+    ``(result, new values)``, and ``written(*args, **kwargs)`` names the arguments that the
+    new values go into, in order (tensor.py writes them; no new values, no writes)."""
+    def decorate(op):
+        for function in functions:
+            UPDATES[function] = (op, written)
         return op
     return decorate
 

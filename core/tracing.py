@@ -106,7 +106,7 @@ class Tracing(Dispatcher):
             # through it (torch.no_grad does not stop jvp; hessian = jacfwd(jacrev) needs
             # both). The program records the op, then ``no_grad`` of its result: an identity
             # whose vjp is zero and whose jvp is itself (primitives.py). The trace starts
-            # with grad on (``_TracingUserCode``): what f does under an outer no_grad is the
+            # with grad on (``TracedUserCode``): what f does under an outer no_grad is the
             # replay's business, not the program's. Before, the program differentiated
             # through the region, silently.
             stopped = Var(out.shape, out.dtype)
@@ -170,7 +170,7 @@ def trace_flat(f, args, kwargs=None, *, device=None, name=None):
         traced_leaves = [as_tensor(level.new_input(leaf.shape, leaf.dtype)) if _is_array(leaf)
                          else leaf for leaf in leaves]
         traced_args, traced_kwargs = pytree.tree_unflatten(treedef, traced_leaves)
-        with _TracingUserCode(level.call):
+        with TracedUserCode(level.call):
             out = f(*traced_args, **traced_kwargs)
         out = unwrap_tree(out)  # while the level runs (NOTE [Outputs are read while their
         # level runs] in transforms.py)
@@ -219,8 +219,10 @@ def _fresh_storages() -> list:
     return getattr(_traces, "fresh", ())
 
 
-class _TracingUserCode:
-    """``user_code()`` for a trace: remembers the storages f creates (see the NOTE above)."""
+class TracedUserCode:
+    """``user_code()`` for a trace: remembers the storages f creates (see the NOTE above),
+    and runs f with grad on (NOTE [A no_grad region in a traced function]). For trace and
+    jit, and for split_vjp's forward trace."""
 
     def __init__(self, call):
         self.call = call  # the trace's, for its errors
@@ -262,12 +264,21 @@ def _remember_fresh(result, args, kwargs):
 
 
 def _has_storage(value) -> bool:
-    """A plain strided tensor with memory (not a FuncTensor, a meta or a sparse tensor)."""
-    return is_plain_strided(value) and not value.is_meta
+    """A strided tensor with memory of its own: a plain one, a Parameter, or a subclass made
+    with ``as_subclass`` or ``_make_subclass`` (not a FuncTensor, a meta or a sparse tensor,
+    or a wrapper subclass, whose data lives in tensors it holds)."""
+    if is_plain_strided(value):
+        return not value.is_meta
+    if not isinstance(value, torch.Tensor) or type(value) is FuncTensor:
+        return False
+    with torch._C.DisableTorchFunctionSubclass():
+        return (value.layout is torch.strided and not value.is_meta
+                and value.untyped_storage().data_ptr() != 0)
 
 
 def _storage(tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
+    with torch._C.DisableTorchFunctionSubclass():
+        return tensor.untyped_storage().data_ptr()
 
 
 def refuse_write_to_captured(target, call):

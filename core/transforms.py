@@ -247,6 +247,12 @@ def _write_back(shown, originals, lower, call):
                 # a value of an enclosing transform: its grad levels record the write
                 # (under no_grad they would not: NOTE [Grad modes and transform levels])
                 original.copy_(new_value)
+            elif isinstance(original, Value):  # split_vjp's traced inputs
+                raise UnsupportedOperationError(
+                    f"{call}: f writes in place into an argument of shape "
+                    f"{tuple(original.shape)}, and the forward and backward programs of "
+                    "split_vjp do not write their inputs. Fix: compute out of place "
+                    "(s = s * 2 rather than s.mul_(2)).")
             elif isinstance(new_value, FuncTensor):
                 _refuse_a_value_in_a_plain_tensor(new_value, original, call)
             else:
@@ -349,8 +355,9 @@ def _output_values(out):
     return unwrap_tree(out)
 
 
-def _run_reverse(f, args, kwargs, argnums, call):
-    """Run ``f`` on an Autograd level with the arguments ``argnums`` as inputs.
+def _run_reverse(f, args, kwargs, argnums, call, user_scope=user_code):
+    """Run ``f`` on an Autograd level with the arguments ``argnums`` as inputs (inside
+    ``user_scope()``: split_vjp's trace gives its own).
 
     ``argnums`` is already normalized (a tuple of distinct non-negative ints; vjp with no
     primals gives ``()``). Returns (level, out, argnums, one (leaves, wrapped values, treedef)
@@ -383,7 +390,7 @@ def _run_reverse(f, args, kwargs, argnums, call):
             tensors = [as_tensor(w) for w in wrapped]
             shown += tensors
             args[argnum] = pytree.tree_unflatten(treedef, tensors)
-        with user_code():
+        with user_scope():
             out = f(*args, **kwargs)
         out = _output_values(out)
         _refuse_writes_a_tape_reads(shown, originals)

@@ -622,6 +622,31 @@ def test_a_write_into_a_tensor_the_traced_function_closes_over_is_refused(name):
     assert grad(lambda x: f(x).sum())(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
 
 
+class _Marked(torch.Tensor):
+    """A tensor subclass with memory of its own (``as_subclass``)."""
+
+
+def test_a_write_into_a_tensor_subclass_the_traced_function_closes_over_is_refused():
+    state = torch.zeros(3).as_subclass(_Marked)
+    weight = torch.arange(3.0).as_subclass(_Marked)
+
+    def f(x):
+        state.add_(1)
+        return x * 2
+
+    def g(x):  # one the function makes may be written, as a plain one may
+        made = weight * 2
+        made.add_(1)
+        return x * made
+    with pytest.raises(mf.UnsupportedOperationError, match=r"^trace\(f\)\(<inputs>\): Tensor"
+                                                           r"\.add_\(\.\.\.\) writes in place "
+                                                           r"into a tensor that the traced"):
+        jit(f)(torch.ones(3))
+    assert state.tolist() == [0.0, 0.0, 0.0], "nothing was written"
+    assert_close(jit(g)(torch.ones(3)).as_subclass(torch.Tensor), torch.tensor([1.0, 3.0, 5.0]))
+    assert weight.tolist() == [0.0, 1.0, 2.0]
+
+
 def test_tensors_the_traced_function_creates_may_be_written():
     weight = torch.arange(3.0)
 
@@ -690,3 +715,77 @@ def test_a_no_grad_region_of_the_traced_function_stays_a_constant():
     tangent = torch.ones(3)
     assert_close(mf.jvp(jitted, (x,), (tangent,)), tf.jvp(_with_a_no_grad_region, (x,), (tangent,)))
     assert sum(eq.prim.name == "no_grad" for eq in jitted.program_for(x).equations) == 2
+
+
+# --- batch norm in training mode inside a traced function ---------------------------------------
+def _bn_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3),
+                               torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(3 * 4 * 4, 2)).double()
+
+
+@pytest.mark.parametrize("backend", [None, pytest.param("inductor", marks=pytest.mark.slow)])
+def test_a_jitted_training_step_with_batch_norm_updates_the_buffers_as_eager_does(backend):
+    """NOTE [Running statistics in a traced function]: the running statistics used to need
+    a concrete input ("Python needed the concrete value of a traced tensor")."""
+    if backend == "inductor" and _inductor_unavailable() is not None:
+        pytest.skip(_inductor_unavailable())
+    import copy
+    model = _bn_model()
+    eager = copy.deepcopy(model)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+
+    def loss(params, buffers, x, y):
+        return F.cross_entropy(mf.functional_call(model, (params, buffers), (x,)), y)
+    step = jit(mf.grad_and_value(loss), backend=backend)
+    for seed in range(3):
+        x, y = rand(seed, 4, 2, 6, 6, dtype=torch.float64), torch.tensor([0, 1, 1, 0])
+        grads, value = step(params, buffers, x, y)
+        eager_value = F.cross_entropy(eager(x), y)
+        eager_grads = torch.autograd.grad(eager_value, list(eager.parameters()))
+        assert_close(value, eager_value)
+        for (name, ours), theirs in zip(grads.items(), eager_grads):
+            assert_close(ours, theirs, msg=name)
+        for name, theirs in eager.named_buffers():
+            assert_close(buffers[name], theirs, msg=name)
+    assert buffers["1.num_batches_tracked"].item() == 3
+    assert step.cache_size() == 1, "one trace, replayed: the buffers move at every call"
+
+
+def test_batch_norm_of_the_functional_and_torch_forms_under_jit_with_keywords():
+    x = rand(1, 5, 3, dtype=torch.float64)
+
+    def functional_form(x, mean, var):
+        return F.batch_norm(x, running_mean=mean, running_var=var, training=True, momentum=0.3)
+
+    def torch_form(x, mean, var):
+        return torch.batch_norm(x, None, None, mean, var, True, 0.2, 1e-5, False)
+    for fn in (functional_form, torch_form):
+        ours = (torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
+        theirs = tuple(t.clone() for t in ours)
+        jitted = jit(fn)
+        for _ in range(2):
+            assert_close(jitted(x, *ours), fn(x, *theirs))
+            assert_close(ours, theirs)
+        assert not torch.equal(ours[0], torch.zeros(3)), "the statistics moved"
+
+
+def test_batch_norm_statistics_a_traced_function_cannot_update_are_refused():
+    mean, var = torch.zeros(3), torch.ones(3)
+    with pytest.raises(mf.UnsupportedOperationError,
+                       match=r"^trace\(<lambda>\)\(<inputs>\): batch_norm\(\.\.\., "
+                             r"training=True\) inside a traced function: .*closes over.*Fix: "
+                             r"pass the buffers as arguments"):
+        jit(lambda x: F.batch_norm(x, mean, var, training=True))(torch.randn(4, 3))
+    assert mean.tolist() == [0.0] * 3 and var.tolist() == [1.0] * 3, "nothing was written"
+    with pytest.raises(mf.UnsupportedOperationError, match=r"under vmap .*Fix: "):
+        jit(vmap(lambda x, m, v: F.batch_norm(x, m, v, training=True)))(
+            torch.randn(2, 4, 3), torch.zeros(2, 3), torch.ones(2, 3))
+    with pytest.raises(mf.UnsupportedOperationError,
+                       match=r"^trace\(<lambda>\)\(<inputs>\): native_batch_norm\(\.\.\., "
+                             r"training=True\) .*Fix: "):
+        jit(lambda x, m, v: torch.ops.aten._native_batch_norm_legit(
+            x, None, None, m, v, True, 0.1, 1e-5)[0])(torch.randn(4, 3), mean, var)
+    assert jit(lambda x: x * 2)(torch.ones(2)).tolist() == [2.0, 2.0], "the next call works"

@@ -24,6 +24,7 @@ from minifunctorch.core import (
     Program,
     TransformError,
     TypecheckError,
+    UnsupportedOperationError,
     Var,
     custom_vjp,
     grad,
@@ -705,6 +706,40 @@ def test_split_vjp_saves_only_what_the_backward_reads():
     x, ct = rand(0, 3), rand(1)
     out, saved = fwd(x)
     expected_out, vjp_fn = tf.vjp(f, x)
+    assert_close(out, expected_out)
+    assert_close(bwd(saved, ct), vjp_fn(ct))
+
+
+def test_split_vjp_refuses_writes_its_programs_would_not_repeat():
+    """A write into a tensor f closes over would run once, while traced; a write into an
+    argument has no place in either program. Both used to run silently or fail inside."""
+    counter = torch.zeros(3)
+
+    def counts(x):
+        counter.add_(1)
+        return (x * 2).sum()
+    with pytest.raises(UnsupportedOperationError,
+                       match=r"^split_vjp\(counts\)\(<inputs>\): Tensor\.add_\(\.\.\.\) writes "
+                             r"in place into a tensor that the traced function closes over.*Fix: "):
+        split_vjp(counts)(torch.ones(3))
+    assert counter.tolist() == [0.0, 0.0, 0.0], "nothing was written"
+
+    def scales(x, s):
+        s.mul_(2)
+        return (x * s).sum()
+    with pytest.raises(UnsupportedOperationError,
+                       match=r"^split_vjp\(scales\)\(<inputs>\): f writes in place into an "
+                             r"argument of shape \(3,\).*Fix: compute out of place"):
+        split_vjp(scales)(torch.ones(3), torch.ones(3))
+
+    def keeps_a_constant(x):  # a no_grad region is a constant of the backward, as in trace
+        with torch.no_grad():
+            shift = x * 3
+        return (x * shift).sum()
+    fwd, bwd = split_vjp(keeps_a_constant)(torch.ones(3))
+    x, ct = rand(0, 3), rand(1)
+    out, saved = fwd(x)
+    expected_out, vjp_fn = tf.vjp(keeps_a_constant, x)
     assert_close(out, expected_out)
     assert_close(bwd(saved, ct), vjp_fn(ct))
 
