@@ -231,7 +231,7 @@ def _write_back(shown, originals, lower, call):
     written is copied into the caller's tensor, one level down (``lower``)."""
     for tensor, original in zip(shown, originals):
         if type(tensor) is FuncTensor and tensor._generation:
-            new_value = as_tensor(lower(value_of(tensor)))
+            new_value = as_tensor(lower(_past_exited_levels(value_of(tensor))))
             # a value that broadcasts to the input is written into it (one draw shared by
             # the batch, randomness='same'); any other shape means the op reshaped the input
             reshaped = len(new_value.shape) != len(original.shape) or any(
@@ -264,6 +264,18 @@ def _write_back(shown, originals, lower, call):
                         original.set_(new_value)  # new shape, as in torch.func
                     else:
                         original.copy_(new_value)
+
+
+def _past_exited_levels(value):
+    """What an inner transform wrote into a tensor of this one (``b.copy_(w)`` in a function
+    of grad that closes over ``b``) holds that transform's value after it returns: seen as
+    what it wraps, as any value that escapes a transform is (NOTE [Values that escape a
+    transform] in dispatch.py). An exited vmap's value has no single value and is kept: its
+    level raises when it is used."""
+    while isinstance(value, Value) and value.dispatcher.exited and \
+            getattr(value.dispatcher, "length", None) is None:
+        value = value.dispatcher.lower(value)
+    return value
 
 
 def _refuse_a_value_in_a_plain_tensor(new_value, original, call):

@@ -371,6 +371,32 @@ def test_a_value_that_escapes_vmap_is_refused_afterwards():
     assert mf.vmap(torch.sin)(torch.zeros(2)).tolist() == [0.0, 0.0]  # the next call works
 
 
+@pytest.mark.parametrize("inner", ["grad", "jvp"])
+def test_a_write_by_an_inner_transform_into_an_outer_tensor_it_closes_over(inner):
+    """The inner function writes its own value into ``b``, a tensor of the enclosing vmap:
+    after the inner transform returns, ``b`` holds what that value wraps (as an escaped
+    value does), and vmap copies it into the caller's tensor, as a loop in eager torch
+    does. (torch.func refuses the write; the write-back used to fail with vmap's "escaped"
+    message.)"""
+    def per_example(x, b):
+        def f(w):
+            b.copy_(w * 3)
+            return (w * 2).sum()
+        if inner == "grad":
+            derivative = mf.grad(f)(x)
+        else:
+            derivative = mf.jvp(f, (x,), (torch.ones_like(x),))[1]
+        return derivative + b
+    x = torch.linspace(-1, 1, 6, dtype=torch.float64).reshape(2, 3)
+    ours = torch.zeros(2, 3, dtype=torch.float64)
+    result = mf.vmap(per_example)(x, ours)
+    loop = torch.zeros(2, 3, dtype=torch.float64)
+    for i in range(2):  # eager torch: the same function, one example at a time
+        loop[i].copy_(x[i] * 3)
+    torch.testing.assert_close(ours, loop)
+    torch.testing.assert_close(result, (2.0 if inner == "grad" else 6.0) + loop)
+
+
 def test_anomaly_detection_without_the_nan_check_lets_nan_gradients_through():
     # torch's tracers (AOTAutograd under torch.compile) enter detect_anomaly(check_nan=False):
     # the NaN check (NOTE [Anomaly detection]) stays off there, as in torch
