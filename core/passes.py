@@ -2,14 +2,16 @@
 
 - ``eliminate_dead_code``: drop equations whose results nothing uses.
 - ``eliminate_common_subexpressions``: compute each (primitive, operands, params) once.
-- ``fold_symbolic_zeros``: a zero tensor is never materialized to be added or multiplied:
-  ``add x zeros`` is ``x``, ``mul x zeros`` is zeros, ``neg zeros`` is zeros, and so on.
+- ``fold_symbolic_zeros``: a zero tensor is never materialized to be added or reshaped:
+  ``add x zeros`` is ``x``, ``neg zeros`` and ``sum zeros`` are zeros, and so on (but
+  ``mul x zeros`` is computed: NOTE [Zero times infinity]).
 - ``fold_identities``: an operation that returns its input unchanged is dropped: ``mul x 1``,
   ``div x 1``, ``expand``/``reshape`` to the same shape, a ``permute`` undone by another.
 - ``simplify``: all of them, until nothing changes.
 - ``fold_identity_bases``: jit's, after ``simplify``: the identity basis of a Jacobian is
   computed with as a diagonal matrix, by its diagonal.
 """
+import math
 import weakref
 
 import torch
@@ -95,8 +97,20 @@ def _is_zero_literal(operand):
     return isinstance(operand, Literal) and operand.value == 0
 
 
-# a zero operand makes the result zero
+# NOTE [Zero times infinity]
+# ``mul x zeros`` is not zeros where x holds inf or nan: 0 * inf is nan (IEEE 754), and
+# eager torch computes it so, as do the engine's own transforms (a zero cotangent the engine
+# knows of is None and never multiplied: autograd.py, forward.py). So a product or a matmul
+# is folded to zeros only when every operand is a zero or a finite number; folding
+# ``exp(x) * torch.zeros_like(x)`` gave 0 under jit where eager gives nan at x = inf.
+# (JAX folds only its symbolic zeros, which are never numbers a user wrote; Inductor keeps
+# ``x * 0`` for the same reason.)
 _ZERO_ABSORBING = {P.mul_p, P.matmul_p}
+
+
+def _is_finite_literal(operand):
+    return isinstance(operand, Literal) and isinstance(operand.value, (bool, int, float)) \
+        and math.isfinite(operand.value)
 # linear in their first operand: a zero first operand gives a zero result
 _ZERO_PRESERVING = {P.neg_p, P.sum_p, P.mean_p, P.reshape_p, P.expand_p, P.permute_p,
                     P.unsqueeze_p, P.squeeze_p, P.getitem_p, P.convert_p}
@@ -108,7 +122,7 @@ def fold_symbolic_zeros(program):
     >>> import torch
     >>> from minifunctorch.core import trace
     >>> from minifunctorch.core.passes import fold_symbolic_zeros, eliminate_dead_code
-    >>> program = trace(lambda x: x + torch.zeros_like(x) * x)(torch.ones(2))
+    >>> program = trace(lambda x: x + (torch.zeros_like(x) * 2).neg())(torch.ones(2))
     >>> print(eliminate_dead_code(fold_symbolic_zeros(program)))
     { lambda ; a:f32[2] .
       in (a,) }
@@ -128,8 +142,9 @@ def fold_symbolic_zeros(program):
         inputs = [resolve(o) for o in equation.inputs]
         if prim is P.full_like_p and equation.params["fill_value"] == 0:
             zeros.add(out)
-        elif prim in _ZERO_ABSORBING and any(is_zero(o) for o in inputs):
-            zeros.add(out)
+        elif prim in _ZERO_ABSORBING and any(is_zero(o) for o in inputs) and all(
+                is_zero(o) or _is_finite_literal(o) for o in inputs):
+            zeros.add(out)  # NOTE [Zero times infinity]
         elif prim in _ZERO_PRESERVING and is_zero(inputs[0]):
             zeros.add(out)
         elif prim in (P.add_p, P.sub_p) and any(is_zero(o) for o in inputs):
