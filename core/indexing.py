@@ -67,13 +67,16 @@ def _constant(value, like, dtype=None):
     return torch.tensor(value, dtype=dtype or like.dtype, device=like.device)
 
 
-def _refuse_batched(what, *values):
+def _refuse_shapes_from_data(what, *values):
     """NOTE [Shapes that depend on the data]
     ``nonzero``, ``unique``, ``x[mask]`` and ``masked_select`` return as many elements as
     the data says. Under vmap every example may want another count, and a batched tensor
     has one shape, so they are refused when the data they count is batched (torch.func
     raises too). The same op on a batched tensor but an unbatched mask is fine: the count
-    is the same for every example."""
+    is the same for every example. A traced value has no data at all, and a program records
+    one shape per value (make_fx raises on them too, without symbolic shapes): refused while
+    tracing, in words that say so rather than the trace's general "concrete value" ones."""
+    _refuse_traced(what, *values)
     for value in values:
         level = batched_level(value)
         if level is not None:
@@ -85,6 +88,27 @@ def _refuse_batched(what, *values):
                 "of vmap, or use a fixed-shape formulation (torch.where(mask, x, 0) instead of "
                 "x[mask])."
             )
+
+
+def _refuse_traced(what, *values):
+    """The trace's part of NOTE [Shapes that depend on the data]."""
+    for value in values:
+        traced = next((v.dispatcher for v in _chain_of(value)
+                       if getattr(v.dispatcher, "records_a_program", False)), None)
+        if traced is not None:
+            raise UnsupportedOperationError(
+                f"{traced.call}: {what} returns as many elements as the data says, and a "
+                "traced program has one fixed shape per value, known before any data. Fix: "
+                "use a fixed-shape formulation (torch.where(mask, x, 0) instead of x[mask], "
+                "a sum over a mask instead of a count of nonzero), or call it outside jit."
+            )
+
+
+def _chain_of(value):
+    """A value and the values under it (nothing for a plain tensor)."""
+    while isinstance(value, Value):
+        yield value
+        value = value.payload
 
 
 def _adjacent(dims):
@@ -261,7 +285,7 @@ batching_rules[index_put_p] = index_put_batch
 # --- from torch's index lists to the primitives --------------------------------------------------
 def _mask_indices(mask, what):
     """The integer indices of a boolean mask's True elements, one tensor per mask dim."""
-    _refuse_batched(what, mask)
+    _refuse_shapes_from_data(what, mask)
     if isinstance(mask, Value):
         mask = mask.concrete()
     return mask.nonzero().unbind(1)
@@ -1342,7 +1366,7 @@ def _data_dependent(func, what):
     runs it one level down when its outputs cannot carry a derivative (nonzero's indices) and
     refuses it otherwise (unique of a float tensor, whose derivative torch does not define)."""
     def op(*values, **kwargs):
-        _refuse_batched(what, *values)
+        _refuse_shapes_from_data(what, *values)
         top = top_dispatcher([v for v in values if isinstance(v, Value)])
         if top is None:  # (a value no level owns, such as a comparison's mask)
             return call_with_tensors(func, *values, **kwargs)
@@ -1390,6 +1414,7 @@ def argwhere(x):
     if isinstance(x, BatchedValue) and _plain_of(x.payload) is not None:
         return _argwhere_of_examples(x)
     if not isinstance(x, BatchedValue):  # a level that is not vmap's runs it one level down
+        _refuse_traced("argwhere", x)  # (vmap's examples come below: one count may do)
         top = top_dispatcher([x] if isinstance(x, Value) else [])
         if top is not None:
             return top.unknown_op(str(aten.argwhere.default), runner(torch.argwhere), [x], {})

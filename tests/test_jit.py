@@ -789,3 +789,28 @@ def test_batch_norm_statistics_a_traced_function_cannot_update_are_refused():
         jit(lambda x, m, v: torch.ops.aten._native_batch_norm_legit(
             x, None, None, m, v, True, 0.1, 1e-5)[0])(torch.randn(4, 3), mean, var)
     assert jit(lambda x: x * 2)(torch.ones(2)).tolist() == [2.0, 2.0], "the next call works"
+
+
+# --- shapes that depend on the data -------------------------------------------------------------
+_DATA_SHAPED = {
+    "x[mask]": lambda x: x[x > 0],
+    "masked_select": lambda x: x.masked_select(x > 0),
+    "nonzero": torch.nonzero,
+    "argwhere": torch.argwhere,
+    "unique": torch.unique,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DATA_SHAPED))
+def test_an_op_whose_shape_depends_on_the_data_is_refused_in_words_that_say_so(name):
+    """NOTE [Shapes that depend on the data]: these used to fail with the trace's general
+    words about Python needing a concrete value, or as an aten op without a rule."""
+    with pytest.raises(mf.UnsupportedOperationError,
+                       match=r"^trace\(<lambda>\)\(<inputs>\): .* returns as many elements as "
+                             r"the data says, and a traced program has one fixed shape .*Fix: "
+                             r"use a fixed-shape formulation \(torch\.where"):
+        jit(lambda x: _DATA_SHAPED[name](x) * 2)(rand(0, 5))
+    # a mask that the function closes over has one count: it traces, as in eager
+    mask = torch.tensor([True, False, True, True, False])
+    x = rand(1, 5)
+    assert_close(jit(lambda x: x[mask] * 2)(x), x[mask] * 2)
