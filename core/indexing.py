@@ -42,6 +42,7 @@ from .errors import (DimOutOfRangeError, InputDtypeError, InvalidOptionError, Mi
                      ShapeMismatchError, TransformUsageError, UnsupportedOperationError)
 from .forward import add_tangents, jvp_rules, linear_jvp
 from .tensor import call_with_tensors, runner, unwrap
+from .tracing import data_shape_error, trace_call_of
 from .values import Value, bind, bottom_tensor, top_dispatcher
 
 aten = torch.ops.aten
@@ -92,23 +93,9 @@ def _refuse_shapes_from_data(what, *values):
 
 def _refuse_traced(what, *values):
     """The trace's part of NOTE [Shapes that depend on the data]."""
-    for value in values:
-        traced = next((v.dispatcher for v in _chain_of(value)
-                       if getattr(v.dispatcher, "records_a_program", False)), None)
-        if traced is not None:
-            raise UnsupportedOperationError(
-                f"{traced.call}: {what} returns as many elements as the data says, and a "
-                "traced program has one fixed shape per value, known before any data. Fix: "
-                "use a fixed-shape formulation (torch.where(mask, x, 0) instead of x[mask], "
-                "a sum over a mask instead of a count of nonzero), or call it outside jit."
-            )
-
-
-def _chain_of(value):
-    """A value and the values under it (nothing for a plain tensor)."""
-    while isinstance(value, Value):
-        yield value
-        value = value.payload
+    call = trace_call_of(*values)
+    if call is not None:
+        raise data_shape_error(call, what)
 
 
 def _adjacent(dims):

@@ -60,6 +60,7 @@ from .errors import (DimOutOfRangeError, InPlaceError, InputDtypeError, InvalidO
 from .fast_code import register_fresh
 from .forward import add_tangents, jvp_rules, linear_jvp, sub_tangents
 from .tensor import as_tensor, unwrap_tree
+from .tracing import TracerValue, trace_call_of
 from .values import Value, bind, bottom_tensor
 
 aten = torch.ops.aten
@@ -2507,7 +2508,7 @@ def _update_running_stats(op, x, running_mean, running_var, momentum, eps, updat
     In a traced function the update becomes part of the program instead (``updated``:
     NOTE [Running statistics in a traced function])."""
     from .batching import BatchedValue
-    trace_call = _trace_call(x, running_mean, running_var)
+    trace_call = trace_call_of(x, running_mean, running_var)
     if trace_call is not None:
         if updated is None:  # an aten door, reached through one of torch's decompositions
             raise UnsupportedOperationError(
@@ -2562,16 +2563,9 @@ def _update_running_stats(op, x, running_mean, running_var, momentum, eps, updat
                 buffer.copy_(updated.reshape(b, c))
 
 
-def _trace_call(*values):
-    """The call of the trace that one of ``values`` belongs to (None outside a trace)."""
-    return next((v.dispatcher.call for value in values for v in _chain(value)
-                 if getattr(v.dispatcher, "records_a_program", False)), None)
-
-
 def _traced_value(value):
     """The value under ``value`` at the level that records a program (None if it has none)."""
-    return next((v for v in _chain(value) if getattr(v.dispatcher, "records_a_program", False)),
-                None)
+    return next((v for v in _chain(value) if isinstance(v, TracerValue)), None)
 
 
 def _traced_running_stats(op, x, running_mean, running_var, momentum):
@@ -2589,7 +2583,7 @@ def _traced_running_stats(op, x, running_mean, running_var, momentum):
     statistics per example under vmap, are refused.
     """
     from .batching import BatchedValue
-    call = _trace_call(x, running_mean, running_var)
+    call = trace_call_of(x, running_mean, running_var)
     if any(isinstance(v, BatchedValue) for value in (x, running_mean, running_var)
            for v in _chain(value)):
         raise UnsupportedOperationError(

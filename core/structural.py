@@ -60,6 +60,7 @@ from .elementwise import _refuse_complex
 from .errors import (DimOutOfRangeError, InvalidOptionError, ShapeMismatchError,
                      TransformUsageError)
 from .forward import jvp_rules, linear_jvp
+from .tracing import data_shape_error, trace_call_of
 from .values import Value, bind
 
 aten = torch.ops.aten
@@ -1096,6 +1097,9 @@ def repeat_interleave(x, repeats=None, dim=None, *, output_size=None):
             view[dim] = -1
             return ops.gather(x, dim, ops.expand(ops.reshape(repeats, *view), *shape))
     if _is_tensor(repeats):
+        call = trace_call_of(repeats)
+        if call is not None:
+            raise data_shape_error(call, "repeat_interleave(x, repeats) with a tensor of repeats")
         repeats = aten_api.concrete(repeats)
         if repeats.numel() != 1:
             size = ops.shape_of(x)[dim]

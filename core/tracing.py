@@ -124,6 +124,12 @@ class Tracing(Dispatcher):
         identity. (make_fx records the random op itself, and draws anew at each call.)"""
         raise random_draw_error(self.call, name)
 
+    def unknown_op(self, name, run, values, kwargs):
+        op = _aten_op_named(name)
+        if op is not None and torch.Tag.dynamic_output_shape in op.tags:
+            raise data_shape_error(self.call, name)
+        return super().unknown_op(name, run, values, kwargs)
+
     def concrete(self, value):
         raise TransformError(
             f"{self.call}: Python needed the concrete value of a traced tensor (bool(), .item(), an "
@@ -138,11 +144,42 @@ class Tracing(Dispatcher):
         )
 
 
+def _aten_op_named(name):
+    """``aten.bincount.default`` -> the op (None for another name)."""
+    namespace, _, rest = name.partition(".")
+    packet_name, _, overload = rest.partition(".")
+    if namespace != "aten" or not overload:
+        return None
+    packet = getattr(torch.ops.aten, packet_name, None)
+    return getattr(packet, overload, None) if packet is not None else None
+
+
 def random_draw_error(call, name):
     return UnsupportedOperationError(
         f"{call}: {name} draws random numbers, which a traced program would replay as the "
         "same numbers at every call. Fix: draw them outside the traced function and pass "
         "them in as an argument (for dropout: a mask argument, or the model in eval mode).")
+
+
+def trace_call_of(*values):
+    """The call of the trace that one of ``values`` belongs to, looking down each value's
+    chain (a value of grad or vmap over a traced one too); None if none is traced."""
+    for value in values:
+        while isinstance(value, Value):
+            if isinstance(value, TracerValue):
+                return value.dispatcher.call
+            value = value.payload
+    return None
+
+
+def data_shape_error(call, what):
+    """NOTE [Shapes that depend on the data] (indexing.py), under a trace."""
+    return UnsupportedOperationError(
+        f"{call}: {what} returns as many elements as the data says, and a traced program has "
+        "one fixed shape per value, known before any data. Fix: use a fixed-shape formulation "
+        "(torch.where(mask, x, 0) instead of x[mask], a sum over a mask instead of a count of "
+        "nonzero, bincount's minlength no smaller than the largest value), or call it outside "
+        "jit.")
 
 
 def _meta_of(value):

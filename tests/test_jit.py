@@ -798,6 +798,8 @@ _DATA_SHAPED = {
     "nonzero": torch.nonzero,
     "argwhere": torch.argwhere,
     "unique": torch.unique,
+    "bincount": lambda x: torch.bincount((x.abs() * 3).long()),
+    "repeat_interleave": lambda x: torch.repeat_interleave(x, (x.abs() * 3).long()),
 }
 
 
