@@ -99,15 +99,16 @@ class jit:
 
     ``f.program_for(*args)`` returns the Program that a call with these arguments replays.
     At most ``max_signatures`` programs are kept, the most recently used (NOTE [A bounded
-    cache]). A program replays only what it recorded: a random draw inside ``f`` is refused
-    (NOTE [Random numbers in a traced program] in tracing.py), and so is a write into a
-    tensor that ``f`` closes over (NOTE [A traced function that writes a tensor it closes
-    over]); writes into its arguments happen at every call (NOTE [A traced function that
+    cache]). A program replays only what it recorded: a random draw inside ``f`` is made
+    anew at each call, from torch's generator (NOTE [Random numbers in a traced program] in
+    tracing.py); a write into a tensor that ``f`` closes over is refused (NOTE [A traced
+    function that writes a tensor it closes over]); writes into its arguments happen at
+    every call (NOTE [A traced function that
     writes its inputs] in program.py); a ``torch.no_grad()`` region stays one (NOTE [A
     no_grad region in a traced function]); and the checks that read values (indices in
-    range, BCE's probabilities) are steps of the program, made at every call. Zeros are
-    symbolic (passes.py): ``x * 0`` is 0 in a program even where x is inf or NaN, which
-    eager code would turn into NaN.
+    range, BCE's probabilities) are steps of the program, made at every call. The passes
+    keep IEEE arithmetic: ``x * 0`` stays a product, NaN where x is inf or NaN, as in eager
+    code (NOTE [Zero times infinity] in passes.py).
     """
 
     def __init__(self, f, backend=None, *, max_signatures=64):

@@ -82,6 +82,9 @@ def eliminate_common_subexpressions(program):
 
     for equation in program.equations:
         inputs = [resolve(o) for o in equation.inputs]
+        if equation.prim is P.draw_p:  # two draws are two sets of numbers
+            equations.append(Equation(equation.prim, inputs, equation.params, equation.out))
+            continue
         key = (equation.prim, tuple(key_of(o) for o in inputs),
                tuple((k, _hashable(v)) for k, v in equation.params.items()))
         if key in seen:
@@ -205,7 +208,7 @@ def fold_identities(program):
     for equation in program.equations:
         prim, out, params = equation.prim, equation.out, equation.params
         inputs = [resolve(o) for o in equation.inputs]
-        x = inputs[0]
+        x = inputs[0] if inputs else None  # (a draw of torch.rand has no operands)
         same_type = isinstance(x, Var) and (x.shape, x.dtype) == (out.shape, out.dtype)
         identity = None
         if prim is P.mul_p and same_type and _is_literal(inputs[1], 1):

@@ -261,6 +261,43 @@ detach_p = primitive("detach", lambda x: x.detach(), differentiable=False)
 no_grad_p = primitive("no_grad", lambda x: x.detach())
 
 
+# --- random draws in a traced program (NOTE [Random numbers in a traced program] in tracing.py)
+# The callables a draw may name: torch's random functions by name ("torch.bernoulli"), filled
+# in by randomness.py; "fill:<name>" for an in-place fill of a fresh tensor; aten ops by their
+# own name ("aten.bernoulli.p").
+RANDOM_CALLS: dict = {}
+# Called with a draw's ``call`` before it draws; each may refuse (randomness.py's: a draw
+# that a vmap running around the program would have to follow)
+DRAW_GUARDS: list = []
+
+
+def random_call(name):
+    """The callable a draw's ``call`` parameter names."""
+    function = RANDOM_CALLS.get(name)
+    if function is None and name.startswith("aten."):
+        _, packet, overload = name.split(".")
+        function = getattr(getattr(torch.ops.aten, packet), overload)
+    assert function is not None, f"no random function is known as {name!r}"
+    return function
+
+
+def draw(*arrays, call, args, kwargs, arrays_at):
+    """``call(*args, **kwargs)`` with ``arrays`` put back at the positions ``arrays_at`` of
+    ``args``: the same torch call, made anew each time a program runs."""
+    for guard in DRAW_GUARDS:
+        guard(call)
+    args = list(args)
+    for position, array in zip(arrays_at, arrays):
+        args[position] = array
+    return random_call(call)(*args, **dict(kwargs))
+
+
+# Effectful: each draw advances torch's generator, as the same call in eager mode does, so a
+# program keeps every draw, in order, even one whose numbers nothing reads, and never shares
+# two (passes.py). Not differentiable: torch declares the derivatives of random numbers zero.
+draw_p = primitive("draw", draw, differentiable=False, effectful=True)
+
+
 # --- complex numbers (their rules: complex_numbers.py) --------------------------------------
 conj_physical_p = primitive("conj_physical", torch.conj_physical)
 real_p = primitive("real", torch.real)

@@ -36,6 +36,9 @@ fills (``uniform_``) and dropout, which draws its mask with ``bernoulli`` and mu
 Python wrappers that draw inside (``F.dropout2d``, ``F.gumbel_softmax``, nn.init's fills) run
 with the mode on, so that it sees the draws they make. Random numbers are constants for grad
 and jvp (torch declares their derivatives zero), so only the vmap levels take part.
+Inside a traced function (jit, trace) the same rules run for the vmaps inside the trace, and
+the call they end with at the bottom is recorded as a ``draw`` of the program, made at each
+of its calls (NOTE [Random numbers in a traced program] in tracing.py).
 
 Limits. A random aten op called directly on a plain tensor (``torch.ops.aten.bernoulli(t)``)
 is no torch function, so the mode never sees it; on a batched value it reaches the back door,
@@ -53,15 +56,15 @@ import types
 import torch
 import torch.nn.functional as F
 
-from . import aten_api, batching
+from . import aten_api, batching, pytree
+from . import primitives as P
 from . import tensor as tensor_module
 from .batching import Batched, BatchedValue, move_bdim
 from .dispatch import transform_levels
-from .errors import InPlaceError, RandomnessError
+from .errors import InPlaceError, RandomnessError, UnsupportedOperationError
 from .ops import expand, getitem, reshape, stack
 from .tensor import FuncTensor, _write, as_tensor, as_tensors, unwrap, user_code
 from .torch_api import RANDOM_FUNCTIONS
-from .tracing import random_draw_error
 from .values import Value
 
 # torch.func's own wording, which the messages give right after the call (people search for
@@ -96,7 +99,10 @@ def draw(func, args, kwargs):
     True
     """
     levels = _vmap_levels()
-    if not levels and _recording() is None:
+    recording = _recording()
+    if recording is not None:  # the vmaps outside a trace see its program's draw instead
+        levels = [level for level in levels if level.level > recording.level]
+    elif not levels:
         return NotImplemented
     kind, name = _KINDS[func]
     if kwargs.get("out") is not None:
@@ -145,22 +151,22 @@ def _plain(value):
 
 def _bottom(func, args, kwargs):
     """``func`` below every vmap level: torch's own call (a grad or jvp level still running
-    sees it through its FuncTensor, and keeps the numbers as constants)."""
-    _refuse_while_recording(func)
+    sees it through its FuncTensor, and keeps the numbers as constants). While a program is
+    recorded, a call on tensors it does not trace is recorded as a draw (NOTE [Random numbers
+    in a traced program] in tracing.py); one on traced values reaches the trace through the
+    back door, as a random aten op."""
+    recording = _recording()
+    if recording is not None and not any(
+            isinstance(unwrap(leaf), Value) for leaf in pytree.tree_leaves((args, kwargs))):
+        return recording.record_draw(_name(func), tuple(unwrap(a) for a in args), kwargs)
     return unwrap(func(*as_tensors(args), **as_tensors(kwargs)))
 
 
 def _recording():
     """The level recording a traced program, if one runs (NOTE [Random numbers in a traced
     program] in tracing.py), else None."""
-    return next((level for level in transform_levels()
+    return next((level for level in reversed(transform_levels())
                  if getattr(level, "records_a_program", False)), None)
-
-
-def _refuse_while_recording(func):
-    level = _recording()
-    if level is not None:
-        raise random_draw_error(level.call, _name(func))
 
 
 def _check(level, name, batched=False):
@@ -314,7 +320,17 @@ def _binomial(levels, func, name, args, kwargs):
 
 
 def _refused(levels, func, name, args, kwargs):
-    """rrelu draws its slopes inside one aten op that torch.func has no rule for."""
+    """rrelu draws its slopes inside one aten op that torch.func has no rule for (and that a
+    program could not record as a draw: its result depends on the input)."""
+    if not levels:  # (draw hands it over with no vmap only while a program is recorded)
+        training = args[3] if len(args) > 3 else kwargs.get("training", False)
+        if not training:
+            return NotImplemented  # eval mode draws nothing: a fixed slope
+        raise UnsupportedOperationError(
+            f"{_recording().call}: {name} draws random slopes inside one aten op, which a "
+            "traced program cannot record apart from the input it multiplies. Fix: use "
+            "F.leaky_relu with a fixed slope, rrelu in eval mode (training=False), or call "
+            "it outside jit.")
     raise RandomnessError(
         f"{levels[-1].call}: vmap: we do not yet support aten::rrelu. {name} draws random "
         "slopes (and torch.func refuses it under vmap even in eval mode). Fix: use "
@@ -358,7 +374,9 @@ def _fill(levels, func, name, x, extra, kwargs):
     with ``x``'s strides, so that the numbers land where torch.func's in-place fill puts
     them)."""
     if not levels:
-        _refuse_while_recording(func)
+        recording = _recording()
+        if recording is not None:  # NOTE [Random numbers in a traced program]
+            return _recorded_fill(recording, func, x, extra, kwargs)
         x = _plain(x)
         fresh = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
         func(fresh, *[_plain(e) for e in extra], **kwargs)
@@ -395,6 +413,38 @@ def _fill(levels, func, name, x, extra, kwargs):
     return _batched(level, out) if batched else out
 
 
+def _recorded_fill(recording, func, x, extra, kwargs):
+    """An in-place fill while a program is recorded: a draw that fills a fresh tensor of x's
+    shape (contiguous where x is a traced value), made anew at each call of the program."""
+    x = _down_to(recording, x)
+    if isinstance(x, Value):
+        shape, dtype, device = x.metadata()
+        stride = torch.empty(shape, device="meta").stride()
+    else:
+        shape, stride, dtype, device = x.shape, x.stride(), x.dtype, x.device
+    extra = tuple(_down_to(recording, e) for e in extra)
+    return recording.record_draw(f"fill:{_name(func)}", (tuple(shape), stride, *extra),
+                                 dict(kwargs, dtype=dtype, device=device))
+
+
+def _down_to(level, value):
+    """``value`` seen by ``level``: the values of the levels above it lowered (random numbers
+    are constants for grad and jvp)."""
+    value = unwrap(value)
+    while isinstance(value, Value) and value.dispatcher.level > level.level:
+        value = value.dispatcher.lower(value)
+    return value
+
+
+def _fresh_fill(function):
+    """The callable of a recorded fill: a fresh tensor, filled by ``function``."""
+    def fill(shape, stride, *extra, dtype, device, **kwargs):
+        fresh = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        function(fresh, *extra, **kwargs)
+        return fresh
+    return fill
+
+
 def _aten_fill(func, target, *extra, **kwargs):
     """An in-place random aten op at the back door under vmap: torch's own C++ draws masks
     this way (``empty_like(x).bernoulli_(1 - p)`` in CPU dropout, and so in
@@ -404,6 +454,9 @@ def _aten_fill(func, target, *extra, **kwargs):
     shape under 'same', a draw per example under 'different'. Outside vmap the functional
     overload runs (NotImplemented)."""
     levels = _vmap_levels()
+    recording = _recording()
+    if recording is not None:
+        levels = [level for level in levels if level.level > recording.level]
     if not levels:
         return NotImplemented
     return _fill(levels, func, str(func), target, extra, kwargs)
@@ -532,6 +585,34 @@ def batched_random_op(level, name, run, values, kwargs):
 batching.random_op_rule = batched_random_op
 
 
+def _draw_batch(values, bdims, *, call, **params):
+    """A program that draws (NOTE [Random numbers in a traced program] in tracing.py) run
+    under vmap: its draw was recorded for one call, not for vmap's ``randomness``."""
+    _refuse_draw_under_vmap(call, _vmap_levels()[-1])
+
+
+def _guard_draw(call):
+    """The same, for a draw without batched operands (``torch.rand(3)``), which no vmap
+    level sees: refused while a vmap runs, unless a trace is being recorded inside it."""
+    levels = _vmap_levels()
+    if levels and _recording() is None:
+        _refuse_draw_under_vmap(call, levels[-1])
+
+
+P.DRAW_GUARDS.append(_guard_draw)
+
+
+def _refuse_draw_under_vmap(call, level):
+    raise RandomnessError(
+        f"{level.call}: the traced program draws random numbers ({call}), and a program's "
+        "draw does not follow vmap's randomness. Fix: put the vmap inside the traced "
+        "function (jit(vmap(f, randomness='different'))), where the draws follow it, or "
+        "draw the numbers outside and pass them in.")
+
+
+batching.batching_rules[P.draw_p] = _draw_batch
+
+
 def _aten_kinds():
     aten = torch.ops.aten
     kinds = {}
@@ -566,6 +647,9 @@ def _register(kind, *funcs):
     for func in funcs:
         _KINDS[func] = (kind, _name(func))
         RANDOM_FUNCTIONS[func] = draw
+        P.RANDOM_CALLS[_name(func)] = func  # NOTE [Random numbers in a traced program]
+        if kind is _in_place:
+            P.RANDOM_CALLS[f"fill:{_name(func)}"] = _fresh_fill(func)
 
 
 _register(_factory, torch.rand, torch.randn, torch.randint)

@@ -90,6 +90,8 @@ class Tracing(Dispatcher):
         return var
 
     def apply(self, prim, *args, **params):
+        if prim is P.draw_p:  # a program that draws, traced again (trace of a jit function)
+            return self._append_draw(list(args), params)
         operands = [self._operand(a) for a in args]
         meta_args = [a.payload if isinstance(a, TracerValue) and a.dispatcher is self
                      else (o.value if isinstance(o, Literal) else _meta_of(a))
@@ -115,14 +117,53 @@ class Tracing(Dispatcher):
         return TracerValue(self, out)
 
     def random_op(self, name, run, values, kwargs):
+        """A random aten op on traced values (``torch.ops.aten.bernoulli.p(x, 0.5)``)."""
+        return self.record_draw(name, tuple(values), kwargs)
+
+    def record_draw(self, call, args, kwargs):
         """NOTE [Random numbers in a traced program]
-        A program replays the equations it recorded; a random op's numbers would be drawn
-        once, while tracing (on tensors without data, so not even that), and replayed as the
-        same constant at every call. Random draws are therefore refused while a program is
-        recorded, here (random aten ops) and in randomness.py (torch's random functions),
-        rather than silently frozen. Eval-mode dropout draws nothing and traces as the
-        identity. (make_fx records the random op itself, and draws anew at each call.)"""
-        raise random_draw_error(self.call, name)
+        A program replays the equations it recorded, so a random function's numbers, drawn
+        once while tracing, would come back as the same constant at every call. Instead the
+        call itself is recorded, as one ``draw`` equation (primitives.py) that makes the same
+        torch call anew each time the program runs, from torch's generator: ``F.dropout(x,
+        0.5)`` in a jitted training step draws a new mask at each step, and with the same
+        seed the same numbers as eager torch (make_fx records the random aten op the same
+        way). It is recorded here from randomness.py (torch's random functions, dropout's
+        mask, in-place fills) and from the back door (random aten ops), and nothing is drawn
+        while tracing: the shape of the result comes from the call on the meta device. The
+        passes keep every draw, in order, and never share two (passes.py). A draw that
+        follows a vmap's ``randomness`` (vmap inside the traced function, or a program under
+        vmap) is refused, as is an explicit generator, which a program cannot hold.
+        ``args`` are the call's positional arguments (the tensors among them become the
+        equation's operands), ``kwargs`` its static keywords."""
+        if any(isinstance(v, torch.Generator) for v in pytree.tree_leaves((args, kwargs))):
+            raise UnsupportedOperationError(
+                f"{self.call}: {call}(..., generator=...) draws from a generator of its own, "
+                "which a traced program cannot hold. Fix: draw from torch's default generator "
+                "(seeded with torch.manual_seed), or pass the numbers in as an argument.")
+        if any(_is_array(v) for v in pytree.tree_leaves(kwargs)):
+            raise UnsupportedOperationError(
+                f"{self.call}: {call}(...) with a tensor given by keyword cannot be recorded "
+                "in a traced program. Fix: pass the tensor positionally.")
+        arrays_at = tuple(i for i, a in enumerate(args) if _is_array(a))
+        params = {"call": call,
+                  "args": tuple(None if i in arrays_at else _static(a)
+                                for i, a in enumerate(args)),
+                  "kwargs": tuple(sorted((k, _static(v)) for k, v in kwargs.items())),
+                  "arrays_at": arrays_at}
+        return self._append_draw([unwrap(args[i]) for i in arrays_at], params)
+
+    def _append_draw(self, arrays, params):
+        operands = [self._operand(a) for a in arrays]
+        meta_arrays = [a.payload if isinstance(a, TracerValue) and a.dispatcher is self
+                       else _meta_of(a) for a in arrays]
+        on_meta = dict(params, kwargs=tuple((k, "meta" if k == "device" else v)
+                                            for k, v in params["kwargs"]))
+        with torch.device("meta"):  # (nothing is drawn while tracing)
+            out_meta = P.draw_p.impl(*meta_arrays, **on_meta)
+        out = Var(tuple(out_meta.shape), out_meta.dtype)
+        self.equations.append(Equation(P.draw_p, operands, params, out))
+        return TracerValue(self, out)
 
     def unknown_op(self, name, run, values, kwargs):
         op = _aten_op_named(name)
@@ -144,6 +185,16 @@ class Tracing(Dispatcher):
         )
 
 
+def _static(value):
+    """A static argument of a recorded draw, as a program holds it (a device by its name, so
+    that generated code can write it)."""
+    if isinstance(value, torch.device):
+        return str(value)
+    if isinstance(value, (list, torch.Size)):
+        return tuple(value)
+    return value
+
+
 def _aten_op_named(name):
     """``aten.bincount.default`` -> the op (None for another name)."""
     namespace, _, rest = name.partition(".")
@@ -152,13 +203,6 @@ def _aten_op_named(name):
         return None
     packet = getattr(torch.ops.aten, packet_name, None)
     return getattr(packet, overload, None) if packet is not None else None
-
-
-def random_draw_error(call, name):
-    return UnsupportedOperationError(
-        f"{call}: {name} draws random numbers, which a traced program would replay as the "
-        "same numbers at every call. Fix: draw them outside the traced function and pass "
-        "them in as an argument (for dropout: a mask argument, or the model in eval mode).")
 
 
 def trace_call_of(*values):

@@ -473,28 +473,98 @@ def test_a_program_refuses_indices_out_of_range_at_each_call(name, transform):
     torch.testing.assert_close(program(w, good), f(w, good))
 
 
-# --- random numbers: refused while a program is recorded ----------------------------------------
+# --- random numbers: a program draws anew at each call ----------------------------------------
 _RANDOM = {
     "rand": lambda x: x + torch.rand(3),
     "rand_like": lambda x: x + torch.rand_like(x),
+    "randint": lambda x: x + torch.randint(0, 5, (3,)),
     "bernoulli": lambda x: torch.bernoulli(x * 0.5),
     "normal": lambda x: torch.normal(x, 1.0),
     "uniform_": lambda x: x.clone().uniform_(),
-    "randperm": lambda x: x[torch.randperm(3)],
+    "a fill of a new tensor": lambda x: x * torch.empty(3).uniform_(-1, 1),
+    "randperm": lambda x: x * torch.randperm(3),
+    "multinomial": lambda x: torch.multinomial(x.abs() + 0.1, 2).float(),
     "dropout": lambda x: F.dropout(x, 0.5),
     "aten_bernoulli": lambda x: torch.ops.aten.bernoulli.p(x, 0.5),
-    "vmap_rand": vmap(lambda x: x + torch.rand(()), randomness="different"),
+    "vmap_different": vmap(lambda x: x + torch.rand(()), randomness="different"),
+    "vmap_same": vmap(lambda x: x + torch.rand(()), randomness="same"),
 }
 
 
+@pytest.mark.parametrize("backend", [None, pytest.param("inductor", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", sorted(_RANDOM))
-def test_random_draws_are_refused_while_a_program_is_recorded(name):
-    """NOTE [Random numbers in a traced program]: one draw replayed at every call (or a
-    tensor without data) would be silently wrong."""
-    with pytest.raises(mf.UnsupportedOperationError,
-                       match="draws random numbers, which a traced program would replay"):
-        jit(_RANDOM[name])(torch.ones(3))
-    assert jit(lambda x: x.sin())(torch.ones(3)).device.type == "cpu"  # the next call works
+def test_random_draws_are_made_anew_at_each_call_as_eager_torch_makes_them(name, backend):
+    """NOTE [Random numbers in a traced program]: the draws were refused (one draw replayed
+    at every call would be silently wrong); now each call draws, the same numbers as eager
+    torch from the same seed (under inductor, numbers of its own)."""
+    if backend == "inductor" and _inductor_unavailable() is not None:
+        pytest.skip(_inductor_unavailable())
+    f, x = _RANDOM[name], torch.arange(1.0, 4.0) / 4
+    jitted = jit(f, backend=backend)
+    torch.manual_seed(0)
+    ours = [jitted(x) for _ in range(3)]
+    torch.manual_seed(0)
+    eager = [f(x) for _ in range(3)]
+    if backend is None:
+        for mine, theirs in zip(ours, eager):
+            assert torch.equal(mine, theirs)
+    assert any(not torch.equal(ours[0], later) for later in ours[1:]), "each call draws"
+    assert jitted.cache_size() == 1
+    program = jitted.program_for(x)
+    assert any(equation.prim.name == "draw" for equation in program.equations)
+
+
+def test_a_jitted_training_step_with_dropout_matches_torch_func():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(8, 2)).double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, y = rand(0, 5, 4, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1])
+
+    def loss(api):
+        return lambda p, x, y: F.cross_entropy(api.functional_call(model, p, (x,)), y)
+    step = jit(mf.grad_and_value(loss(mf)))
+    torch.manual_seed(1)
+    ours = [step(params, x, y) for _ in range(3)]
+    torch.manual_seed(1)
+    theirs = [tf.grad_and_value(loss(tf))(params, x, y) for _ in range(3)]
+    assert_close(ours, theirs)
+    torch.manual_seed(2)  # grad of a jitted function that draws
+    jitted_grad = grad(jit(lambda x: (F.dropout(x, 0.4) * x).sum()))(x)
+    torch.manual_seed(2)
+    assert_close(jitted_grad, tf.grad(lambda x: (F.dropout(x, 0.4) * x).sum())(x))
+
+
+def test_a_program_keeps_every_draw_in_order():
+    x = torch.ones(3)
+    program = jit(lambda x: x + torch.rand(3) - torch.rand(3)).program_for(x)
+    assert [eq.prim.name for eq in program.equations].count("draw") == 2, "never shared"
+    jitted = jit(lambda x: (torch.rand(4), x * 2)[1])  # a draw nothing reads still draws
+    torch.manual_seed(3)
+    jitted(x)
+    after_ours = torch.rand(1)
+    torch.manual_seed(3)
+    torch.rand(4)
+    assert torch.equal(after_ours, torch.rand(1))
+    assert "draw" in jitted.program_for(x).python_source()[0]
+
+
+def test_draws_a_program_cannot_follow_are_refused():
+    x = torch.randn(5, 3)
+    with pytest.raises(mf.UnsupportedOperationError, match=r"^trace\(<lambda>\)\(<inputs>\): "
+                                                           r"torch\.rand\(\.\.\., generator"):
+        jit(lambda x: x + torch.rand(3, generator=torch.Generator()))(x)
+    for f in (lambda r: r + torch.rand(3), lambda r: torch.bernoulli(r.sigmoid())):
+        with pytest.raises(mf.RandomnessError, match=r"^vmap\(<lambda>\)\(<inputs>\): the "
+                                                     r"traced program draws random numbers .*"
+                                                     r"Fix: put the vmap inside"):
+            vmap(jit(f), randomness="different")(x)
+    with pytest.raises(mf.UnsupportedOperationError, match=r"^trace\(<lambda>\)\(<inputs>\): "
+                                                           r"torch\.nn\.functional\.rrelu draws "
+                                                           r"random slopes .*Fix: "):
+        jit(lambda x: F.rrelu(x, training=True))(x)
+    assert_close(jit(F.rrelu)(x), F.rrelu(x)), "in eval mode it draws nothing"
+    assert_close(jit(vmap(lambda r: r * 2))(x), x * 2), "the next call works"
 
 
 def test_dropout_in_eval_mode_traces_as_the_identity():

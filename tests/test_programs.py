@@ -98,6 +98,9 @@ CASES = [
     unary("abs", abs),
     unary("sqrt", torch.sqrt, low=0.5),
     unary("sign", torch.sign),
+    # a random draw whose numbers are certain: bernoulli of ones (NOTE [Random numbers in a
+    # traced program])
+    unary("draw", lambda x: x * torch.bernoulli(torch.ones_like(x))),
     # binary, with broadcasting and Python numbers on either side
     binary("add", torch.add),
     binary("add_alpha_broadcast", lambda x, y: torch.add(x, y, alpha=2.0), y_shape=(3,)),
