@@ -103,10 +103,10 @@ class jit:
     anew at each call, from torch's generator (NOTE [Random numbers in a traced program] in
     tracing.py); a write into a tensor that ``f`` closes over is refused (NOTE [A traced
     function that writes a tensor it closes over]); writes into its arguments happen at
-    every call (NOTE [A traced function that
-    writes its inputs] in program.py); a ``torch.no_grad()`` region stays one (NOTE [A
-    no_grad region in a traced function]); and the checks that read values (indices in
-    range, BCE's probabilities) are steps of the program, made at every call. The passes
+    every call (NOTE [A traced function that writes its inputs] in program.py); a
+    ``torch.no_grad()`` region stays one (NOTE [A no_grad region in a traced function]);
+    and the checks that read values (indices in range, BCE's probabilities) are steps of
+    the program, made at every call. The passes
     keep IEEE arithmetic: ``x * 0`` stays a product, NaN where x is inf or NaN, as in eager
     code (NOTE [Zero times infinity] in passes.py).
     """

@@ -2516,7 +2516,8 @@ def _update_running_stats(op, x, running_mean, running_var, momentum, eps, updat
                 "of batch norm cannot update its running statistics. Fix: call "
                 "torch.nn.functional.batch_norm (or the module) directly, or run the module "
                 "in eval mode.")
-        updated.extend(_traced_running_stats(op, x, running_mean, running_var, momentum))
+        updated.extend(_traced_running_stats(trace_call, op, x, running_mean, running_var,
+                                             momentum))
         return
     stats = [s for s in (running_mean, running_var) if s is not None]
     batched = {s.dispatcher for stat in stats for s in _chain(stat)
@@ -2568,7 +2569,7 @@ def _traced_value(value):
     return next((v for v in _chain(value) if isinstance(v, TracerValue)), None)
 
 
-def _traced_running_stats(op, x, running_mean, running_var, momentum):
+def _traced_running_stats(call, op, x, running_mean, running_var, momentum):
     """NOTE [Running statistics in a traced function]
     ``jit(train_step)(params, buffers, x, y)`` with batch norm in training mode: the input has
     no numbers while the function is traced, so torch's kernel cannot update the running
@@ -2583,7 +2584,6 @@ def _traced_running_stats(op, x, running_mean, running_var, momentum):
     statistics per example under vmap, are refused.
     """
     from .batching import BatchedValue
-    call = trace_call_of(x, running_mean, running_var)
     if any(isinstance(v, BatchedValue) for value in (x, running_mean, running_var)
            for v in _chain(value)):
         raise UnsupportedOperationError(

@@ -109,14 +109,14 @@ def _is_zero_literal(operand):
 # (JAX folds only its symbolic zeros, which are never numbers a user wrote; Inductor keeps
 # ``x * 0`` for the same reason.)
 _ZERO_ABSORBING = {P.mul_p, P.matmul_p}
+# linear in their first operand: a zero first operand gives a zero result
+_ZERO_PRESERVING = {P.neg_p, P.sum_p, P.mean_p, P.reshape_p, P.expand_p, P.permute_p,
+                    P.unsqueeze_p, P.squeeze_p, P.getitem_p, P.convert_p}
 
 
 def _is_finite_literal(operand):
     return isinstance(operand, Literal) and isinstance(operand.value, (bool, int, float)) \
         and math.isfinite(operand.value)
-# linear in their first operand: a zero first operand gives a zero result
-_ZERO_PRESERVING = {P.neg_p, P.sum_p, P.mean_p, P.reshape_p, P.expand_p, P.permute_p,
-                    P.unsqueeze_p, P.squeeze_p, P.getitem_p, P.convert_p}
 
 
 def fold_symbolic_zeros(program):

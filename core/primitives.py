@@ -271,12 +271,19 @@ RANDOM_CALLS: dict = {}
 DRAW_GUARDS: list = []
 
 
+def aten_op_named(name):
+    """``"aten.bernoulli.p"`` -> the aten op of that name (None for another name)."""
+    namespace, _, rest = name.partition(".")
+    packet_name, _, overload = rest.partition(".")
+    if namespace != "aten" or not overload:
+        return None
+    packet = getattr(torch.ops.aten, packet_name, None)
+    return getattr(packet, overload, None) if packet is not None else None
+
+
 def random_call(name):
     """The callable a draw's ``call`` parameter names."""
-    function = RANDOM_CALLS.get(name)
-    if function is None and name.startswith("aten."):
-        _, packet, overload = name.split(".")
-        function = getattr(getattr(torch.ops.aten, packet), overload)
+    function = RANDOM_CALLS.get(name) or aten_op_named(name)
     assert function is not None, f"no random function is known as {name!r}"
     return function
 

@@ -166,7 +166,7 @@ class Tracing(Dispatcher):
         return TracerValue(self, out)
 
     def unknown_op(self, name, run, values, kwargs):
-        op = _aten_op_named(name)
+        op = P.aten_op_named(name)
         if op is not None and torch.Tag.dynamic_output_shape in op.tags:
             raise data_shape_error(self.call, name)
         return super().unknown_op(name, run, values, kwargs)
@@ -193,16 +193,6 @@ def _static(value):
     if isinstance(value, (list, torch.Size)):
         return tuple(value)
     return value
-
-
-def _aten_op_named(name):
-    """``aten.bincount.default`` -> the op (None for another name)."""
-    namespace, _, rest = name.partition(".")
-    packet_name, _, overload = rest.partition(".")
-    if namespace != "aten" or not overload:
-        return None
-    packet = getattr(torch.ops.aten, packet_name, None)
-    return getattr(packet, overload, None) if packet is not None else None
 
 
 def trace_call_of(*values):
