@@ -611,7 +611,7 @@ def matmul_batch(values, bdims):
     if y_bdim is not None and y_batch_rank < batch_rank:
         shape = ops.shape_of(y)
         y = ops.reshape(y, shape[0], *([1] * (batch_rank - y_batch_rank)), *shape[1:])
-    if ops.shape_of(x)[-1] == 1:
+    if ops.shape_of(x)[-1] == 1 and not _large_outer_product(x, y):
         out = ops.mul(x, y)  # an outer product: broadcast, not a matmul with inner size 1
     else:
         out = ops.matmul(x, y)
@@ -623,6 +623,23 @@ def matmul_batch(values, bdims):
 
 
 batching_rules[P.matmul_p] = matmul_batch
+
+
+# NOTE [Outer products: a broadcast multiply, or a matmul when they are large]
+# A per-example outer product ((B, m, 1) @ (B, 1, n): the weight gradient of a linear layer
+# under vmap(grad)) is a broadcast multiply: for small operands it costs a fraction of a
+# batched matmul's call (1.5 us against 4.7 us at (8, 40, 1), 55 against 81 us at
+# (256, 10, 128), one thread). A large one is bound by writing its result, and there the
+# batched matmul, which torch.func's batching rule always calls, writes it faster on some
+# CPUs: 11.3 against 12.8 ms at (256, 128, 784) on an Intel Xeon, and 3.0 against 5.3 ms at
+# (32, 512, 784); on others the two are even. From 4M elements of result on, the product
+# is torch.func's batched matmul.
+_LARGE_OUTER_PRODUCT = 1 << 22
+
+
+def _large_outer_product(x, y):
+    shape = torch.broadcast_shapes(ops.shape_of(x)[:-2], ops.shape_of(y)[:-2])
+    return math.prod(shape) * ops.shape_of(x)[-2] * ops.shape_of(y)[-1] >= _LARGE_OUTER_PRODUCT
 
 
 # --- shape -------------------------------------------------------------------------------------
