@@ -131,9 +131,11 @@ class Tracing(Dispatcher):
         way). It is recorded here from randomness.py (torch's random functions, dropout's
         mask, in-place fills) and from the back door (random aten ops), and nothing is drawn
         while tracing: the shape of the result comes from the call on the meta device. The
-        passes keep every draw, in order, and never share two (passes.py). A draw that
-        follows a vmap's ``randomness`` (vmap inside the traced function, or a program under
-        vmap) is refused, as is an explicit generator, which a program cannot hold.
+        passes keep every draw, in order, and never share two (passes.py). A vmap inside
+        the traced function rewrites the call for its ``randomness`` first, as in eager mode
+        (randomness.py); a program run under a vmap outside it is refused at its draw, which
+        was recorded for one call, and so is a draw from an explicit generator, which a
+        program cannot hold.
         ``args`` are the call's positional arguments (the tensors among them become the
         equation's operands), ``kwargs`` its static keywords."""
         if any(isinstance(v, torch.Generator) for v in pytree.tree_leaves((args, kwargs))):
