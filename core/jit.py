@@ -143,7 +143,7 @@ class jit:
                 self._cache.move_to_end(compiled.key)
                 outputs = compiled.run(*args)
                 if compiled.program.writes:  # NOTE [A traced function that writes its inputs]
-                    outputs = write_inputs(compiled.program, args, outputs)
+                    outputs = write_inputs(compiled.program, args, outputs, self._call())
                 return pytree.tree_unflatten(compiled.out_treedef, list(outputs))
         callers, treedef = pytree.tree_flatten((args, kwargs))
         leaves = [unwrap(leaf) for leaf in callers]
@@ -167,7 +167,8 @@ class jit:
             outputs = compiled.run(*tensors)
         if compiled.program.writes:  # into the caller's tensors, FuncTensors as they are
             outputs = write_inputs(compiled.program, [
-                leaf for leaf, is_array in zip(callers, arrays) if is_array], outputs)
+                leaf for leaf, is_array in zip(callers, arrays) if is_array], outputs,
+                self._call())
         return pytree.tree_unflatten(compiled.out_treedef, list(outputs))
 
     def _compile(self, args, kwargs, key):
@@ -189,6 +190,10 @@ class jit:
         key = (treedef, _signature(leaves))
         compiled = self._cache.get(key) or self._compile(args, kwargs, key)
         return compiled.program
+
+    def _call(self):
+        """The call as the user wrote it, for errors."""
+        return f"jit({getattr(self.function, '__name__', 'f')})(<inputs>)"
 
     def cache_size(self) -> int:
         """How many signatures have a traced program in the cache (at most max_signatures)."""

@@ -19,7 +19,7 @@ import torch
 
 from . import pytree
 from .fast_code import INPLACE_METHODS, number_operand_tensor, reusable_equations
-from .errors import TransformUsageError, TypecheckError
+from .errors import TransformUsageError, TypecheckError, UnsupportedOperationError
 from .ir import Literal, Var, emit_call, identifier, literal_source
 from .printing import format_param, type_string
 from .tensor import as_tensor, engine_code, unwrap
@@ -322,7 +322,7 @@ class Program:
         return program_to_fx(self)
 
 
-def write_inputs(program, callers, outputs):
+def write_inputs(program, callers, outputs, call=None):
     """NOTE [A traced function that writes its inputs]
     ``p.sub_(lr * g)`` on a parameter, ``stats.mul_(0.9).add_(...)``: the traced function
     wrote into tensors its caller passed. Inside the trace the write swaps a new value into
@@ -335,9 +335,10 @@ def write_inputs(program, callers, outputs):
     ``program(...)`` do here. Without it the replay would return the right outputs and
     silently leave the caller's tensors as they were.
     Copies the written outputs into ``callers`` (the call's flat tensor arguments) and
-    returns the other outputs."""
+    returns the other outputs (``call``: the call as the user wrote it, for errors)."""
     if not program.writes:
         return outputs
+    _refuse_aliased_writes(program, callers, call)
     outputs = list(outputs)
     for input_index, output_index in program.writes:
         target, new_value = callers[input_index], outputs[output_index]
@@ -349,3 +350,45 @@ def write_inputs(program, callers, outputs):
         else:  # recorded as f's own write was (by torch's autograd, or by an enclosing
             target.copy_(new_value)  # transform when the caller passed one of its values)
     return outputs[:len(outputs) - len(program.writes)]
+
+
+def _refuse_aliased_writes(program, callers, call):
+    """NOTE [A write into an argument that another argument aliases]
+    ``jit(f)(x, x)``, or ``jit(f)(x[:2], x)``, where f writes into its first argument and
+    reads the second: in eager torch the second sees the write, through the memory they
+    share. A program is traced with one input per argument, so its equations compute the
+    second from the caller's old numbers: the outputs would be silently wrong. Before
+    anything is written, such a call is refused, when an input that f wrote shares memory
+    with another input that the program reads. (AOTAutograd checks its inputs for aliasing
+    at each call too, and retraces with the aliases merged.)"""
+    read = {operand for equation in program.equations for operand in equation.inputs}
+    read.update(program.outputs)
+    for input_index, _ in program.writes:
+        target = callers[input_index]
+        for index, other in enumerate(callers):
+            if index != input_index and program.inputs[index] in read and \
+                    _share_memory(target, other):
+                raise UnsupportedOperationError(
+                    f"{call or program.name + '(...)'}: the function writes in place into its "
+                    f"tensor argument {input_index}, which shares memory with argument {index}, "
+                    "and the program, traced with one input per argument, would read "
+                    f"argument {index} as it was before the write (eager torch sees the "
+                    "write through the shared memory). Fix: pass a copy as one of them "
+                    "(x.clone()), or call the function outside jit.")
+
+
+def _share_memory(a, b):
+    """Whether two plain strided tensors have elements in the same memory (by byte ranges:
+    interleaved strides that never meet count as shared)."""
+    plain = (torch.Tensor, torch.nn.Parameter)
+    if type(a) not in plain or type(b) not in plain or a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    return _byte_range(a)[0] < _byte_range(b)[1] and _byte_range(b)[0] < _byte_range(a)[1]
+
+
+def _byte_range(t):
+    start = t.storage_offset()
+    end = start + 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+    return start * t.element_size(), end * t.element_size()

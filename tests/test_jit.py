@@ -650,6 +650,33 @@ def test_a_jitted_function_that_writes_its_input_under_grad_and_vmap():
     assert_close(ours, eager)
 
 
+def test_a_write_into_an_argument_that_another_argument_aliases_is_refused():
+    """NOTE [A write into an argument that another argument aliases]: the program read the
+    second argument as it was before the write, silently (eager torch sees the write)."""
+    def f(a, b):
+        a.add_(1)
+        return a * b
+
+    def g(a, b):
+        a.mul_(2)
+        return b.sum()
+    x = torch.ones(4)
+    for call, args in ((jit(f), (x, x)), (jit(g), (x[:2], x)), (jit(f), (x[1:], x[:3])),
+                       (trace(f)(torch.ones(4), torch.ones(4)), (x, x))):
+        with pytest.raises(mf.UnsupportedOperationError,
+                           match=r"writes in place into its tensor argument 0, which shares "
+                                 r"memory with argument 1.*Fix: pass a copy"):
+            call(*args)
+        assert x.tolist() == [1.0] * 4, "nothing was written"
+    # memory that does not overlap, an alias that the program never reads, and aliases
+    # without writes run as in eager torch
+    for fn, make in ((g, lambda t: (t[:2], t[2:])), (lambda a, b: a.add_(1) * 2, lambda t: (t, t)),
+                     (lambda a, b: a * b, lambda t: (t, t))):
+        ours, eager = torch.ones(4), torch.ones(4)
+        assert_close(jit(fn)(*make(ours)), fn(*make(eager)))
+        assert_close(ours, eager)
+
+
 def test_an_in_place_op_that_reshapes_a_traced_input_is_refused():
     def f(x):
         x.unsqueeze_(0)
