@@ -22,7 +22,7 @@ from .fast_code import INPLACE_METHODS, number_operand_tensor, reusable_equation
 from .errors import TransformUsageError, TypecheckError, UnsupportedOperationError
 from .ir import Literal, Var, emit_call, identifier, literal_source
 from .printing import format_param, type_string
-from .tensor import as_tensor, engine_code, unwrap
+from .tensor import as_tensor, engine_code, share_memory, unwrap
 from .values import bind
 
 
@@ -367,7 +367,7 @@ def _refuse_aliased_writes(program, callers, call):
         target = callers[input_index]
         for index, other in enumerate(callers):
             if index != input_index and program.inputs[index] in read and \
-                    _share_memory(target, other):
+                    share_memory(target, other):
                 raise UnsupportedOperationError(
                     f"{call or program.name + '(...)'}: the function writes in place into its "
                     f"tensor argument {input_index}, which shares memory with argument {index}, "
@@ -375,20 +375,3 @@ def _refuse_aliased_writes(program, callers, call):
                     f"argument {index} as it was before the write (eager torch sees the "
                     "write through the shared memory). Fix: pass a copy as one of them "
                     "(x.clone()), or call the function outside jit.")
-
-
-def _share_memory(a, b):
-    """Whether two plain strided tensors have elements in the same memory (by byte ranges:
-    interleaved strides that never meet count as shared)."""
-    plain = (torch.Tensor, torch.nn.Parameter)
-    if type(a) not in plain or type(b) not in plain or a.numel() == 0 or b.numel() == 0:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    return _byte_range(a)[0] < _byte_range(b)[1] and _byte_range(b)[0] < _byte_range(a)[1]
-
-
-def _byte_range(t):
-    start = t.storage_offset()
-    end = start + 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
-    return start * t.element_size(), end * t.element_size()

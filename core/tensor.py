@@ -310,6 +310,23 @@ def is_plain_strided(value) -> bool:
     return (kind is torch.Tensor or kind is torch.nn.Parameter) and value.layout is _STRIDED
 
 
+def share_memory(a, b) -> bool:
+    """Whether two plain strided tensors have elements in the same memory (by byte ranges of
+    one storage: interleaved strides that never meet count as shared)."""
+    if not (is_plain_strided(a) and is_plain_strided(b)) or a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    (a_start, a_end), (b_start, b_end) = _byte_range(a), _byte_range(b)
+    return a_start < b_end and b_start < a_end
+
+
+def _byte_range(t):
+    start = t.storage_offset()
+    end = start + 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+    return start * t.element_size(), end * t.element_size()
+
+
 def wrap(value):
     """A FuncTensor showing ``value`` (a Value, or a plain tensor that no level owns)."""
     if isinstance(value, Value):

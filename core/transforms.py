@@ -46,6 +46,7 @@ from .tensor import (
     captured_write_words,
     engine_code,
     is_plain_strided,
+    share_memory,
     unwrap,
     unwrap_tree,
     user_code,
@@ -266,6 +267,31 @@ def _write_back(shown, originals, lower, call):
                         original.copy_(new_value)
 
 
+def _refuse_aliased_writes(shown, originals, call):
+    """NOTE [A write into an input that another input aliases]
+    ``vmap(f)(x, x)``, ``jvp(f, (x, x), ...)`` or ``vmap(f)(x[:2], x[1:3])``, where f writes
+    into its first argument and reads the second: torch.func wraps each argument over the
+    caller's tensor, so the second sees the write through the memory they share. Here each
+    is shown to f as a FuncTensor of its own value, and the second would not see it: the
+    results would be silently wrong. So when f returns, before anything is copied back, a
+    written input that shares memory with another input is refused. (One tensor passed twice
+    as arguments that grad does not differentiate is one FuncTensor, and sees its writes:
+    NOTE [Arguments a transform does not differentiate]. jit checks its inputs the same way:
+    program.py.)"""
+    for tensor, original in zip(shown, originals):
+        if type(tensor) is not FuncTensor or not tensor._generation:
+            continue
+        for other, other_original in zip(shown, originals):
+            if other is not tensor and share_memory(original, other_original):
+                raise UnsupportedOperationError(
+                    f"{call}: f writes in place into an input of shape "
+                    f"{tuple(original.shape)} that shares memory with another input (the same "
+                    "tensor passed twice, or views of one): torch.func would show the write "
+                    "through the other input too, and here each input is a tensor of its own, "
+                    "so f read the other without it. Fix: pass a copy as one of them "
+                    "(x.clone()), or compute out of place.")
+
+
 def _past_exited_levels(value):
     """What an inner transform wrote into a tensor of this one (``b.copy_(w)`` in a function
     of grad that closes over ``b``) holds that transform's value after it returns: seen as
@@ -406,6 +432,7 @@ def _run_reverse(f, args, kwargs, argnums, call, user_scope=user_code):
             out = f(*args, **kwargs)
         out = _output_values(out)
         _refuse_writes_a_tape_reads(shown, originals)
+    _refuse_aliased_writes(shown + fixed_shown, originals + fixed_originals, call)
     _write_back(shown, originals, level.lower_own, call)
 
     def write_back_fixed():
@@ -700,6 +727,7 @@ def _jvp(f, primals, tangents, has_aux, strict=False, fixed=None):
         with user_code():
             out = f(*args)
         out = _output_values(out)
+    _refuse_aliased_writes(wrapped + shown, pytree.tree_leaves(primals) + originals, call)
     _write_back(wrapped + shown, pytree.tree_leaves(primals) + originals, level.lower_own, call)
     out, aux = _split_aux(out, has_aux, call)
     out_leaves, out_treedef = pytree.tree_flatten(out)
@@ -994,6 +1022,8 @@ def _vmap_call(f, arg_leaves, arg_treedef, dim_leaves, size, kwargs, out_dims, r
     # the batched inputs that f wrote in place
     written = {id(t): (t, original, d) for t, original, d in zip(wrapped, originals, dim_leaves)
                if d is not None and type(t) is FuncTensor and t._generation}
+    if written:
+        _refuse_aliased_writes(wrapped, originals, call)
     for tensor, original, d in written.values():
         _write_back([tensor], [original], lambda v, d=d: level.lower_to_dim(v, d), call)
     result = _unbatch_outputs(level, out_values, out_dims, size, call, _function_name(f))
