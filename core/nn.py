@@ -60,7 +60,7 @@ from .errors import (DimOutOfRangeError, InPlaceError, InputDtypeError, InvalidO
 from .fast_code import register_fresh
 from .forward import add_tangents, jvp_rules, linear_jvp, sub_tangents
 from .tensor import as_tensor, unwrap_tree
-from .tracing import TracerValue, trace_call_of
+from .tracing import trace_call_of, traced_value
 from .values import Value, bind, bottom_tensor
 
 aten = torch.ops.aten
@@ -2564,11 +2564,6 @@ def _update_running_stats(op, x, running_mean, running_var, momentum, eps, updat
                 buffer.copy_(updated.reshape(b, c))
 
 
-def _traced_value(value):
-    """The value under ``value`` at the level that records a program (None if it has none)."""
-    return next((v for v in _chain(value) if isinstance(v, TracerValue)), None)
-
-
 def _traced_running_stats(call, op, x, running_mean, running_var, momentum):
     """NOTE [Running statistics in a traced function]
     ``jit(train_step)(params, buffers, x, y)`` with batch norm in training mode: the input has
@@ -2593,8 +2588,8 @@ def _traced_running_stats(call, op, x, running_mean, running_var, momentum):
             "(or patch it with replace_all_batch_norm_modules_), or run it in eval mode, or "
             "call it outside jit."
         )
-    x_traced = _traced_value(x)
-    stats = [None if s is None else _traced_value(s) for s in (running_mean, running_var)]
+    x_traced = traced_value(x)
+    stats = [None if s is None else traced_value(s) for s in (running_mean, running_var)]
     if x_traced is None or any(s is None for s, given in zip(stats, (running_mean, running_var))
                                if given is not None):
         raise UnsupportedOperationError(

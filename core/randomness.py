@@ -98,11 +98,9 @@ def draw(func, args, kwargs):
     >>> torch.equal(shared, torch.rand(2).expand(3, 2))   # one draw, shared
     True
     """
-    levels = _vmap_levels()
     recording = _recording()
-    if recording is not None:  # the vmaps outside a trace see its program's draw instead
-        levels = [level for level in levels if level.level > recording.level]
-    elif not levels:
+    levels = _levels_followed(recording)
+    if recording is None and not levels:
         return NotImplemented
     kind, name = _KINDS[func]
     if kwargs.get("out") is not None:
@@ -123,9 +121,7 @@ def _at(level, value):
     """``value`` seen by ``level``'s rule: (its payload with the batch dim in front, True), or
     (the value itself, False) when it is the same for every example of ``level``. Values of
     the levels above (grad, jvp) are lowered: random numbers are constants for them."""
-    value = unwrap(value)
-    while isinstance(value, Value) and value.dispatcher.level > level.level:
-        value = value.dispatcher.lower(value)
+    value = _down_to(level, value)
     if isinstance(value, BatchedValue) and value.dispatcher is level:
         return move_bdim(value.payload, value.bdim, 0), True
     return value, False
@@ -453,10 +449,7 @@ def _aten_fill(func, target, *extra, **kwargs):
     'same'; torch.func gives it the in-place rule, which this is: one draw of one example's
     shape under 'same', a draw per example under 'different'. Outside vmap the functional
     overload runs (NotImplemented)."""
-    levels = _vmap_levels()
-    recording = _recording()
-    if recording is not None:
-        levels = [level for level in levels if level.level > recording.level]
+    levels = _levels_followed(_recording())
     if not levels:
         return NotImplemented
     return _fill(levels, func, str(func), target, extra, kwargs)
@@ -600,6 +593,16 @@ def _guard_draw(call):
 
 
 P.DRAW_GUARDS.append(_guard_draw)
+
+
+def _levels_followed(recording):
+    """The vmap levels whose ``randomness`` a draw follows: every one running, or, while a
+    program is recorded, those inside the trace (the vmaps outside it see the program's
+    draw instead: ``_draw_batch``)."""
+    levels = _vmap_levels()
+    if recording is None:
+        return levels
+    return [level for level in levels if level.level > recording.level]
 
 
 def _refuse_draw_under_vmap(call, level):

@@ -197,15 +197,20 @@ def _static(value):
     return value
 
 
-def trace_call_of(*values):
-    """The call of the trace that one of ``values`` belongs to, looking down each value's
-    chain (a value of grad or vmap over a traced one too); None if none is traced."""
-    for value in values:
-        while isinstance(value, Value):
-            if isinstance(value, TracerValue):
-                return value.dispatcher.call
-            value = value.payload
+def traced_value(value):
+    """The traced value under ``value``, looking down its chain (a value of grad or vmap over
+    a traced one too); None if it is not traced."""
+    while isinstance(value, Value):
+        if isinstance(value, TracerValue):
+            return value
+        value = value.payload
     return None
+
+
+def trace_call_of(*values):
+    """The call of the trace that one of ``values`` belongs to; None if none is traced."""
+    return next((traced.dispatcher.call for traced in map(traced_value, values)
+                 if traced is not None), None)
 
 
 def data_shape_error(call, what):
