@@ -106,9 +106,9 @@ class jit:
     every call (NOTE [A traced function that writes its inputs] in program.py); a
     ``torch.no_grad()`` region stays one (NOTE [A no_grad region in a traced function]);
     and the checks that read values (indices in range, BCE's probabilities) are steps of
-    the program, made at every call. The passes
-    keep IEEE arithmetic: ``x * 0`` stays a product, NaN where x is inf or NaN, as in eager
-    code (NOTE [Zero times infinity] in passes.py).
+    the program, made at every call. The passes keep IEEE arithmetic: ``x * 0`` stays a
+    product, NaN where x is inf or NaN, as in eager code (NOTE [Zero times infinity] in
+    passes.py).
     """
 
     def __init__(self, f, backend=None, *, max_signatures=64):

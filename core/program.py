@@ -361,13 +361,11 @@ def _refuse_aliased_writes(program, callers, call):
     anything is written, such a call is refused, when an input that f wrote shares memory
     with another input that the program reads. (AOTAutograd checks its inputs for aliasing
     at each call too, and retraces with the aliases merged.)"""
-    read = {operand for equation in program.equations for operand in equation.inputs}
-    read.update(program.outputs)
     for input_index, _ in program.writes:
         target = callers[input_index]
         for index, other in enumerate(callers):
-            if index != input_index and program.inputs[index] in read and \
-                    share_memory(target, other):
+            if index != input_index and share_memory(target, other) and \
+                    _reads(program, program.inputs[index]):
                 raise UnsupportedOperationError(
                     f"{call or program.name + '(...)'}: the function writes in place into its "
                     f"tensor argument {input_index}, which shares memory with argument {index}, "
@@ -375,3 +373,9 @@ def _refuse_aliased_writes(program, callers, call):
                     f"argument {index} as it was before the write (eager torch sees the "
                     "write through the shared memory). Fix: pass a copy as one of them "
                     "(x.clone()), or call the function outside jit.")
+
+
+def _reads(program, var):
+    """Whether an equation or an output of ``program`` reads ``var``."""
+    return var in program.outputs or any(var in equation.inputs
+                                         for equation in program.equations)

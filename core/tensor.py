@@ -701,8 +701,8 @@ def _write(target, new_value, call):
             ", or pass it to the transformed function as an argument that it does not "
             "differentiate (grad(f)(x, buf) may write into buf)")
         raise InPlaceError(
-            f"{call}: {captured_write_words(batched, call)}this writes a value of a transform into a tensor created "
-            "outside the transform, which torch.func refuses too (the tensor would have to "
+            f"{call}: {captured_write_words(batched, call)}this writes a value of a transform "
+            "into a tensor created outside the transform, which torch.func refuses too (the tensor would have to "
             "hold a value of the transform). Fix: compute out of place, or create the tensor "
             "inside the transformed function (torch.zeros(...) there can be written "
             f"into){or_else}."

@@ -727,8 +727,9 @@ def _jvp(f, primals, tangents, has_aux, strict=False, fixed=None):
         with user_code():
             out = f(*args)
         out = _output_values(out)
-    _refuse_aliased_writes(wrapped + shown, pytree.tree_leaves(primals) + originals, call)
-    _write_back(wrapped + shown, pytree.tree_leaves(primals) + originals, level.lower_own, call)
+    shown, originals = wrapped + shown, pytree.tree_leaves(primals) + originals
+    _refuse_aliased_writes(shown, originals, call)
+    _write_back(shown, originals, level.lower_own, call)
     out, aux = _split_aux(out, has_aux, call)
     out_leaves, out_treedef = pytree.tree_flatten(out)
     _check_outputs_are_tensors(out_leaves, call, "f(*primals)", out)
