@@ -473,6 +473,8 @@ def environment(*, device: str, threads: int, min_run_time: float, rounds: int,
     info = {
         "platform": platform.platform(),
         "CPU": _cpu_model(),
+        # (the rules pick some CPU kernels by it: NOTE [Kernel choices that depend on the CPU])
+        "CPU capability (torch)": torch.backends.cpu.get_cpu_capability(),
         "cores (os.cpu_count / usable)": f"{os.cpu_count()} / {len(os.sched_getaffinity(0))}"
         if hasattr(os, "sched_getaffinity") else str(os.cpu_count()),
         "python": platform.python_version(),

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from . import diagonals, ops, passes, torch_api
+from . import diagonals, kernels, ops, passes, torch_api
 from . import tensor as tensor_module
 from . import primitives as P
 from .dispatch import Dispatcher, name_of, no_concrete_value
@@ -632,12 +632,16 @@ batching_rules[P.matmul_p] = matmul_batch
 # (256, 10, 128), one thread). A large one is bound by writing its result, and there the
 # batched matmul, which torch.func's batching rule always calls, writes it faster on some
 # CPUs: 11.3 against 12.8 ms at (256, 128, 784) on an Intel Xeon, and 3.0 against 5.3 ms at
-# (32, 512, 784); on others the two are even. From 4M elements of result on, the product
-# is torch.func's batched matmul.
+# (32, 512, 784); on others the multiply is the faster at every size: 7.3 against 10.8 ms
+# at (256, 128, 784) on an AMD EPYC with AVX2. From 4M elements of result on, the product is
+# torch.func's batched matmul on a GPU and on a CPU with 512-bit vectors (NOTE [Kernel choices
+# that depend on the CPU] in kernels.py), and the multiply on other CPUs.
 _LARGE_OUTER_PRODUCT = 1 << 22
 
 
 def _large_outer_product(x, y):
+    if not kernels.WIDE_VECTORS and x.device.type == "cpu":
+        return False
     shape = torch.broadcast_shapes(ops.shape_of(x)[:-2], ops.shape_of(y)[:-2])
     return math.prod(shape) * ops.shape_of(x)[-2] * ops.shape_of(y)[-1] >= _LARGE_OUTER_PRODUCT
 

@@ -47,7 +47,7 @@ import torch
 import torch._decomp
 import torch.nn.functional as F
 
-from . import aten_api, elementwise, indexing, ops, structural, torch_api
+from . import aten_api, elementwise, indexing, kernels, ops, structural, torch_api
 from . import primitives as P
 from .autograd import conj, vjp_rules, wants_cotangent
 from .batching import (batch_size, batched_by_every_level, batching_rules, bottom_operands,
@@ -369,11 +369,13 @@ def _input_grad_as_forward(ct, weight, params):
     weight flipped in space and with its in and out channels swapped, padded by k - 1 - p
     (NOTE [The derivatives of a convolution are convolutions]). On a CPU, for float32 and more
     than one example, torch runs both on oneDNN, whose forward kernel is the faster one on
-    this project's machine: 327 against 576 us for S9's second layer (80 examples of 8
+    CPUs with 512-bit vectors: 327 against 576 us for S9's second layer (80 examples of 8
     channels, 12x12 to 14x14), 421 against 516 us for S7's, 86 against 92 us at the small
     end, where _slow_conv2d is faster still and is taken first (NOTE [Small convolutions on
-    a CPU]). The two agree to float32 rounding."""
-    if ct.dim() != 4 or weight.dim() != 4:
+    a CPU]). On an AVX2 CPU the backward kernel is the faster (346 against 546 us for S9's
+    layer, 1.66 against 2.67 ms for S7's), and torch's choice stands (NOTE [Kernel choices
+    that depend on the CPU] in kernels.py). The two agree to float32 rounding."""
+    if not kernels.WIDE_VECTORS or ct.dim() != 4 or weight.dim() != 4:
         return False
     padding = params["padding"]
     kh, kw = weight.shape[2], weight.shape[3]

@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import minifunctorch.core as mf
+from minifunctorch.core import kernels
 from minifunctorch.core import nn as mf_nn
 from minifunctorch.core.errors import (
     DimOutOfRangeError,
@@ -561,8 +562,13 @@ RUNNING_MEAN = torch.randn(3, generator=torch.Generator().manual_seed(1))
 RUNNING_VAR = torch.rand(3, generator=torch.Generator().manual_seed(2)) + 0.5
 
 
+@pytest.mark.parametrize("wide_vectors", [False, True], ids=["avx2", "avx512"])
 @pytest.mark.parametrize("name", list(FUSED))
-def test_fused_kernels_are_bit_exact_in_float32(name):
+def test_fused_kernels_are_bit_exact_in_float32(name, wide_vectors, monkeypatch):
+    """torch.func's kernels, so torch.equal; but for a stride-1 grad_input on a CPU with
+    512-bit vectors, which is a forward convolution (NOTE [grad_input as a forward
+    convolution]): float32 rounding there. Both kinds of CPU are checked on this one."""
+    monkeypatch.setattr(kernels, "WIDE_VECTORS", wide_vectors)
     fn, make = FUSED[name]
     args = make(torch.Generator().manual_seed(0))
     ours_out, ours_vjp = mf.vjp(fn, *args)
@@ -570,22 +576,25 @@ def test_fused_kernels_are_bit_exact_in_float32(name):
     ct = torch.randn(ours_out.shape, generator=torch.Generator().manual_seed(3))
     assert torch.equal(ours_out, theirs_out)
     for i, (ours, theirs) in enumerate(zip(ours_vjp(ct), theirs_vjp(ct))):
-        if i == 0 and name in _INPUT_GRAD_AS_FORWARD:  # (another kernel: float32 rounding)
+        if i == 0 and wide_vectors and name in _INPUT_GRAD_AS_FORWARD:  # float32 rounding
             torch.testing.assert_close(ours, theirs)
             continue
         assert torch.equal(ours, theirs), (ours - theirs).abs().max()
 
 
-# grad_input of a stride-1 ungrouped float32 convolution on a CPU is a forward convolution
-# (NOTE [grad_input as a forward convolution] in core/nn.py)
+# grad_input of a stride-1 ungrouped float32 convolution on a CPU with 512-bit vectors is a
+# forward convolution (NOTE [grad_input as a forward convolution] in core/nn.py)
 _INPUT_GRAD_AS_FORWARD = {"conv2d_ungrouped"}
 
 
+@pytest.mark.parametrize("wide_vectors", [False, True], ids=["avx2", "avx512"])
 @pytest.mark.parametrize("padding", [0, 1, (2, 0)])
-def test_input_gradient_is_a_forward_convolution(padding):
-    """NOTE [grad_input as a forward convolution]: the backward kernel is not called for
-    grad_input; the forward convolution of the flipped weight gives torch.func's gradient to
-    float32 rounding, checked against the same gradient in float64."""
+def test_input_gradient_kernel_follows_the_cpu(padding, wide_vectors, monkeypatch):
+    """NOTE [grad_input as a forward convolution]: with 512-bit vectors the backward kernel
+    is not called for grad_input, and the forward convolution of the flipped weight gives
+    torch.func's gradient to float32 rounding, checked against the same gradient in float64;
+    on other CPUs grad_input is torch's backward kernel, torch.func's bit for bit."""
+    monkeypatch.setattr(kernels, "WIDE_VECTORS", wide_vectors)
     g = torch.Generator().manual_seed(4)
     x, w = normal(g, 16, 8, 14, 13).float(), normal(g, 8, 8, 3, 3).float()
     ct_shape = F.conv2d(x, w, padding=padding).shape
@@ -595,9 +604,13 @@ def test_input_gradient_is_a_forward_convolution(padding):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         ours = run(mf, x, w, ct)
     ran = {e.key for e in prof.key_averages()}
-    assert "aten::convolution" in ran and "aten::convolution_backward" not in ran, ran
-    _float32_close_to_float64(ours, run(tf, x.double(), w.double(), ct.double()))
-    torch.testing.assert_close(ours, run(tf, x, w, ct))
+    if wide_vectors:
+        assert "aten::convolution" in ran and "aten::convolution_backward" not in ran, ran
+        _float32_close_to_float64(ours, run(tf, x.double(), w.double(), ct.double()))
+        torch.testing.assert_close(ours, run(tf, x, w, ct))
+    else:
+        assert "aten::convolution_backward" in ran, ran
+        assert torch.equal(ours, run(tf, x, w, ct))
 
 
 def test_native_layer_norm_over_one_element_is_torch_funcs():
