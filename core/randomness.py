@@ -482,7 +482,9 @@ def _dropout_kind(feature, alpha, in_place):
         if not 0 < p < 1 or x.numel() == 0 or (feature and x.dim() < 2):
             return NotImplemented  # no numbers are drawn (or torch reports the argument)
         shape = (x.shape[0], x.shape[1], *[1] * (x.dim() - 2)) if feature else x.shape
-        base = torch.empty(shape, dtype=x.dtype, device=x.device)
+        # bernoulli(base, p) reads only base's shape, dtype and device: one zero, expanded,
+        # holds no memory of that shape (nor does a program that records the draw)
+        base = torch.zeros((), dtype=x.dtype, device=x.device).expand(shape)
         noise = as_tensor(_pointwise(levels, torch.bernoulli, name, (base, 1 - p), {}, 0))
         with user_code():  # the arithmetic goes through the engine like user code
             if alpha:

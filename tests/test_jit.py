@@ -567,6 +567,16 @@ def test_draws_a_program_cannot_follow_are_refused():
     assert_close(jit(vmap(lambda r: r * 2))(x), x * 2), "the next call works"
 
 
+def test_a_recorded_dropout_holds_no_constant_of_the_inputs_size():
+    """Dropout's draw reads only a shape (bernoulli of a base tensor): the program's constant
+    for it is one zero, expanded, not an uninitialized tensor of the input's size."""
+    x = torch.randn(256, 1024)
+    program = trace(lambda x: F.dropout(x, 0.5, training=True))(x)
+    held = [value for _, value in program.constants]
+    assert held and all(c.untyped_storage().nbytes() <= 8 for c in held), held
+    assert all(torch.equal(c, torch.zeros_like(c)) for c in held)
+
+
 def test_dropout_in_eval_mode_traces_as_the_identity():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout(0.5)).eval()
     x = torch.randn(2, 3)
