@@ -20,10 +20,9 @@ PyTorch's derivatives.yaml says for all of them (``value_selecting_reduction_bac
 and a scatter_add for cummax/cummin), and the batching rule of an index primitive is one
 call along the moved dim. JAX does the same: ``lax.sort`` carries the indices as an extra
 operand, and ``argmax`` is not differentiable.
-Two reductions do not send the gradient to one index: ``torch.max(x)`` (all elements) and
-``torch.median(x)`` share it evenly among tied elements (``evenly_distribute_backward``).
-``max(x)`` is ``amax``, whose rule shares ties; ``median(x)`` has a small primitive of its
-own with the same rule.
+Of all elements, ``torch.max(x)``, ``min``, ``median`` and ``nanmedian`` do not send the
+gradient to one index: they share it evenly among tied elements (one small primitive:
+NOTE [Reductions of all elements whose ties share]).
 
 NOTE [Products with zeros]
 The derivative of ``prod(x)`` with respect to ``x_k`` is the product of the other elements.
@@ -607,12 +606,12 @@ def _select_along(prim, x, dim, keepdim, op, **params):
     return values, indices
 
 
-def _max_or_min(name, extremum, elementwise_op, indices_prim):
+def _max_or_min(name, elementwise_op, indices_prim):
     def op(x, dim=None, keepdim=False, *, other=None):
         if other is not None:
             return elementwise_op(x, other)
-        if dim is None:
-            return extremum(x)
+        if dim is None:  # (NOTE [Reductions of all elements whose ties share])
+            return _pick_of_all(x, name)
         if _is_tensor(dim):  # torch.max(x, y)
             return elementwise_op(x, dim)
         return _return(name, *_select_along(indices_prim, x, dim, keepdim, name))
@@ -620,8 +619,8 @@ def _max_or_min(name, extremum, elementwise_op, indices_prim):
     return op
 
 
-max = _max_or_min("max", ops.amax, elementwise.maximum, max_indices_p)
-min = _max_or_min("min", ops.amin, elementwise.minimum, min_indices_p)
+max = _max_or_min("max", elementwise.maximum, max_indices_p)
+min = _max_or_min("min", elementwise.minimum, min_indices_p)
 torch_api.register(*torch_api.torch_functions("max"))(max)
 torch_api.register(*torch_api.torch_functions("min"))(min)
 aten_api.register(aten.max.default, aten.max.dim, aten.max.other)(max)
@@ -708,60 +707,71 @@ aten_api.register(aten.cummax.default)(cummax)
 aten_api.register(aten.cummin.default)(cummin)
 
 
-# --- median: with a dim, a value through its index; of all elements, ties share ------------------
-def _median_of_all_impl(x, *, dim, ignore_nan):
-    return (torch.nanmedian if ignore_nan else torch.median)(x, dim).values
+# --- max, min and median of all elements: ties share -------------------------------------------
+# NOTE [Reductions of all elements whose ties share]
+# ``torch.max(x)``, ``torch.min(x)``, ``torch.median(x)`` and ``torch.nanmedian(x)`` pick one
+# element's value, and derivatives.yaml gives them their own pair of formulas instead of
+# amax's or median(x, dim)'s:
+# - the vjp, ``evenly_distribute_backward``: the cotangent shared evenly among the elements
+#   equal to the result, where a nan result counts the nans as equal (x.max() of [1, nan, 3,
+#   nan] sends half to each nan; amax's rule gives nan everywhere);
+# - the jvp, ``evenly_read_jvp``: the mean tangent of the elements equal to the result, by
+#   ``==`` alone, so nan at a nan result (and torch divides each tangent by the count before
+#   it sums them: the same order here, for the same rounding).
+# One primitive, ``pick_of_all``, with the pick as a static parameter, holds both rules. It
+# reduces along ``dim`` (ops flatten the tensor into it), so its batching rule reduces along
+# the next dim. (In JAX, ``reduce_max`` has one rule, and its ties share evenly too.)
+_PICKS = {"max": torch.amax, "min": torch.amin,
+          "median": lambda x, dim: torch.median(x, dim).values,
+          "nanmedian": lambda x, dim: torch.nanmedian(x, dim).values}
+pick_of_all_p = P.primitive("pick_of_all", lambda x, *, dim, pick: _PICKS[pick](x, dim))
 
 
-# The median along ``dim`` (ops flatten the tensor into it), with even tie sharing:
-# torch.median(x) and torch.nanmedian(x), whose derivative is evenly_distribute_backward.
-median_of_all_p = P.primitive("median_of_all", _median_of_all_impl)
-
-
-def _ties(x, out, dim):
-    """The elements equal to ``out`` (nans count as equal to a nan result), and their count."""
-    kept = ops.unsqueeze(out, dim)
-    ties = elementwise.logical_or(
-        ops.eq(x, kept), elementwise.logical_and(elementwise.isnan(x), elementwise.isnan(kept)))
-    return ties, ops.sum(ties, dim, keepdim=True)
-
-
-def median_of_all_vjp(x, *, dim, ignore_nan):
-    out = bind(median_of_all_p, x, dim=dim, ignore_nan=ignore_nan)
+def pick_of_all_vjp(x, *, dim, pick):
+    out = bind(pick_of_all_p, x, dim=dim, pick=pick)
 
     def backward(ct):
-        ties, count = _ties(x, out, dim)
+        kept = ops.unsqueeze(out, dim)
+        ties = elementwise.logical_or(ops.eq(x, kept), elementwise.logical_and(
+            elementwise.isnan(x), elementwise.isnan(kept)))
+        count = ops.sum(ties, dim, keepdim=True)
         return (ops.div(ops.mul(ops.unsqueeze(ct, dim), ties), count),)
     return out, backward
-vjp_rules[median_of_all_p] = median_of_all_vjp
+vjp_rules[pick_of_all_p] = pick_of_all_vjp
 
 
-def median_of_all_jvp(primals, tangents, *, dim, ignore_nan):
+def pick_of_all_jvp(primals, tangents, *, dim, pick):
     (x,), (x_dot,) = primals, tangents
-    out = bind(median_of_all_p, x, dim=dim, ignore_nan=ignore_nan)
-    ties, count = _ties(x, out, dim)
-    return out, ops.div(ops.sum(ops.mul(x_dot, ties), dim), ops.squeeze(count, dim))
-jvp_rules[median_of_all_p] = median_of_all_jvp
+    out = bind(pick_of_all_p, x, dim=dim, pick=pick)
+    ties = ops.eq(x, ops.unsqueeze(out, dim))
+    count = ops.sum(ties, dim, keepdim=True)
+    return out, ops.sum(ops.mul(ties, ops.div(x_dot, count)), dim)
+jvp_rules[pick_of_all_p] = pick_of_all_jvp
 
 
-def median_of_all_batch(values, bdims, *, dim, ignore_nan):
+def pick_of_all_batch(values, bdims, *, dim, pick):
     (x,), (bdim,) = values, bdims
     x = move_bdim(x, bdim, 0)
-    return bind(median_of_all_p, x, dim=dim + 1, ignore_nan=ignore_nan), 0
-batching_rules[median_of_all_p] = median_of_all_batch
+    return bind(pick_of_all_p, x, dim=dim + 1, pick=pick), 0
+batching_rules[pick_of_all_p] = pick_of_all_batch
 
 
-def _median(name, indices_prim, ignore_nan):
+def _pick_of_all(x, pick):
+    return bind(pick_of_all_p, ops.reshape(x, -1), dim=0, pick=pick)
+
+
+# --- median with a dim: a value through its index -----------------------------------------------
+def _median(name, indices_prim):
     def op(x, dim=None, keepdim=False):
         if dim is None:
-            return bind(median_of_all_p, ops.reshape(x, -1), dim=0, ignore_nan=ignore_nan)
+            return _pick_of_all(x, name)
         return _return(name, *_select_along(indices_prim, x, dim, keepdim, name))
     op.__name__ = name
     return op
 
 
-median = _median("median", median_indices_p, False)
-nanmedian = _median("nanmedian", nanmedian_indices_p, True)
+median = _median("median", median_indices_p)
+nanmedian = _median("nanmedian", nanmedian_indices_p)
 torch_api.register(*torch_api.torch_functions("median"))(median)
 torch_api.register(*torch_api.torch_functions("nanmedian"))(nanmedian)
 aten_api.register(aten.median.default, aten.median.dim)(median)

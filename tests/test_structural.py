@@ -631,7 +631,7 @@ def test_shape_rules_of_the_new_primitives():
         "argmax": ((x,), {"dim": 1}), "sort_indices": ((x,), {"dim": 1, "descending": True,
                                                              "stable": False}),
         "topk_indices": ((x,), {"k": 2, "dim": 1, "largest": True, "sorted": True}),
-        "median_of_all": ((x.reshape(-1),), {"dim": 0, "ignore_nan": False}),
+        "pick_of_all": ((x.reshape(-1),), {"dim": 0, "pick": "median"}),
         "mode_indices": ((x,), {"dim": 0}), "cummax_indices": ((x,), {"dim": 1}),
     }
     for name, (args, params) in samples.items():
@@ -683,3 +683,25 @@ def test_quantile_refuses_q_out_of_range_under_every_transform(name):
     torch.testing.assert_close(program(x, good[0]), f(x, good[0]))
     with pytest.raises(mf.InvalidOptionError, match=r"q values must be in the range \[0, 1\]"):
         program(x, torch.tensor([0.5, 1.5], dtype=DTYPE))
+
+
+@pytest.mark.parametrize("name", ["max", "min", "median", "nanmedian"])
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vmap_grad", "jacfwd", "jvp_grad"])
+def test_reductions_of_all_elements_at_nan_as_torch_func(name, transform):
+    """NOTE [Reductions of all elements whose ties share]: x.max() of [1, nan, 3, nan] sends
+    the cotangent to the nans (evenly_distribute_backward), while its tangent is nan
+    (evenly_read_jvp ties by == alone); median likewise; nanmedian skips the nans."""
+    f = getattr(torch, name)
+    x = torch.tensor([1.0, float("nan"), 3.0, float("nan"), 3.0], dtype=torch.float64)
+    t = torch.tensor([0.5, 2.0, -1.0, 4.0, 1.5], dtype=torch.float64)
+    runs = {
+        "grad": lambda api: api.grad(f)(x),
+        "jvp": lambda api: api.jvp(f, (x,), (t,))[1],
+        "vmap_grad": lambda api: api.vmap(api.grad(f))(torch.stack([x, x.flip(0), t])),
+        "jacfwd": lambda api: api.jacfwd(f)(x),
+        "jvp_grad": lambda api: api.jvp(api.grad(f), (x,), (t,)),
+    }
+    ours, theirs = runs[transform](mf), runs[transform](tf)
+    for mine, torchs in zip(torch.utils._pytree.tree_leaves(ours),
+                            torch.utils._pytree.tree_leaves(theirs)):
+        torch.testing.assert_close(mine, torchs, equal_nan=True, rtol=0, atol=0)
