@@ -269,6 +269,11 @@ RANDOM_CALLS: dict = {}
 # Called with a draw's ``call`` before it draws; each may refuse (randomness.py's: a draw
 # that a vmap running around the program would have to follow)
 DRAW_GUARDS: list = []
+# How a program run on transform values makes a draw (program.evaluate_flat), set by
+# randomness.py: through the random function's own rule, which follows the ``randomness`` of a
+# vmap running around the program (NOTE [A program's draw under an outer vmap]); until it is
+# set, ``bind`` of the recorded call.
+draw_in_a_program = None
 
 
 def aten_op_named(name):

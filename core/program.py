@@ -17,6 +17,7 @@ import operator
 
 import torch
 
+from . import primitives as P
 from . import pytree
 from .fast_code import INPLACE_METHODS, number_operand_tensor, reusable_equations
 from .errors import TransformUsageError, TypecheckError, UnsupportedOperationError
@@ -237,7 +238,10 @@ class Program:
         for equation in self.equations:
             values = [o.value if isinstance(o, Literal) else env[o] for o in equation.inputs]
             try:
-                env[equation.out] = bind(equation.prim, *values, **equation.params)
+                if equation.prim is P.draw_p and P.draw_in_a_program is not None:
+                    env[equation.out] = P.draw_in_a_program(values, equation.params)
+                else:
+                    env[equation.out] = bind(equation.prim, *values, **equation.params)
             except Exception as error:
                 names = names or self.names()
                 # as torch.fx's Interpreter does: say which equation failed

@@ -65,7 +65,7 @@ from .errors import InPlaceError, RandomnessError, UnsupportedOperationError
 from .ops import expand, getitem, reshape, stack
 from .tensor import FuncTensor, _write, as_tensor, as_tensors, unwrap, user_code
 from .torch_api import RANDOM_FUNCTIONS
-from .values import Value
+from .values import Value, bind
 
 # torch.func's own wording, which the messages give right after the call (people search for
 # it; NOTE [Messages: the call, torch.func's words, the cause, the fix] in
@@ -580,9 +580,43 @@ def batched_random_op(level, name, run, values, kwargs):
 batching.random_op_rule = batched_random_op
 
 
+def _draw_in_a_program(arrays, params):
+    """NOTE [A program's draw under an outer vmap]
+    A program records a random call as one ``draw`` of the shapes it saw
+    (NOTE [Random numbers in a traced program] in tracing.py): ``vmap(jit(f))`` traces f for
+    one example, so its draw is one example's. Run on the values of a vmap outside the
+    trace, the draw is the random function's call again, handed to that function's rule
+    here as the transform mode hands an eager call: it follows vmap's ``randomness``, and
+    with the same seed gives the numbers of ``vmap(f)`` itself (dropout's mask is a
+    ``bernoulli`` draw; 'different' draws every example's at once). A random aten op
+    (``torch.bernoulli(p)`` of a traced ``p`` is recorded as ``aten.bernoulli.default``) takes
+    the back door's rule for it (``aten_random_op``). A trace recording around the vmap
+    records the draws these rules make. In-place fills, which a program records as a fresh
+    tensor filled, keep the recorded call: refused under a vmap (``_draw_batch``,
+    ``_guard_draw``), as a fill of an unbatched tensor is refused under 'different'.
+    In torch.func, make_fx's graph of a random op is an aten call, and vmap over the replay
+    sees it as it would in eager code."""
+    call = params["call"]
+    function = P.RANDOM_CALLS.get(call)
+    levels = _levels_followed(_recording())
+    if not levels or (function not in _KINDS and call not in _ATEN_KINDS):
+        return bind(P.draw_p, *arrays, **params)
+    args = list(params["args"])
+    for position, array in zip(params["arrays_at"], arrays):
+        args[position] = as_tensor(array)
+    if function in _KINDS:  # a torch function, as the transform mode hands it over
+        return unwrap(draw(function, tuple(args), dict(params["kwargs"])))
+    kind, op = _ATEN_KINDS[call]  # an aten op, as the back door hands it over
+    return unwrap(kind(levels, op, call, tuple(args), dict(params["kwargs"])))
+
+
+P.draw_in_a_program = _draw_in_a_program
+
+
 def _draw_batch(values, bdims, *, call, **params):
-    """A program that draws (NOTE [Random numbers in a traced program] in tracing.py) run
-    under vmap: its draw was recorded for one call, not for vmap's ``randomness``."""
+    """A program's in-place fill, or a random aten op without a rule (NOTE [A program's draw
+    under an outer vmap]), on batched operands: recorded for one call, not for vmap's
+    ``randomness``."""
     _refuse_draw_under_vmap(call, _vmap_levels()[-1])
 
 
@@ -609,10 +643,11 @@ def _levels_followed(recording):
 
 def _refuse_draw_under_vmap(call, level):
     raise RandomnessError(
-        f"{level.call}: the traced program draws random numbers ({call}), and a program's "
-        "draw does not follow vmap's randomness. Fix: put the vmap inside the traced "
-        "function (jit(vmap(f, randomness='different'))), where the draws follow it, or "
-        "draw the numbers outside and pass them in.")
+        f"{level.call}: the traced program draws random numbers ({call}: an in-place fill "
+        "of a tensor, or a random aten op without a rule), and such a draw of a program does "
+        "not follow vmap's randomness. Fix: put the vmap inside the traced function (jit(vmap(f, "
+        "randomness='different'))), where the draws follow it, or draw the numbers outside "
+        "and pass them in.")
 
 
 batching.batching_rules[P.draw_p] = _draw_batch

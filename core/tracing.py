@@ -133,9 +133,9 @@ class Tracing(Dispatcher):
         while tracing: the shape of the result comes from the call on the meta device. The
         passes keep every draw, in order, and never share two (passes.py). A vmap inside
         the traced function rewrites the call for its ``randomness`` first, as in eager mode
-        (randomness.py); a program run under a vmap outside it is refused at its draw, which
-        was recorded for one call, and so is a draw from an explicit generator, which a
-        program cannot hold.
+        (randomness.py); a program run under a vmap outside it hands each draw to the random
+        function's rule again (NOTE [A program's draw under an outer vmap] in randomness.py).
+        A draw from an explicit generator, which a program cannot hold, is refused.
         ``args`` are the call's positional arguments (the tensors among them become the
         equation's operands), ``kwargs`` its static keywords."""
         if any(isinstance(v, torch.Generator) for v in pytree.tree_leaves((args, kwargs))):

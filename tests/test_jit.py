@@ -549,16 +549,79 @@ def test_a_program_keeps_every_draw_in_order():
     assert "draw" in jitted.program_for(x).python_source()[0]
 
 
+DRAWS = {
+    "dropout": lambda r: F.dropout(r, 0.5, training=True) * r.sum(),
+    "rand": lambda r: r + torch.rand(4),
+    "bernoulli_of_a_traced_tensor": lambda r: torch.bernoulli(r.sigmoid()),  # (an aten draw)
+    "randn_like": lambda r: torch.randn_like(r) * r,
+    "dropout1d": lambda r: F.dropout1d(r.reshape(2, 2), 0.5, training=True),
+}
+
+
+@pytest.mark.parametrize("randomness", ["error", "same", "different"])
+@pytest.mark.parametrize("name", list(DRAWS))
+def test_a_programs_draws_follow_an_outer_vmap(name, randomness):
+    """NOTE [A program's draw under an outer vmap]: vmap(jit(f)) gives vmap(f)'s numbers and
+    torch.func's from the same seed, or raises where they raise (the same error class)."""
+    f, x = DRAWS[name], torch.randn(3, 4)
+    runs = [lambda: vmap(jit(f), randomness=randomness)(x),
+            lambda: vmap(f, randomness=randomness)(x),
+            lambda: tf.vmap(f, randomness=randomness)(x)]
+    results = []
+    for run in runs:
+        torch.manual_seed(0)
+        try:
+            results.append(run())
+        except Exception as error:  # noqa: BLE001 - compared below
+            results.append(error)
+    ours, eager, theirs = results
+    if isinstance(theirs, Exception):
+        assert isinstance(ours, mf.RandomnessError) and isinstance(eager, mf.RandomnessError)
+        # the same first sentence (the rest names the call the program recorded: dropout's
+        # is torch.bernoulli)
+        assert str(ours).split(". ")[0] == str(eager).split(". ")[0], (ours, eager)
+    else:
+        assert torch.equal(ours, eager) and torch.equal(ours, theirs)
+
+
+def test_a_programs_draws_under_outer_vmaps_composed():
+    """Chunks, nested vmaps, grad around them, and a trace recording around the vmap (its
+    program replays the batched draw) give torch.func's numbers from the same seed."""
+    f = DRAWS["dropout"]
+    x, xx = torch.randn(3, 4), torch.randn(2, 3, 4)
+    recorded = trace(vmap(jit(f), randomness="different"))(x)
+    pairs = [
+        (lambda: vmap(jit(f), randomness="different", chunk_size=2)(x),
+         lambda: tf.vmap(f, randomness="different", chunk_size=2)(x)),
+        (lambda: vmap(jit(f), randomness="same", chunk_size=2)(x),
+         lambda: tf.vmap(f, randomness="same", chunk_size=2)(x)),
+        (lambda: vmap(vmap(jit(f), randomness="same"), randomness="different")(xx),
+         lambda: tf.vmap(tf.vmap(f, randomness="same"), randomness="different")(xx)),
+        (lambda: grad(lambda x: vmap(jit(f), randomness="different")(x).sum())(x),
+         lambda: tf.grad(lambda x: tf.vmap(f, randomness="different")(x).sum())(x)),
+        (lambda: jit(vmap(jit(f), randomness="different"))(x),
+         lambda: tf.vmap(f, randomness="different")(x)),
+        (lambda: recorded(x), lambda: tf.vmap(f, randomness="different")(x)),
+    ]
+    for ours, theirs in pairs:
+        torch.manual_seed(0)
+        mine = ours()
+        torch.manual_seed(0)
+        assert_close(mine, theirs(), rtol=0, atol=0)
+    assert [eq.prim.name for eq in recorded.equations].count("draw") == 1
+
+
 def test_draws_a_program_cannot_follow_are_refused():
     x = torch.randn(5, 3)
     with pytest.raises(mf.UnsupportedOperationError, match=r"^trace\(<lambda>\)\(<inputs>\): "
                                                            r"torch\.rand\(\.\.\., generator"):
         jit(lambda x: x + torch.rand(3, generator=torch.Generator()))(x)
-    for f in (lambda r: r + torch.rand(3), lambda r: torch.bernoulli(r.sigmoid())):
-        with pytest.raises(mf.RandomnessError, match=r"^vmap\(<lambda>\)\(<inputs>\): the "
-                                                     r"traced program draws random numbers .*"
-                                                     r"Fix: put the vmap inside"):
-            vmap(jit(f), randomness="different")(x)
+    fill = lambda r: r.clone().uniform_()  # noqa: E731
+    with pytest.raises(mf.RandomnessError, match=r"^vmap\(<lambda>\)\(<inputs>\): the "
+                                                 r"traced program draws random numbers "
+                                                 r"\(fill:torch\.Tensor\.uniform_: an in-place "
+                                                 r"fill.*Fix: put the vmap inside"):
+        vmap(jit(fill), randomness="different")(x)
     with pytest.raises(mf.UnsupportedOperationError, match=r"^trace\(<lambda>\)\(<inputs>\): "
                                                            r"torch\.nn\.functional\.rrelu draws "
                                                            r"random slopes .*Fix: "):
