@@ -590,33 +590,55 @@ def _draw_in_a_program(arrays, params):
     with the same seed gives the numbers of ``vmap(f)`` itself (dropout's mask is a
     ``bernoulli`` draw; 'different' draws every example's at once). A random aten op
     (``torch.bernoulli(p)`` of a traced ``p`` is recorded as ``aten.bernoulli.default``) takes
-    the back door's rule for it (``aten_random_op``). A trace recording around the vmap
-    records the draws these rules make. In-place fills, which a program records as a fresh
-    tensor filled, keep the recorded call: refused under a vmap (``_draw_batch``,
-    ``_guard_draw``), as a fill of an unbatched tensor is refused under 'different'.
+    the back door's rule for it (``aten_random_op``), and an in-place fill, which a program
+    records as a fresh tensor filled, the in-place rule (``_fill_in_a_program``). A trace
+    recording around the vmap records the draws these rules make. A random aten op without
+    a rule keeps the recorded call, refused under a vmap (``_draw_batch``, ``_guard_draw``).
     In torch.func, make_fx's graph of a random op is an aten call, and vmap over the replay
     sees it as it would in eager code."""
     call = params["call"]
-    function = P.RANDOM_CALLS.get(call)
     levels = _levels_followed(_recording())
-    if not levels or (function not in _KINDS and call not in _ATEN_KINDS):
+    if not levels:
         return bind(P.draw_p, *arrays, **params)
     args = list(params["args"])
     for position, array in zip(params["arrays_at"], arrays):
         args[position] = as_tensor(array)
+    kwargs = dict(params["kwargs"])
+    function = P.RANDOM_CALLS.get(call.removeprefix("fill:"))
+    if call.startswith("fill:"):
+        return unwrap(_fill_in_a_program(levels, function, args, kwargs))
     if function in _KINDS:  # a torch function, as the transform mode hands it over
-        return unwrap(draw(function, tuple(args), dict(params["kwargs"])))
-    kind, op = _ATEN_KINDS[call]  # an aten op, as the back door hands it over
-    return unwrap(kind(levels, op, call, tuple(args), dict(params["kwargs"])))
+        return unwrap(draw(function, tuple(args), kwargs))
+    if call in _ATEN_KINDS:  # an aten op, as the back door hands it over
+        kind, op = _ATEN_KINDS[call]
+        return unwrap(kind(levels, op, call, tuple(args), kwargs))
+    return bind(P.draw_p, *arrays, **params)  # (refused: _draw_batch, _guard_draw)
+
+
+def _fill_in_a_program(levels, function, args, kwargs):
+    """A recorded in-place fill (``x.uniform_()``: a fresh tensor of one example's shape,
+    filled) under vmaps: the fill of a tensor batched at every level that draws per example
+    ('different'), as the eager fill of a batched tensor is (the common case: a tensor made
+    from the inputs), one example's at the others. The program does not know whether the
+    tensor it filled was batched: a fill of a tensor that is the same for every example
+    (``torch.empty(3).uniform_()``), which eager vmap refuses under 'different', draws per
+    example here."""
+    shape, _, *extra = args
+    dtype, device = kwargs.pop("dtype"), kwargs.pop("device")
+    spread = [level for level in levels if level.randomness == "different"]
+    target = torch.empty((*[level.length for level in spread], *shape), dtype=dtype,
+                         device=device)
+    for level in spread:
+        target = _batched(level, target)
+    return _fill(levels, function, _name(function), target, tuple(extra), kwargs)
 
 
 P.draw_in_a_program = _draw_in_a_program
 
 
 def _draw_batch(values, bdims, *, call, **params):
-    """A program's in-place fill, or a random aten op without a rule (NOTE [A program's draw
-    under an outer vmap]), on batched operands: recorded for one call, not for vmap's
-    ``randomness``."""
+    """A program's random aten op without a rule (NOTE [A program's draw under an outer
+    vmap]) on batched operands: recorded for one call, not for vmap's ``randomness``."""
     _refuse_draw_under_vmap(call, _vmap_levels()[-1])
 
 
@@ -643,9 +665,9 @@ def _levels_followed(recording):
 
 def _refuse_draw_under_vmap(call, level):
     raise RandomnessError(
-        f"{level.call}: the traced program draws random numbers ({call}: an in-place fill "
-        "of a tensor, or a random aten op without a rule), and such a draw of a program does "
-        "not follow vmap's randomness. Fix: put the vmap inside the traced function (jit(vmap(f, "
+        f"{level.call}: the traced program draws random numbers ({call}, a random aten op "
+        "without a rule of its own), and such a draw of a program does not follow vmap's "
+        "randomness. Fix: put the vmap inside the traced function (jit(vmap(f, "
         "randomness='different'))), where the draws follow it, or draw the numbers outside "
         "and pass them in.")
 

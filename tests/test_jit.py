@@ -555,6 +555,8 @@ DRAWS = {
     "bernoulli_of_a_traced_tensor": lambda r: torch.bernoulli(r.sigmoid()),  # (an aten draw)
     "randn_like": lambda r: torch.randn_like(r) * r,
     "dropout1d": lambda r: F.dropout1d(r.reshape(2, 2), 0.5, training=True),
+    "fill": lambda r: r.clone().uniform_() + r,  # (an in-place fill of a batched tensor)
+    "bernoulli_fill": lambda r: torch.empty_like(r).bernoulli_(0.3) * r,
 }
 
 
@@ -609,6 +611,13 @@ def test_a_programs_draws_under_outer_vmaps_composed():
         torch.manual_seed(0)
         assert_close(mine, theirs(), rtol=0, atol=0)
     assert [eq.prim.name for eq in recorded.equations].count("draw") == 1
+    # a fill of a tensor that is the same for every example: eager vmap refuses it under
+    # 'different'; the program cannot tell it from a batched one, and draws per example
+    unbatched_fill = lambda r: r + torch.empty(4).uniform_()  # noqa: E731
+    torch.manual_seed(0)
+    mine = vmap(jit(unbatched_fill), randomness="different")(x)
+    torch.manual_seed(0)
+    assert torch.equal(mine, x + torch.rand(3, 4))
 
 
 def test_draws_a_program_cannot_follow_are_refused():
@@ -616,12 +625,12 @@ def test_draws_a_program_cannot_follow_are_refused():
     with pytest.raises(mf.UnsupportedOperationError, match=r"^trace\(<lambda>\)\(<inputs>\): "
                                                            r"torch\.rand\(\.\.\., generator"):
         jit(lambda x: x + torch.rand(3, generator=torch.Generator()))(x)
-    fill = lambda r: r.clone().uniform_()  # noqa: E731
+    functional_fill = lambda r: torch.ops.aten.uniform(r, 0.0, 1.0)  # noqa: E731
     with pytest.raises(mf.RandomnessError, match=r"^vmap\(<lambda>\)\(<inputs>\): the "
                                                  r"traced program draws random numbers "
-                                                 r"\(fill:torch\.Tensor\.uniform_: an in-place "
-                                                 r"fill.*Fix: put the vmap inside"):
-        vmap(jit(fill), randomness="different")(x)
+                                                 r"\(aten\.uniform\.default, a random aten op "
+                                                 r"without a rule.*Fix: put the vmap inside"):
+        vmap(jit(functional_fill), randomness="different")(x)
     with pytest.raises(mf.UnsupportedOperationError, match=r"^trace\(<lambda>\)\(<inputs>\): "
                                                            r"torch\.nn\.functional\.rrelu draws "
                                                            r"random slopes .*Fix: "):
