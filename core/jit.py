@@ -101,7 +101,8 @@ class jit:
     At most ``max_signatures`` programs are kept, the most recently used (NOTE [A bounded
     cache]). A program replays only what it recorded: a random draw inside ``f`` is made
     anew at each call, from torch's generator (NOTE [Random numbers in a traced program] in
-    tracing.py); a write into a tensor that ``f`` closes over is refused (NOTE [A traced
+    tracing.py), and under a vmap around the program it follows vmap's ``randomness``
+    (NOTE [A program's draw under an outer vmap] in randomness.py); a write into a tensor that ``f`` closes over is refused (NOTE [A traced
     function that writes a tensor it closes over]); writes into its arguments happen at
     every call (NOTE [A traced function that writes its inputs] in program.py); a
     ``torch.no_grad()`` region stays one (NOTE [A no_grad region in a traced function]);
