@@ -102,14 +102,14 @@ class jit:
     cache]). A program replays only what it recorded: a random draw inside ``f`` is made
     anew at each call, from torch's generator (NOTE [Random numbers in a traced program] in
     tracing.py), and under a vmap around the program it follows vmap's ``randomness``
-    (NOTE [A program's draw under an outer vmap] in randomness.py); a write into a tensor that ``f`` closes over is refused (NOTE [A traced
-    function that writes a tensor it closes over]); writes into its arguments happen at
-    every call (NOTE [A traced function that writes its inputs] in program.py); a
-    ``torch.no_grad()`` region stays one (NOTE [A no_grad region in a traced function]);
-    and the checks that read values (indices in range, BCE's probabilities) are steps of
-    the program, made at every call. The passes keep IEEE arithmetic: ``x * 0`` stays a
-    product, NaN where x is inf or NaN, as in eager code (NOTE [Zero times infinity] in
-    passes.py).
+    (NOTE [A program's draw under an outer vmap] in randomness.py); a write into a tensor
+    that ``f`` closes over is refused (NOTE [A traced function that writes a tensor it
+    closes over]); writes into its arguments happen at every call (NOTE [A traced function
+    that writes its inputs] in program.py); a ``torch.no_grad()`` region stays one (NOTE [A
+    no_grad region in a traced function]); and the checks that read values (indices in
+    range, BCE's probabilities) are steps of the program, made at every call. The passes
+    keep IEEE arithmetic: ``x * 0`` stays a product, NaN where x is inf or NaN, as in eager
+    code (NOTE [Zero times infinity] in passes.py).
     """
 
     def __init__(self, f, backend=None, *, max_signatures=64):
