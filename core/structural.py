@@ -724,7 +724,13 @@ aten_api.register(aten.cummin.default)(cummin)
 _PICKS = {"max": torch.amax, "min": torch.amin,
           "median": lambda x, dim: torch.median(x, dim).values,
           "nanmedian": lambda x, dim: torch.nanmedian(x, dim).values}
-pick_of_all_p = P.primitive("pick_of_all", lambda x, *, dim, pick: _PICKS[pick](x, dim))
+
+
+def _pick_of_all_impl(x, *, dim, pick):
+    return _PICKS[pick](x, dim)
+
+
+pick_of_all_p = P.primitive("pick_of_all", _pick_of_all_impl)
 
 
 def pick_of_all_vjp(x, *, dim, pick):
