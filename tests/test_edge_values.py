@@ -151,6 +151,34 @@ def test_composed_transforms_at_special_values_as_torch_func(case, transform):
     torch.testing.assert_close(ours, theirs, equal_nan=True)
 
 
+@pytest.mark.parametrize("transform", ["forward", "grad"])
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_jit_at_special_values_is_eager_bit_for_bit(case, transform):
+    """A program replays what eager code computes, at 0, -0, +-inf and nan too: the passes
+    keep IEEE arithmetic (NOTE [Zero times infinity] in core/passes.py)."""
+    args = case.sample()
+    rest = args[1:]
+
+    def f(a):
+        out = case.fn(a, *rest)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    def f_sum(a):
+        out = f(a)
+        return out.sum() if out.is_floating_point() else out.float().sum() * 0
+
+    function = f if transform == "forward" else mf.grad(f_sum)
+    x = special_values(args[0])
+    try:
+        eager = function(x)
+    except Exception as error:  # noqa: BLE001 - eager code raises: so must the program
+        with pytest.raises(Exception) as ours:
+            mf.jit(function)(x)
+        assert isinstance(ours.value, (mf.TransformError, type(error))), ours.value
+        return
+    torch.testing.assert_close(mf.jit(function)(x), eager, equal_nan=True, rtol=0, atol=0)
+
+
 BINARY = {"maximum": torch.maximum, "minimum": torch.minimum, "fmax": torch.fmax,
           "fmin": torch.fmin, "atan2": torch.atan2, "hypot": torch.hypot,
           "copysign": torch.copysign, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
