@@ -600,8 +600,8 @@ def diag(x, diagonal=0):
     rank = _rank(x)
     if rank == 1:
         return diag_embed(x, offset=diagonal, dim1=0, dim2=1)
-    if rank == 2:
-        return bind(P.diagonal_p, x, offset=diagonal, dim1=0, dim2=1)
+    if rank == 2:  # a copy, as torch's (torch.diagonal is the view)
+        return clone(bind(P.diagonal_p, x, offset=diagonal, dim1=0, dim2=1))
     raise ShapeMismatchError(
         f"diag(x): diag(): Supports 1D or 2D tensors. Got {rank}D (as in torch; shape "
         f"{shape_of(x)}). Fix: use torch.diagonal(x, dim1=..., dim2=...) for a batch of "

@@ -861,3 +861,19 @@ def test_a_per_example_outer_product_takes_the_cpus_faster_kernel(rows, wide_vec
     large = wide_vectors and rows == 4096
     assert ("aten::bmm" in ran) == large and ("aten::mul" in ran) != large, ran
     assert torch.equal(ours, tf.vmap(outer)(a, b))
+
+
+def test_diag_of_a_matrix_is_a_copy_as_in_torch():
+    """torch.diag of a 2-D tensor is a new tensor (torch.diagonal is the view): under vmap its
+    result is laid out as torch.func's (contiguous), holds none of the input's memory, and a
+    write into it leaves the input alone."""
+    xs = torch.arange(18.0).reshape(2, 3, 3)
+    ours, theirs = mf.vmap(torch.diag)(xs), tf.vmap(torch.diag)(xs)
+    assert torch.equal(ours, theirs) and ours.stride() == theirs.stride() == (3, 1)
+    assert ours.untyped_storage().data_ptr() != xs.untyped_storage().data_ptr()
+
+    def write_into_the_diagonal(x):
+        y = x * 1
+        torch.diag(y).mul_(10)
+        return y
+    assert torch.equal(mf.vmap(write_into_the_diagonal)(xs), tf.vmap(write_into_the_diagonal)(xs))
