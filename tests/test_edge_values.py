@@ -22,16 +22,25 @@ def special_values(like):
     return torch.tensor(list(values), dtype=like.dtype).reshape(like.shape)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
-def test_gradient_at_special_values_as_torch_func(case):
-    args = case.sample()
+def _output_and_loss(case, args):
+    """A case's function of its first argument (its first output) and a scalar of it (0 for
+    an integer output, which has no derivative), the other arguments the sample's."""
     rest = args[1:]
 
     def f(a):
         out = case.fn(a, *rest)
-        out = out[0] if isinstance(out, (tuple, list)) else out
-        return out.sum() if out.is_floating_point() else out.float().sum() * 0
+        return out[0] if isinstance(out, (tuple, list)) else out
 
+    def f_sum(a):
+        out = f(a)
+        return out.sum() if out.is_floating_point() else out.float().sum() * 0
+    return f, f_sum
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_gradient_at_special_values_as_torch_func(case):
+    args = case.sample()
+    _, f = _output_and_loss(case, args)
     x = special_values(args[0])
     try:
         theirs = tf.grad(f)(x)
@@ -74,12 +83,7 @@ def test_tangent_at_special_values_as_torch_func(case):
     derivatives.yaml's jvp formulas are not always the vjp's (x.max()'s ties share by ``==``
     forward and count NaNs as ties backward)."""
     args = case.sample()
-    rest = args[1:]
-
-    def f(a):
-        out = case.fn(a, *rest)
-        return out[0] if isinstance(out, (tuple, list)) else out
-
+    f, _ = _output_and_loss(case, args)
     x = special_values(args[0])
     x_dot = torch.linspace(-1.5, 2.0, x.numel(), dtype=x.dtype).reshape(x.shape)
     try:
@@ -120,15 +124,7 @@ def test_composed_transforms_at_special_values_as_torch_func(case, transform):
     ones), as a Jacobian, and as a Hessian-vector product (jvp of grad), where the batching
     rules and the derivatives of the derivative formulas meet the same values."""
     args = case.sample()
-    rest = args[1:]
-
-    def f(a):
-        out = case.fn(a, *rest)
-        return out[0] if isinstance(out, (tuple, list)) else out
-
-    def f_sum(a):
-        out = f(a)
-        return out.sum() if out.is_floating_point() else out.float().sum() * 0
+    f, f_sum = _output_and_loss(case, args)
 
     x = special_values(args[0])
     xs = torch.stack([x, x.flip(0) if x.dim() else x, torch.ones_like(x)])
@@ -157,15 +153,7 @@ def test_jit_at_special_values_is_eager_bit_for_bit(case, transform):
     """A program replays what eager code computes, at 0, -0, +-inf and nan too: the passes
     keep IEEE arithmetic (NOTE [Zero times infinity] in core/passes.py)."""
     args = case.sample()
-    rest = args[1:]
-
-    def f(a):
-        out = case.fn(a, *rest)
-        return out[0] if isinstance(out, (tuple, list)) else out
-
-    def f_sum(a):
-        out = f(a)
-        return out.sum() if out.is_floating_point() else out.float().sum() * 0
+    f, f_sum = _output_and_loss(case, args)
 
     function = f if transform == "forward" else mf.grad(f_sum)
     x = special_values(args[0])
