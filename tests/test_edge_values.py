@@ -110,7 +110,7 @@ KNOWN_COMPOSED = {
     ("matmul_1d_1d", "vmap_jvp"): _TORCH_FUNC_IS_NOT_JVP,
     ("dot", "vmap_jvp"): _TORCH_FUNC_IS_NOT_JVP,
 }
-COMPOSED = ["vmap_grad", "vmap_jvp", "jacrev", "jvp_grad"]
+COMPOSED = ["vmap_grad", "vmap_jvp", "jacrev", "jvp_grad", "grad_grad"]
 
 
 @pytest.mark.parametrize("case, transform", [
@@ -121,8 +121,9 @@ COMPOSED = ["vmap_grad", "vmap_jvp", "jacrev", "jvp_grad"]
     if not (transform == "vmap_jvp" and case.name in KNOWN_TANGENTS)])
 def test_composed_transforms_at_special_values_as_torch_func(case, transform):
     """The two tests above under vmap (three examples: the special values, flipped, and
-    ones), as a Jacobian, and as a Hessian-vector product (jvp of grad), where the batching
-    rules and the derivatives of the derivative formulas meet the same values."""
+    ones), as a Jacobian, and as a Hessian-vector product (jvp of grad, and grad of grad),
+    where the batching rules and the derivatives of the derivative formulas meet the same
+    values."""
     args = case.sample()
     f, f_sum = _output_and_loss(case, args)
 
@@ -134,6 +135,7 @@ def test_composed_transforms_at_special_values_as_torch_func(case, transform):
         "vmap_jvp": lambda api: api.vmap(lambda x, t: api.jvp(f, (x,), (t,))[1])(xs, xs_dot),
         "jacrev": lambda api: api.jacrev(f)(x),
         "jvp_grad": lambda api: api.jvp(api.grad(f_sum), (x,), (xs_dot[0],))[1],
+        "grad_grad": lambda api: api.grad(lambda x: (api.grad(f_sum)(x) * xs_dot[0]).sum())(x),
     }
     try:
         theirs = runs[transform](tf)
