@@ -7,6 +7,8 @@ convention for level numbers that the tape stepper's labels use.
 """
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,26 @@ def test_chapter_1_is_short_and_states_the_level_convention():
 def test_the_tour_says_where_a_magic_goes():
     tour = "\n".join(source(c) for c in load(NOTEBOOKS / "00_tour.ipynb")["cells"])
     assert "first line of its cell" in tour and "comment" in tour
+
+
+GENERATORS = NOTEBOOKS.parent / "tools" / "notebooks"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_each_chapter_is_what_its_generator_writes(path, tmp_path):
+    """tools/notebooks/README.md: the prose is fixed in the chapter's script, not in the
+    notebook, so that the two stay the same. The script, run into a scratch file, writes the
+    stored chapter's cells: the same kinds, sources and tags (outputs come from
+    ``make notebooks``)."""
+    script = GENERATORS / f"make_{path.stem}.py"
+    written = tmp_path / path.name
+    subprocess.run([sys.executable, str(script), str(written)], check=True,
+                   capture_output=True, cwd=NOTEBOOKS.parent)
+
+    def cells(notebook):
+        return [(cell["cell_type"], "".join(cell["source"]),
+                 sorted(cell.get("metadata", {}).get("tags", [])))
+                for cell in load(notebook)["cells"]]
+    assert cells(written) == cells(path), (
+        f"{path.name} differs from what {script.name} writes: edit the script, run it, then "
+        "`make notebooks`")

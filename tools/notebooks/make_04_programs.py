@@ -357,17 +357,19 @@ cells = [
     assert_close(shared(x), torch.func.grad(wave)(x))
     """),
     md(r"""
-    **Symbolic zeros.** Forward mode in the direction of `x` alone gives `y` a zero
-    tangent, and the `mul` rule then multiplies by it. Folding replaces everything computed
-    from that zero by zeros, which are then unused, so dead-code elimination removes them.
-    (The tangent of `x` is a tensor of ones, and the program still multiplies by it:
-    `fold_identities` knows the literal `1`, not a tensor that happens to hold ones.) The
-    cell after it runs `simplify`, the four passes repeated until nothing changes, on the
-    Hessian program.
+    **Symbolic zeros.** Forward mode in the direction of `x` alone gives `y` a tangent of
+    zeros. Folding follows them: a zero times the number 2 is zero, and adding a zero changes
+    nothing, so the tangent of `2 * y` disappears, with the sum that added it, and dead-code
+    elimination removes what became unused. A zero times a *tensor* stays (`mul` of the zeros
+    and `sin a`): the tensor may hold `inf` or `nan`, and `0 * inf` is `nan`, as eager torch and
+    torch.func compute it (NOTE [Zero times infinity] in `passes.py`). (The tangent of `x` is a
+    tensor of ones, and the program still multiplies by it: `fold_identities` knows the literal
+    `1`, not a tensor that happens to hold ones.) The cell after it runs `simplify`, the four
+    passes repeated until nothing changes, on the Hessian program.
     """),
     code(r"""
     def product(x, y):
-        return torch.sin(x) * y
+        return torch.sin(x) * y + 2 * y
 
     def d_product_dx(x, y):
         _, tangent = jvp(product, (x, y), (torch.ones_like(x), torch.zeros_like(y)))
@@ -464,6 +466,61 @@ cells = [
     print(fast_grad.program_for(w, batch))
     """),
     md(r"""
+    ### A function that writes its arguments
+
+    A training step often updates its arguments in place: `w.sub_(lr * g)`, a running mean
+    `stats.mul_(0.9).add_(...)`. A program is pure data, with outputs but no side effects, so
+    while tracing such a write swaps the new value into the argument's stand-in, as under any
+    transform, and the program computes it out of place. It becomes one more output, and the
+    program's `writes` table pairs it with the input it belongs to, printed after the outputs
+    as `writes a <- h`. Calling the program, or the `jit` function, copies those outputs into
+    the caller's tensors. This is how torch.func's `functionalize` and torch.compile's
+    AOTAutograd treat input mutations: the graph stays pure, and the copy back happens
+    around it.
+    """),
+    code(r"""
+    def sgd_step(w, inputs):
+        g = grad(loss)(w, inputs)
+        w.sub_(0.5 * g)            # an in-place update of an argument
+        return loss(w, inputs)
+
+    step = jit(sgd_step)
+    w_jit, w_eager = torch.ones(3), torch.ones(3)
+    for _ in range(3):
+        assert_close(step(w_jit, batch), sgd_step(w_eager, batch))
+    assert_close(w_jit, w_eager)   # three calls, three updates of the caller's tensor
+    print(w_jit)
+    print(step.program_for(w_jit, batch))
+    """),
+    md(r"""
+    ### A function that draws random numbers
+
+    Dropout in training mode draws a new mask at every step. A program that stored the mask
+    drawn while tracing would replay that one mask forever. So the trace records the call
+    itself, as a `draw` equation that names the torch call (`torch.bernoulli` on a tensor of
+    the input's shape) and makes it anew each time the program runs, from torch's generator:
+    from the same seed, the same numbers as eager torch. Nothing is drawn while tracing (the
+    result's shape comes from the same call on the meta device), and the passes keep every
+    draw, in order, even one nobody reads, because each one moves the generator on.
+
+    Under a `vmap` around the program, each draw goes back to the rule of the random function
+    that made it, so `vmap(jit(f), randomness='different')` draws what `vmap(f,
+    randomness='different')` draws, and 'same' and 'error' act as they do on `f`.
+    """),
+    code(r"""
+    def noisy_step(w, inputs):
+        return loss(torch.nn.functional.dropout(w, 0.5), inputs)   # training mode
+
+    noisy = jit(noisy_step)
+    torch.manual_seed(0)
+    jitted_losses = [noisy(torch.ones(3), batch) for _ in range(3)]
+    torch.manual_seed(0)
+    eager_losses = [noisy_step(torch.ones(3), batch) for _ in range(3)]
+    assert_close(jitted_losses, eager_losses)   # a new mask at each call, the eager ones
+    print([round(l.item(), 4) for l in jitted_losses])
+    print(noisy.program_for(torch.ones(3), batch))
+    """),
+    md(r"""
     ## Summary
 
     * `trace(f)(*examples)` runs `f` once on shape-and-dtype stand-ins and records each
@@ -475,6 +532,9 @@ cells = [
     * Passes rewrite programs; `simplify` combines them. `python_source()` and `jit` turn a
       program into straight-line Python, compiled once per signature; the code `jit` runs
       reuses dead buffers and binds numbers once.
+    * A function that writes its arguments in place traces to a pure program with the new
+      values as extra outputs (`writes`); a call copies them into the caller's tensors.
+    * A random draw is recorded as the call that makes it (`draw`), made anew at each call.
 
     Next chapter: reverse mode done entirely on programs, exported to `torch.fx`.
 
