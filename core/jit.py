@@ -26,7 +26,9 @@ import functools
 
 import torch
 
+from . import primitives as P
 from . import pytree
+from . import tensor as tensor_module
 from .fast_code import reusable_equations, unless_recorded
 from .tensor import as_tensor, engine_code, unwrap
 from .values import Value
@@ -58,12 +60,13 @@ def _signature(leaves):
 
 
 class _Compiled:
-    __slots__ = ("program", "run", "out_treedef", "has_transformed_constants", "key")
+    __slots__ = ("program", "run", "out_treedef", "has_transformed_constants", "key", "draws")
 
     def __init__(self, program, backend, key):
         self.key = key  # its entry in jit._cache
         self.program = program
         self.out_treedef = program.out_treedef
+        self.draws = any(equation.prim is P.draw_p for equation in program.equations)
         self.has_transformed_constants = any(isinstance(c, Value)
                                              for _, c in program.constants)
         if self.has_transformed_constants:
@@ -84,6 +87,14 @@ class _Compiled:
                 f"jit(f, backend={backend!r}): expected backend=None (generated Python) or "
                 "'inductor' (torch.compile)."
             )
+
+
+def _draws_under_a_vmap(compiled):
+    """Whether a program that draws is called while a vmap runs, with plain tensors (the
+    vmapped function passes it none of its values): its draws follow that vmap's
+    ``randomness`` when the program is evaluated (NOTE [A program's draw under an outer
+    vmap] in randomness.py), which the generated code, made for one call, cannot."""
+    return compiled.draws and tensor_module.vmap_running()
 
 
 class jit:
@@ -140,7 +151,7 @@ class jit:
                           for a in args))
             except AttributeError:  # an argument without a shape: use the general path
                 compiled = None
-            if compiled is not None:
+            if compiled is not None and not _draws_under_a_vmap(compiled):
                 self._cache.move_to_end(compiled.key)
                 outputs = compiled.run(*args)
                 if compiled.program.writes:  # NOTE [A traced function that writes its inputs]
@@ -159,7 +170,8 @@ class jit:
                 self._plain_cache[tuple((a.shape, a.dtype, a.device) for a in args)] = compiled
         arrays = [isinstance(leaf, (torch.Tensor, Value)) for leaf in leaves]
         tensors = [leaf for leaf, is_array in zip(leaves, arrays) if is_array]
-        if compiled.run is None or any(isinstance(t, Value) for t in tensors):
+        if (compiled.run is None or any(isinstance(t, Value) for t in tensors)
+                or _draws_under_a_vmap(compiled)):
             # values of an enclosing transform: the program is evaluated with bind, so that
             # the transform applies its rules to each equation
             with engine_code():

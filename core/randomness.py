@@ -594,8 +594,10 @@ def _draw_in_a_program(arrays, params):
     records as a fresh tensor filled, the in-place rule (``_fill_in_a_program``). A trace
     recording around the vmap records the draws these rules make. A random aten op without
     a rule keeps the recorded call, refused under a vmap (``_draw_batch``, ``_guard_draw``).
-    In torch.func, make_fx's graph of a random op is an aten call, and vmap over the replay
-    sees it as it would in eager code."""
+    jit evaluates a program that draws this way whenever a vmap runs, also when the vmapped
+    function passes it plain tensors only (``jit._draws_under_a_vmap``). In torch.func,
+    make_fx's graph of a random op is an aten call, and vmap over the replay sees it as it
+    would in eager code."""
     call = params["call"]
     levels = _levels_followed(_recording())
     if not levels:
@@ -665,11 +667,11 @@ def _levels_followed(recording):
 
 def _refuse_draw_under_vmap(call, level):
     raise RandomnessError(
-        f"{level.call}: the traced program draws random numbers ({call}, a random aten op "
-        "without a rule of its own), and such a draw of a program does not follow vmap's "
-        "randomness. Fix: put the vmap inside the traced function (jit(vmap(f, "
-        "randomness='different'))), where the draws follow it, or draw the numbers outside "
-        "and pass them in.")
+        f"{level.call}: the traced program draws random numbers ({call}) in code made for "
+        "one call (a random aten op without a rule of its own, or the program's generated "
+        "code run under vmap), which does not follow vmap's randomness. Fix: put the vmap "
+        "inside the traced function (jit(vmap(f, randomness='different'))), where the draws "
+        "follow it, or draw the numbers outside and pass them in.")
 
 
 batching.batching_rules[P.draw_p] = _draw_batch

@@ -611,6 +611,16 @@ def test_a_programs_draws_under_outer_vmaps_composed():
         torch.manual_seed(0)
         assert_close(mine, theirs(), rtol=0, atol=0)
     assert [eq.prim.name for eq in recorded.equations].count("draw") == 1
+    # a jitted function that draws, called with plain tensors inside the vmapped function
+    # (a warm cache entry of the fast path included): it draws per example, as eager code
+    noise = jit(lambda ones: ones * torch.rand(4))
+    noise(torch.ones(4))
+    for _ in range(2):
+        torch.manual_seed(0)
+        mine = vmap(lambda r: r + noise(torch.ones(4)), randomness="different")(x)
+        torch.manual_seed(0)
+        assert torch.equal(mine, tf.vmap(lambda r: r + torch.ones(4) * torch.rand(4),
+                                         randomness="different")(x))
     # a fill of a tensor that is the same for every example: eager vmap refuses it under
     # 'different'; the program cannot tell it from a batched one, and draws per example
     unbatched_fill = lambda r: r + torch.empty(4).uniform_()  # noqa: E731
@@ -628,8 +638,9 @@ def test_draws_a_program_cannot_follow_are_refused():
     functional_fill = lambda r: torch.ops.aten.uniform(r, 0.0, 1.0)  # noqa: E731
     with pytest.raises(mf.RandomnessError, match=r"^vmap\(<lambda>\)\(<inputs>\): the "
                                                  r"traced program draws random numbers "
-                                                 r"\(aten\.uniform\.default, a random aten op "
-                                                 r"without a rule.*Fix: put the vmap inside"):
+                                                 r"\(aten\.uniform\.default\) in code made "
+                                                 r"for one call \(a random aten op without a "
+                                                 r"rule.*Fix: put the vmap inside"):
         vmap(jit(functional_fill), randomness="different")(x)
     with pytest.raises(mf.UnsupportedOperationError, match=r"^trace\(<lambda>\)\(<inputs>\): "
                                                            r"torch\.nn\.functional\.rrelu draws "
