@@ -14,6 +14,7 @@ import torch.func as tf
 import torch.nn.functional as F
 
 import minifunctorch.core as mf
+from minifunctorch.core import kernels
 
 # torch.func scripts its decompositions on first use (torch deprecates torch.jit.script), and
 # torch.func.linearize's constant folding warns inside torch.fx
@@ -850,7 +851,6 @@ def test_a_per_example_outer_product_takes_the_cpus_faster_kernel(rows, wide_vec
     with 512-bit vectors and stays the multiply on others (NOTE [Kernel choices that depend
     on the CPU]). Either way the result is torch.func's bit for bit: one product per
     element."""
-    from minifunctorch.core import kernels
     monkeypatch.setattr(kernels, "WIDE_VECTORS", wide_vectors)
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(4, rows, generator=g), torch.randn(4, 256, generator=g)
