@@ -465,7 +465,8 @@ def _grouped_grad_weight(ct, x, weight_shape, stride, padding, groups):
         .unfold(4, kw, stride[1])  # (n, groups, c_in, out_h, out_w, kh, kw)
     columns = windows.permute(1, 2, 5, 6, 0, 3, 4).reshape(groups, c_in * kh * kw,
                                                              n * out_h * out_w)
-    ct = ct.view(n, groups, c_out // groups, out_h * out_w).permute(1, 2, 0, 3) \
+    # (reshape, not view: the cotangent may come strided, as bilinear upsampling's does)
+    ct = ct.reshape(n, groups, c_out // groups, out_h * out_w).permute(1, 2, 0, 3) \
         .reshape(groups, c_out // groups, n * out_h * out_w)
     return torch.bmm(ct, columns.transpose(1, 2)).view(weight_shape)
 

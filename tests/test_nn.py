@@ -1011,6 +1011,16 @@ _SMALL_CONVS = {  # name -> (f, in_dims, shapes); f(x, w, b) with examples batch
                                                                 padding=(1, 2)).sin().sum()),
                              in_dims=(None, None, 0)),
         ((3, 2, 3, 2), (3,), (5, 2, 9, 8))),
+    # the cotangent reaches the kernel strided (bilinear upsampling's backward gives one)
+    "per-sample gradients, a strided cotangent (grouped grad_weight)": (
+        lambda api: api.vmap(api.grad(lambda w, b, x: F.interpolate(
+            F.conv2d(x[None], w, b, padding=1), scale_factor=2, mode="bilinear").square().sum()),
+            in_dims=(None, None, 0)),
+        ((4, 3, 3, 3), (4,), (6, 3, 8, 8))),
+    "grad_input, a strided cotangent (slow backward)": (
+        lambda api: api.vmap(api.grad(lambda x, w, b: F.conv2d(x[None], w, b, padding=1)
+                                      .transpose(-1, -2).tanh().sum()), in_dims=(0, None, None)),
+        ((6, 3, 8, 8), (5, 3, 3, 3), (5,))),
     "a batch of examples (forward)": (
         lambda api: api.vmap(lambda w, b, x: F.conv2d(x[None], w, b)[0], in_dims=(None, None, 0)),
         ((8, 3, 3, 3), (8,), (4, 3, 8, 8))),
