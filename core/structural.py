@@ -38,11 +38,13 @@ first-order linear recurrences (``out_dot_k = x_k out_dot_{k-1} + x_dot_k out_{k
 its transpose for the vjp) solved by recursive doubling (``_linear_recurrence``): log2(n)
 steps of shifts, multiplies and adds. No division, so exact with zeros, and built from
 differentiable ops, so exact at every order (the hessian of prod at a point with two zeros).
-The product of the others is finite where ``x_k`` itself is nan or infinite, where torch's
-``result / x_k`` gives nan (eager autograd, and torch.func.vjp, whose backward runs on plain
-tensors), as do finite differences: adding ``0 * x_k`` gives nan there too. (torch.func's
-grad and jvp run the formula on wrapped tensors, so take the path for zeros, finite there;
-so does eager torch when another element of the tensor is 0.)
+The product of the others is finite where ``x_k`` itself is nan or infinite. torch's
+formula checks its whole input for a zero: with none it divides, ``result / x_k``, which is
+nan there (eager autograd, and torch.func's vjp and jacrev, whose backward runs on plain
+tensors), as are finite differences; with one it takes the exclusive products on every slice.
+Adding ``0 * x_k`` when the tensor (the example, under vmap) holds no zero gives the same.
+(torch.func's grad, jvp and vmap run the formula on wrapped tensors, so take the path for
+zeros always: finite at a nan or infinite element. README.md lists this difference.)
 """
 import builtins
 import math
@@ -222,9 +224,11 @@ def _products_of_the_others(x, dim):
     others = ops.mul(_exclusive_cumprod(y, last), _exclusive_cumprod(y, last, reverse=True))
     others = ops.reshape(others, *(shape[d] for d in order))
     others = ops.permute(others, *sorted(range(len(order)), key=order.__getitem__))
-    # nan where x itself is nan or infinite (0 * x), as torch's result / x (NOTE [Products
-    # with zeros])
-    return ops.add(others, ops.mul(ops.detach(x), 0.0))
+    # nan at a nan or infinite x (0 * x), as torch's result / x, if the tensor holds no zero
+    # (NOTE [Products with zeros])
+    x = ops.detach(x)
+    no_zero = ops.eq(ops.sum(ops.convert(ops.eq(x, 0.0), torch.float32)), 0.0)
+    return ops.add(others, ops.where(no_zero, ops.mul(x, 0.0), 0.0))
 
 
 def prod_vjp(x, *, dim, keepdim):

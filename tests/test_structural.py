@@ -28,6 +28,7 @@ from oracle import (
 aten = torch.ops.aten
 prims = torch.ops.prims
 INF = float("inf")
+NAN = float("nan")
 
 
 # --- inputs --------------------------------------------------------------------------------------
@@ -514,7 +515,8 @@ def test_prod_gradients_with_zeros_are_exact():
 @pytest.mark.parametrize("bad", [float("nan"), INF, -INF])
 def test_prod_derivative_at_a_non_finite_element_is_nan_as_torch(bad):
     """NOTE [Products with zeros]: the product of the others is finite at a nan or infinite
-    element, where torch's ``result / x`` (eager autograd and torch.func.vjp) and finite
+    element, where torch's ``result / x`` (eager autograd and torch.func.vjp, on a tensor
+    without a zero) and finite
     differences give nan (masked.prod, OpInfo sample 17: a nan on the diagonal, the masked
     elements set to 1). (torch.func.grad and jvp run the formula on wrapped tensors and take
     torch's path for zeros instead: the product of the others.)"""
@@ -537,6 +539,24 @@ def test_prod_derivative_at_a_non_finite_element_is_nan_as_torch(bad):
         differences = (f(x + 1e-6 * t) - f(x - 1e-6 * t)) / 2e-6
         torch.testing.assert_close(mf.jvp(f, (x,), (t,))[1], differences, rtol=1e-5,
                                    atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("rows", [
+    [[0.0, NAN, 2.0]], [[INF, 0.0, 2.0]], [[0.0, 0.0, INF]], [[-INF, INF, 1.0]],
+    [[1.0, INF, 2.0], [3.0, 0.0, 2.0]],  # a zero in another slice: no nan at the inf
+    [[NAN, 1.0, 2.0], [0.5, -1.0, 2.0]]], ids=str)
+def test_prod_derivative_at_non_finite_elements_beside_zeros_as_torch(rows):
+    """NOTE [Products with zeros]: torch divides ``result / x`` only when its input holds no
+    zero; a zero anywhere in it (another slice included) gives the exclusive products on every
+    slice. (Before, a nan or inf beside a zero gave nan where torch gives a number.)"""
+    x = torch.tensor(rows, dtype=DTYPE)
+    for f in (torch.prod, lambda x: x.prod(1), lambda x: x.prod(0)):
+        out = f(x)
+        ct = torch.linspace(0.5, 1.5, out.numel(), dtype=DTYPE).reshape(out.shape)
+        leaf = x.clone().requires_grad_()
+        eager, = torch.autograd.grad(f(leaf), leaf, ct, create_graph=True)
+        torch.testing.assert_close(tf.vjp(f, x)[1](ct)[0], eager, equal_nan=True)
+        torch.testing.assert_close(mf.vjp(f, x)[1](ct)[0], eager, equal_nan=True)
 
 
 def test_cumprod_third_order_with_zeros():
