@@ -811,16 +811,31 @@ def _linear_recurrence(a, b, dim, *, reverse=False):
     """``s_k = b_k + a_k s_{k-1}`` along ``dim`` (``s_{k+1}`` when reversed), from s = 0, by
     recursive doubling (Hillis and Steele): after the step of width w, ``b_k`` holds the
     recurrence over the w elements ending at k and ``a_k`` the product of their a's, and
-    combining neighbours w apart doubles the width. log2(n) steps, no division."""
+    combining neighbours w apart doubles the width. log2(n) steps, no division. A step
+    updates only the places with a neighbour w apart: a product with a zero standing in for
+    a missing neighbour would make an infinite ``a_k`` nan (``inf * 0``)."""
     n = ops.shape_of(b)[dim]
     width = 1
     while width < n:
-        offset = -width if reverse else width
-        b = ops.add(b, ops.mul(a, _shift(b, dim, offset, 0)))
+        b = _combine_neighbours(b, a, b, dim, width, reverse, ops.add)
         if 2 * width < n:
-            a = ops.mul(a, _shift(a, dim, offset, 0))
+            a = _combine_neighbours(a, a, a, dim, width, reverse, None)
         width *= 2
     return b
+
+
+def _combine_neighbours(x, a, y, dim, width, reverse, add):
+    """``x_k`` with ``a_k y_{k-width}`` (``y_{k+width}`` when reversed) added to it (``add``)
+    or, if ``add`` is None, as the product ``a_k y_{k-width}`` (x is then a); places without
+    such a neighbour keep ``x_k``."""
+    n = ops.shape_of(x)[dim]
+    here = (0, n - width) if reverse else (width, n)
+    there = (width, n) if reverse else (0, n - width)
+    term = ops.mul(_slice(a, dim, *here), _slice(y, dim, *there))
+    if add is not None:
+        term = add(_slice(x, dim, *here), term)
+    kept = _slice(x, dim, n - width, n) if reverse else _slice(x, dim, 0, width)
+    return ops.cat([term, kept] if reverse else [kept, term], dim)
 
 
 def cumprod_vjp(x, *, dim):

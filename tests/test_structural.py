@@ -559,6 +559,23 @@ def test_prod_derivative_at_non_finite_elements_beside_zeros_as_torch(rows):
         torch.testing.assert_close(mf.vjp(f, x)[1](ct)[0], eager, equal_nan=True)
 
 
+@pytest.mark.parametrize("row", [[2.0, 3.0, INF, 1.0], [1.0, INF, 2.0], [INF, 0.0, 2.0, 5.0],
+                                 [NAN, 1.0, 2.0, 0.5], [1.0, 2.0, -INF, NAN]], ids=str)
+def test_cumprod_derivative_at_a_non_finite_element_as_torch_func(row):
+    """The recurrences of cumprod's derivatives (``_linear_recurrence``) update only the places
+    with a neighbour: a zero standing in for a missing one, times an infinite factor, made nan
+    (the gradient of cumprod at [2, 3, inf] was nan at 3 where torch.func.grad gives inf, and
+    the first tangent at [inf, 0, ...] was nan where the first output is x_0 itself)."""
+    x = torch.tensor(row, dtype=DTYPE)
+    ct = torch.linspace(0.5, 2.0, x.numel(), dtype=DTYPE)
+    theirs = tf.grad(lambda v: (torch.cumprod(v, 0) * ct).sum())(x)
+    torch.testing.assert_close(mf.vjp(lambda v: torch.cumprod(v, 0), x)[1](ct)[0], theirs,
+                               equal_nan=True)
+    x_dot = torch.linspace(-1.0, 1.5, x.numel(), dtype=DTYPE)
+    tangent = mf.jvp(lambda v: torch.cumprod(v, 0), (x,), (x_dot,))[1]
+    assert tangent[0] == x_dot[0], tangent
+
+
 def test_cumprod_third_order_with_zeros():
     """d3/dx_a dx_b dx_c sum_j prod_{i<=j} x_i = sum_{j>=max(a,b,c)} prod_{i<=j, i not in
     {a,b,c}} x_i for distinct a, b, c (0 otherwise: the function is multilinear). torch.func
