@@ -4068,6 +4068,14 @@ def softmin(x, dim=None, _stacklevel=3, dtype=None):
     return ops.softmax(ops.neg(x), dim)
 
 
+def _positive_part(z):
+    """z where z > 0, else 0: the margin terms of torch's multi-margin kernels, which add a
+    term only ``if (z > 0)``. So a margin of exactly 0, or nan, has no gradient and a nan adds
+    nothing (clamp_min, as torch._decomp writes it, passes the gradient at 0 and keeps the nan;
+    relu passes it at nan)."""
+    return ops.where(ops.gt(z, 0), z, 0.0)
+
+
 def _multilabel_margin(x, target, reduction):
     """For each sample: the sum over its target classes j (those before the first -1) and
     over the other classes i of max(0, 1 - (x[j] - x[i])), divided by C.
@@ -4102,8 +4110,8 @@ def _multilabel_margin(x, target, reduction):
     # class i is a target of its sample if a counted slot names it
     names_i = ops.eq(ops.unsqueeze(ops.where(counts, target, -1), -1), positions)
     is_target = ops.gt(ops.sum(names_i, 1), 0)
-    margins = elementwise.clamp_min(
-        ops.add(ops.sub(1, ops.unsqueeze(picked, -1)), ops.unsqueeze(x, 1)), 0)
+    margins = _positive_part(ops.add(ops.sub(1, ops.unsqueeze(picked, -1)),
+                                     ops.unsqueeze(x, 1)))
     keep = elementwise.logical_and(ops.unsqueeze(counts, -1),
                                    elementwise.logical_not(ops.unsqueeze(is_target, 1)))
     loss = ops.div(ops.sum(ops.where(keep, margins, 0.0), (1, 2)), classes)
@@ -4145,8 +4153,7 @@ def _multi_margin(x, target, p, margin, weight, reduction):
         )
     classes = shape_of(x)[1]
     column = ops.unsqueeze(target, 1)
-    margins = elementwise.clamp_min(
-        ops.add(ops.sub(margin, ops.gather(x, 1, column)), x), 0)
+    margins = _positive_part(ops.add(ops.sub(margin, ops.gather(x, 1, column)), x))
     if p == 2:
         margins = ops.square(margins)
     if weight is not None:

@@ -514,6 +514,30 @@ def test_finite_differences(case):
     check_finite_differences(case)
 
 
+@pytest.mark.parametrize("loss", ["multi_margin_loss", "multilabel_margin_loss"])
+def test_margin_kernels_count_only_positive_margins(loss):
+    """torch's multi-margin kernels add a term only where the margin is > 0: a margin of
+    exactly 0 (3 - 2 - 1 below) and a nan have no gradient, and a nan adds nothing. (The
+    engine clamped at 0, as torch._decomp writes it, and gave both a gradient.)"""
+    x = torch.tensor([[3.0, 1.5, -4.0, 0.5, 2.0], [1.0, 1.5, 2.0, 0.5, float("nan")]],
+                     dtype=torch.float64)
+    if loss == "multi_margin_loss":
+        target = torch.tensor([0, 0])
+        g = lambda v, t: F.multi_margin_loss(v, t)  # noqa: E731
+    else:
+        target = torch.tensor([[0, -1, 1, 1, 1], [3, 0, -1, 1, 2]])
+        g = lambda v, t: F.multilabel_margin_loss(v, t)  # noqa: E731
+    f = lambda v: g(v, target)  # noqa: E731
+    leaf = x.clone().requires_grad_()
+    eager, = torch.autograd.grad(f(leaf), leaf)
+    assert eager[0, 4] == 0 and eager[1, 4] == 0  # (the test's premise: torch's kernel)
+    torch.testing.assert_close(mf.grad(f)(x), eager)
+    torch.testing.assert_close(mf.grad(f)(x), tf.grad(f)(x))
+    per_example = lambda api: api.vmap(api.grad(lambda v, t: g(v[None], t[None])))  # noqa: E731
+    torch.testing.assert_close(per_example(mf)(x, target), per_example(tf)(x, target))
+    torch.testing.assert_close(mf.vjp(f, x)[0], f(x))
+
+
 # --- no per-example fallback ----------------------------------------------------------------
 @pytest.mark.parametrize("case", ALL_CASES, ids=[c.name for c in ALL_CASES])
 def test_vmap_uses_no_fallback(case):
