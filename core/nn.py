@@ -3989,24 +3989,35 @@ def l1_loss(x, target, size_average=None, reduce=None, reduction="mean", weight=
                            weight, ops.abs)
 
 
+def _quadratic_then_linear(d, width, quadratic_scale, linear_scale, *, boundary_inside):
+    """``quadratic_scale * d^2`` where |d| < width, ``linear_scale * (|d| - width / 2)``
+    elsewhere: smooth_l1 and huber. The square sees 0 outside (a where before it as well as
+    after), so its unused branch has a zero gradient there, not ``0 * inf`` = nan at an
+    infinite d: torch's backward kernels give the linear piece's slope. A nan counts as
+    inside, as in those kernels (their linear pieces are ``d < -width`` and ``d > width``).
+    At |d| = width both pieces have the same value and slope; the second derivative there is
+    the quadratic's for huber and the linear's for smooth_l1 (``boundary_inside``), as their
+    double backwards in derivatives.yaml give."""
+    absolute = ops.abs(d)
+    outside = ops.gt(absolute, width) if boundary_inside else ops.ge(absolute, width)
+    inside = elementwise.logical_not(outside)
+    quadratic = ops.mul(ops.square(ops.where(inside, d, 0.0)), quadratic_scale)
+    return ops.where(inside, quadratic,
+                     ops.mul(ops.sub(absolute, 0.5 * width), linear_scale))
+
+
 def _smooth_l1(beta):
     """0.5 d^2 / beta where |d| < beta, |d| - 0.5 beta elsewhere (beta 0: |d|)."""
     def loss(d):
-        absolute = ops.abs(d)
         if beta == 0:
-            return absolute
-        return ops.where(ops.lt(absolute, beta), ops.mul(ops.square(d), 0.5 / beta),
-                         ops.sub(absolute, 0.5 * beta))
+            return ops.abs(d)
+        return _quadratic_then_linear(d, beta, 0.5 / beta, 1.0, boundary_inside=False)
     return loss
 
 
 def _huber(delta):
     """0.5 d^2 where |d| < delta, delta (|d| - 0.5 delta) elsewhere."""
-    def loss(d):
-        absolute = ops.abs(d)
-        return ops.where(ops.lt(absolute, delta), ops.mul(ops.square(d), 0.5),
-                         ops.mul(ops.sub(absolute, 0.5 * delta), delta))
-    return loss
+    return lambda d: _quadratic_then_linear(d, delta, 0.5, delta, boundary_inside=True)
 
 
 @torch_api.register(F.smooth_l1_loss)

@@ -514,6 +514,31 @@ def test_finite_differences(case):
     check_finite_differences(case)
 
 
+@pytest.mark.parametrize("loss", ["huber_loss", "smooth_l1_loss"])
+def test_quadratic_then_linear_losses_at_infinity_and_nan(loss):
+    """huber_loss and smooth_l1_loss at an infinite difference have the linear piece's slope
+    (the engine gave nan: the unused quadratic branch's gradient was 0 * inf), at a nan a nan
+    (torch's kernels count it inside), and at the boundary torch's slope and curvature (the
+    engine's hessian was 0 there, torch.func's the quadratic's)."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([inf, 1.5, -inf, 0.5, nan, 2.5, -2.5, 9.0, 0.0], dtype=torch.float64)
+    t = torch.zeros(9, dtype=torch.float64)
+    width = {"huber_loss": {"delta": 2.5}, "smooth_l1_loss": {"beta": 2.5}}[loss]
+    f = lambda v: getattr(F, loss)(v, t, reduction="none", **width)  # noqa: E731
+    leaf = x.clone().requires_grad_()
+    eager, = torch.autograd.grad(f(leaf), leaf, torch.ones(9, dtype=torch.float64))
+    out, pull_back = mf.vjp(f, x)
+    torch.testing.assert_close(out, f(x), equal_nan=True)
+    torch.testing.assert_close(pull_back(torch.ones(9, dtype=torch.float64))[0], eager,
+                               equal_nan=True)
+    x_dot = torch.linspace(-1.0, 1.0, 9, dtype=torch.float64)
+    torch.testing.assert_close(mf.jvp(f, (x,), (x_dot,))[1], tf.jvp(f, (x,), (x_dot,))[1],
+                               equal_nan=True)
+    finite = x[x.isfinite()]
+    scalar = lambda v: getattr(F, loss)(v, torch.zeros_like(v), **width)  # noqa: E731
+    torch.testing.assert_close(mf.hessian(scalar)(finite), tf.hessian(scalar)(finite))
+
+
 @pytest.mark.parametrize("loss", ["multi_margin_loss", "multilabel_margin_loss"])
 def test_margin_kernels_count_only_positive_margins(loss):
     """torch's multi-margin kernels add a term only where the margin is > 0: a margin of
