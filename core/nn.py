@@ -3801,6 +3801,28 @@ def _check_same_shape(op, x, target):
         )
 
 
+# NOTE [binary_cross_entropy: torch's kernel and its formulas]
+# -(t log x + (1 - t) log(1 - x)), each log clamped at -100, per element: torch's kernel
+# (reduction 'none'), with derivatives.yaml's formulas rather than the derivative of the
+# clamped logs. Those differ where the clamp binds: a sigmoid's output that rounds to exactly
+# 0 or 1, where the clamp's zero derivative times log's infinite one is nan, and torch's
+# binary_cross_entropy_backward divides by max(x (1 - x), 1e-12) instead (a large, finite
+# gradient). The formulas are written with ops, so the higher derivatives follow.
+_BCE_EPSILON = 1e-12
+
+binary_cross_entropy_p = P.primitive(  # (the kernel does not broadcast; under vmap the
+    "binary_cross_entropy",               # batched argument may meet an unbatched one)
+    lambda x, target: aten.binary_cross_entropy(*torch.broadcast_tensors(x, target), None, 0))
+elementwise.binary_rules(
+    binary_cross_entropy_p,
+    # binary_cross_entropy_backward: grad (x - t) / max((1 - x) x, eps)
+    elementwise.OfGrad(lambda g, x, t, out: ops.div(
+        ops.mul(g, ops.sub(x, t)),
+        elementwise.clamp_min(ops.mul(ops.sub(1, x), x), _BCE_EPSILON))),
+    # binary_cross_entropy_target_backward: -logit(x) grad
+    elementwise.OfGrad(lambda g, x, t, out: ops.mul(ops.neg(elementwise.logit(x)), g)))
+
+
 @torch_api.register(F.binary_cross_entropy)
 def binary_cross_entropy(x, target, weight=None, size_average=None, reduce=None,
                          reduction="mean"):
@@ -3816,12 +3838,15 @@ def binary_cross_entropy(x, target, weight=None, size_average=None, reduce=None,
         fix="pass probabilities (a sigmoid's output), or use "
             "F.binary_cross_entropy_with_logits on the logits")
         for name, value in (("input", x), ("target", target)))
-    log_x = elementwise.clamp(ops.log(x), -100.0)
-    log_1mx = elementwise.clamp(elementwise.log1p(ops.neg(x)), -100.0)
-    loss = ops.neg(ops.add(ops.mul(target, log_x), ops.mul(ops.sub(1, target), log_1mx)))
+    loss = bind(binary_cross_entropy_p, x, target)
     if weight is not None:
         loss = ops.mul(loss, weight)
     return _reduce(loss, _reduction(size_average, reduce, reduction), "binary_cross_entropy")
+
+
+aten_api.register(aten.binary_cross_entropy.default)(
+    lambda x, target, weight=None, reduction=1: binary_cross_entropy(
+        x, target, weight, reduction=_REDUCTIONS[reduction]))
 
 
 @torch_api.register(F.binary_cross_entropy_with_logits)

@@ -514,6 +514,38 @@ def test_finite_differences(case):
     check_finite_differences(case)
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_binary_cross_entropy_at_saturated_probabilities(reduction):
+    """NOTE [binary_cross_entropy: torch's kernel and its formulas]: a probability of exactly
+    0 or 1 (a saturated sigmoid) has torch's large finite gradient, where the derivative of
+    the clamped logs was nan; elsewhere torch's values, gradients in both arguments, tangents
+    and hessian."""
+    x = torch.tensor([0.0, 1.0, 0.3, 1 - 1e-7, 1e-30, 0.5], dtype=torch.float64)
+    t = torch.tensor([1.0, 0.0, 0.2, 1.0, 0.0, 0.5], dtype=torch.float64)
+    w = torch.arange(1.0, 7.0, dtype=torch.float64)
+    f = lambda v, u: F.binary_cross_entropy(v, u, weight=w, reduction=reduction)  # noqa: E731
+    leaves = x.clone().requires_grad_(), t.clone().requires_grad_()
+    out = f(*leaves)
+    ct = torch.ones_like(out)
+    eager = torch.autograd.grad(out, leaves, ct)
+    ours, pull_back = mf.vjp(f, x, t)
+    assert torch.equal(ours, out.detach())
+    x_bar, t_bar = pull_back(ct)
+    assert x_bar.isfinite().all()  # (t's is -logit(x): infinite at 0 and 1, in torch too)
+    torch.testing.assert_close(x_bar, eager[0])
+    torch.testing.assert_close(t_bar, eager[1])
+    x_dot = torch.linspace(-1.0, 1.0, 6, dtype=torch.float64)
+    torch.testing.assert_close(mf.jvp(f, (x, t), (x_dot, x_dot))[1],
+                               tf.jvp(f, (x, t), (x_dot, x_dot))[1], equal_nan=True)
+    batch = x.expand(3, 6), t.expand(3, 6)
+    per_example = lambda api: api.vmap(api.grad(  # noqa: E731
+        lambda v, u: f(v, u).sum(), argnums=(0, 1)))(*batch)
+    torch.testing.assert_close(per_example(mf), per_example(tf))
+    inside = torch.tensor([0.3, 0.6], dtype=torch.float64), t[2:4]
+    torch.testing.assert_close(mf.hessian(lambda v: F.binary_cross_entropy(v, inside[1]))(
+        inside[0]), tf.hessian(lambda v: F.binary_cross_entropy(v, inside[1]))(inside[0]))
+
+
 @pytest.mark.parametrize("loss", ["huber_loss", "smooth_l1_loss"])
 def test_quadratic_then_linear_losses_at_infinity_and_nan(loss):
     """huber_loss and smooth_l1_loss at an infinite difference have the linear piece's slope
