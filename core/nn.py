@@ -4651,7 +4651,10 @@ def rrelu(x, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
 
 @aten_api.register(aten._prelu_kernel.default)
 def _prelu_kernel(x, weight):
-    return ops.where(ops.gt(x, 0), x, ops.mul(weight, x))
+    # (the weight multiplies x's part at or below 0: where x > 0 that part is 0, so the
+    # weight's gradient there is 0, as torch's, not 0 * inf at an infinite x)
+    positive = ops.gt(x, 0)
+    return ops.where(positive, x, ops.mul(weight, ops.where(positive, 0.0, x)))
 
 
 def _check_bilinear(x1, x2, weight, bias):

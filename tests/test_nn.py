@@ -514,6 +514,23 @@ def test_finite_differences(case):
     check_finite_differences(case)
 
 
+def test_prelu_weight_gradient_at_positive_infinity():
+    """The weight multiplies x's part at or below 0, which is 0 at +inf: its gradient there
+    is 0, as torch's (it was 0 * inf = nan)."""
+    x = torch.tensor([[float("inf"), 1.5, -2.0], [0.5, -1.0, 3.0]], dtype=torch.float64)
+    w = torch.tensor([0.25, -0.5, 2.0], dtype=torch.float64)
+    f = lambda v, u: F.prelu(v, u)  # noqa: E731
+    leaves = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ct = torch.linspace(0.5, 1.5, 6, dtype=torch.float64).reshape(2, 3)
+    eager = torch.autograd.grad(f(*leaves), leaves, ct)
+    ours = mf.vjp(f, x, w)[1](ct)
+    assert ours[1].isfinite().all()
+    for a, b in zip(ours, eager):
+        torch.testing.assert_close(a, b)
+    per_example = lambda api: api.vmap(api.grad(lambda v: f(v[None], w).sum()))(x)  # noqa: E731
+    torch.testing.assert_close(per_example(mf), per_example(tf))
+
+
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_binary_cross_entropy_at_saturated_probabilities(reduction):
     """NOTE [binary_cross_entropy: torch's kernel and its formulas]: a probability of exactly
