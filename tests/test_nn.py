@@ -1001,6 +1001,8 @@ _SAMPLES = {
     "nll_loss_backward": ((_T(), torch.tensor([0, 2, 4, 1]), None),
                           dict(input_shape=(4, 5), reduction="sum", ignore_index=-100)),
     "mse_loss": ((_T(3, 4), _T(3, 4)), dict(reduction="mean")),
+    "binary_cross_entropy": ((torch.rand(3, 4, dtype=DTYPE), torch.rand(1, 4, dtype=DTYPE)),
+                             {}),
     "mse_loss_backward": ((_T(3, 4), _T(3, 4), _T(3, 4)), dict(reduction="none")),
     "ctc_loss": ((_T(6, 2, 4).log_softmax(-1), torch.tensor([[1, 2, 3], [2, 2, 0]]),
                   torch.tensor([6, 5]), torch.tensor([3, 2])), dict(blank=0, zero_infinity=False)),
