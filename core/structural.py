@@ -931,6 +931,9 @@ def cumprod(x, dim, *, dtype=None):
 @torch_api.register(*torch_api.torch_functions("logcumsumexp"))
 @aten_api.register(aten.logcumsumexp.default)
 def logcumsumexp(x, dim):
+    if _rank(x) == 0:  # one number is its own sum: torch's gradient passes through, also at
+        ops.normalize_dim(_int(dim), 0, op="logcumsumexp")  # inf (exp(inf - inf) is nan)
+        return ops.clone(x)
     return _along(logcumsumexp_p, x, _int(dim), "logcumsumexp")
 
 

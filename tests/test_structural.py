@@ -576,6 +576,17 @@ def test_cumprod_derivative_at_a_non_finite_element_as_torch_func(row):
     assert tangent[0] == x_dot[0], tangent
 
 
+def test_logcumsumexp_of_one_number_passes_the_gradient_through():
+    """logcumsumexp of a 0-d tensor is the tensor: its gradient is the cotangent, at an
+    infinite value too (the log-space sum gave exp(inf - inf) = nan), as torch's."""
+    for value in (float("inf"), float("-inf"), 2.0):
+        x = torch.tensor(value, dtype=DTYPE)
+        f = lambda v: torch.logcumsumexp(v, 0)  # noqa: E731
+        ct = torch.tensor(0.75, dtype=DTYPE)
+        assert mf.vjp(f, x)[1](ct)[0] == tf.vjp(f, x)[1](ct)[0] == ct
+        assert mf.grad(f)(x) == tf.grad(f)(x)
+
+
 def test_cumprod_third_order_with_zeros():
     """d3/dx_a dx_b dx_c sum_j prod_{i<=j} x_i = sum_{j>=max(a,b,c)} prod_{i<=j, i not in
     {a,b,c}} x_i for distinct a, b, c (0 otherwise: the function is multilinear). torch.func
