@@ -316,8 +316,10 @@ torch_api.register(torch.Tensor.polygamma)(lambda x, n: polygamma(n, x))
 
 
 def _mvlgamma_derivative(x, out, *, p):
-    halves = torch.arange(p, dtype=x.dtype, device=x.device) / 2
-    return ops.sum(digamma(sub(ops.unsqueeze(x, -1), halves)), -1)
+    # sum_i digamma(x - i / 2), as torch's mvlgamma_backward: x plus the offsets
+    # -(p - 1) / 2, ..., -1/2, 0 (adding +0 turns -0 into +0, where digamma is -inf)
+    offsets = torch.arange(-p / 2 + 0.5, 0.5, 0.5, dtype=x.dtype, device=x.device)
+    return ops.sum(digamma(add(ops.unsqueeze(x, -1), offsets)), -1)
 
 
 _mvlgamma = parametrized("mvlgamma", lambda x, *, p: torch.mvlgamma(x, p), _mvlgamma_derivative)
