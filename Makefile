@@ -22,7 +22,7 @@ CHAPTERS = $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 LAB_ARGS ?=
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup lab test test-fast notebooks bench bench-quick programs coverage torchfunc-suite clean
+.PHONY: setup lab test test-fast notebooks bench bench-quick programs coverage edge-values torchfunc-suite clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,9 @@ bench-quick: setup
 coverage: setup
 	$(BIN)/python tools/coverage.py
 	$(BIN)/python tools/coverage.py --dtype complex64
+
+edge-values: setup
+	$(BIN)/python tools/edge_values.py
 
 # PyTorch's own torch.func tests on torch.func and on minifunctorch (an hour or more on two
 # cores): SUITE is the folder holding PyTorch's test files (docs/TORCHFUNC-SUITE.md says which).

@@ -2,7 +2,9 @@
 torch.func: the first argument is filled with those values, the others are the table's
 samples. Where torch.func raises, we raise a TransformError; otherwise the gradients agree,
 NaNs in the same places."""
+import importlib.util
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -254,3 +256,33 @@ def test_second_derivatives_at_the_kinks_as_torch_func(name):
     ours = mf.hessian(lambda x: f(x).sum())(x)
     torch.testing.assert_close(ours, tf.hessian(lambda x: f(x).sum())(x), equal_nan=True,
                                rtol=0, atol=0)
+
+
+# --- OpInfo entries at special values (tools/edge_values.py) ---------------------------------
+def _edge_values_tool():
+    path = Path(__file__).resolve().parent.parent / "tools" / "edge_values.py"
+    spec = importlib.util.spec_from_file_location("edge_values", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The entries whose differences at special values were bugs, fixed (the whole sweep is `make
+# edge-values`, docs/EDGE-VALUES.md): prod beside a zero, cumprod at an inf, the margin losses
+# at a margin of 0, huber and smooth_l1 at an inf, binary_cross_entropy at 0 and 1, prelu's
+# weight at +inf, logcumsumexp of one number, mvlgamma at -0.
+FIXED_AT_SPECIAL_VALUES = (
+    "prod", "masked.prod", "nn.functional.multi_margin_loss",
+    "nn.functional.multilabel_margin_loss", "nn.functional.huber_loss",
+    "nn.functional.smooth_l1_loss", "nn.functional.binary_cross_entropy",
+    "nn.functional.prelu", "logcumsumexp", "mvlgamma.mvlgamma_p_1", "mvlgamma.mvlgamma_p_3")
+
+
+@pytest.mark.parametrize("entry", FIXED_AT_SPECIAL_VALUES)
+def test_opinfo_entry_at_special_values_has_no_unexplained_difference(entry):
+    """NOTE [Where torch disagrees with itself at special values] (tools/edge_values.py):
+    every difference from torch.func is eager torch's answer or has a written reason."""
+    tool = _edge_values_tool()
+    rows = tool.sweep([entry], log=None)
+    unexplained = [row for row in rows if row[4] in ("unexplained", "refused")]
+    assert not unexplained, unexplained
