@@ -506,6 +506,35 @@ def dist(x, other, p=2):
     return vector_norm(ops.sub(x, other), p)
 
 
+@torch_api.register(torch.renorm, torch.Tensor.renorm)
+@aten_api.register(aten.renorm.default)
+def renorm(x, p, dim, maxnorm):
+    """Each slice along ``dim`` whose p-norm exceeds ``maxnorm`` scaled by
+    maxnorm / (norm + 1e-7), as torch's kernel; the other slices pass through. Written so
+    that a slice that passes through (its norm a nan, or not above maxnorm) passes the
+    gradient and tangent through too, as torch's renorm_backward: the scaled branch's norm
+    is taken of ones there, so its unused derivative is 0, not 0 * nan."""
+    call = f"renorm(x, p={p}, dim={dim}, maxnorm={maxnorm})"
+    if _rank(x) < 2:
+        raise ShapeMismatchError(f"{call}: renorm: input needs at least 2 dimensions, got "
+                                 f"{_rank(x)} dimensions (as in torch). Fix: add a dim.")
+    if not p > 0:
+        raise InvalidOptionError(f"{call}: renorm: non-positive-norm not supported (as in "
+                                 "torch). Fix: pass p > 0.")
+    if maxnorm < 0:
+        raise InvalidOptionError(f"{call}: renorm: expected maxnorm to be >= 0 but got "
+                                 f"{maxnorm} (as in torch). Fix: pass maxnorm >= 0.")
+    dim = ops.normalize_dim(dim, _rank(x), op="renorm")
+    others = tuple(d for d in range(_rank(x)) if d != dim)
+    above = ops.gt(ops.detach(vector_norm(x, p, others, keepdim=True)), maxnorm)
+    norm = vector_norm(ops.where(above, x, 1.0), p, others, keepdim=True)
+    scaled = ops.mul(x, ops.div(maxnorm, ops.add(norm, 1e-7)))
+    return ops.where(above, scaled, x)
+
+
+torch_api.register_in_place(torch.Tensor.renorm_)(renorm)
+
+
 # --- the prims reductions that torch._refs decompositions produce --------------------------------
 def _prims_reduction(reduce):
     """A prims reduction: ``dims`` None reduces every dim, ``[]`` none (unlike torch.sum)."""

@@ -270,12 +270,13 @@ def _edge_values_tool():
 # The entries whose differences at special values were bugs, fixed (the whole sweep is `make
 # edge-values`, docs/EDGE-VALUES.md): prod beside a zero, cumprod at an inf, the margin losses
 # at a margin of 0, huber and smooth_l1 at an inf, binary_cross_entropy at 0 and 1, prelu's
-# weight at +inf, logcumsumexp of one number, mvlgamma at -0.
+# weight at +inf, logcumsumexp of one number, mvlgamma at -0, renorm of a slice with a nan.
 FIXED_AT_SPECIAL_VALUES = (
     "prod", "masked.prod", "nn.functional.multi_margin_loss",
     "nn.functional.multilabel_margin_loss", "nn.functional.huber_loss",
     "nn.functional.smooth_l1_loss", "nn.functional.binary_cross_entropy",
-    "nn.functional.prelu", "logcumsumexp", "mvlgamma.mvlgamma_p_1", "mvlgamma.mvlgamma_p_3")
+    "nn.functional.prelu", "logcumsumexp", "mvlgamma.mvlgamma_p_1", "mvlgamma.mvlgamma_p_3",
+    "renorm")
 
 
 @pytest.mark.parametrize("entry", FIXED_AT_SPECIAL_VALUES)

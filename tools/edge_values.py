@@ -103,7 +103,6 @@ KNOWN = {
     "special.i1": "torch's derivative at a nan is a number", "special.i1e": "as special.i1",
     "as_strided_scatter": "torch's vjp passes the cotangent into a fully overwritten input "
                           "(docs/COVERAGE.md: torch.func is off)",
-    "renorm": "torch's backward rescales by a norm that is inf there",
     ("nn.functional.prelu", "jvp"): "torch's jvp takes x = 0 as positive (x >= 0), its vjp as "
                                     "not (x > 0); ours follows the vjp in both modes",
     ("logcumsumexp", "jvp"): "of one number at an inf torch's jvp is exp(inf - inf) t = nan, "
