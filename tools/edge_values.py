@@ -57,14 +57,15 @@ _NAN_MASKS = ("torch's backward at a nan depends on where the element falls: its
 _CLAMP = ("NOTE [clamp with tensor bounds] (core/elementwise.py): at a nan no input gets a "
           "gradient; torch gives one to the input its masks pick, and its jvp the bound's "
           "tangent")
-_UNINITIALIZED = "the op returns uninitialized memory"
 # (entry, transform) or entry -> why ours differs from torch.func there
 KNOWN = {
-    **{(name, "jvp"): _ZERO_TANGENT for name in (
+    ("nn.functional.mse_loss", "jvp"): _ZERO_TANGENT,
+    **{(name, "jvp"): "the output itself is nan there: its tangent is nan here, 0 in "
+                      "torch.func" for name in (
         "nn.functional.linear_cross_entropy.chunked",
         "nn.functional.linear_cross_entropy.chunked_none", "nn.functional.cosine_embedding_loss",
         "nn.functional.triplet_margin_loss", "nn.functional.triplet_margin_with_distance_loss",
-        "corrcoef", "nn.functional.mse_loss")},
+        "corrcoef")},
     "prod": _PRODUCTS, "masked.prod": _PRODUCTS,
     "cumprod": "cumprod's derivatives never divide, as torch.func's grad (NOTE [Products with "
                "zeros]); its vjp and eager torch divide by x",
@@ -78,8 +79,6 @@ KNOWN = {
         "nn.functional.hardtanh", "nn.functional.relu6", "nn.functional.softshrink")},
     "nn.functional.hardswish": "torch's hardswish_backward at a nan depends on the CPU "
                                "(tests/test_edge_values.py, NAN_BY_THE_CPU)",
-    **{name: _UNINITIALIZED for name in ("empty_like", "new_empty", "new_empty_strided",
-                                         "empty", "empty_strided")},
     "var_mean": "torch's fused kernel's mean is nan at an inf (its running update); ours is "
                 "the mean, as torch.mean's",
     "std_mean": "as var_mean",
@@ -94,7 +93,8 @@ KNOWN = {
                                     "(tests/test_indexing.py)",
     ("linalg.vander", "jvp"): "torch's formula gives nan at an inf where the derivative is "
                               "its power, as ours",
-    ("linalg.lu", "jvp"): "torch's formula at a singular (infinite) matrix: nan",
+    ("linalg.lu", "jvp"): "L's diagonal is ones, so its tangent is 0 here; torch's formula "
+                          "gives nan there at an infinite matrix",
     ("__rdiv__", "jvp"): "d(c / x) at x = 0: -inf here, torch.func nan",
     ("__rdiv__", "vjp"): "at x = 0 the cotangent of a broadcast x sums terms of both signs "
                          "divided by 0: nan here (inf - inf), where torch's formula reduces "
@@ -108,9 +108,6 @@ KNOWN = {
     ("logcumsumexp", "jvp"): "of one number at an inf torch's jvp is exp(inf - inf) t = nan, "
                              "where its vjp passes the cotangent through, as ours in both "
                              "modes",
-    "nn.functional.binary_cross_entropy": "at x = 0 or 1 torch.func's jvp is inf, its "
-                                          "forward-mode formula's; ours is the derivative of "
-                                          "the clamped kernel there",
 }
 
 
