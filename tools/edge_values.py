@@ -4,7 +4,7 @@ jvp and vmap, compared with torch.func; writes docs/EDGE-VALUES.md. The harness 
 tests/opinfo.py (NOTE [How one sample is checked]); tools/coverage.py is the same sweep at
 the samples' own values.
 
-    .venv/bin/python tools/edge_values.py                      # the whole sweep (~10 min)
+    .venv/bin/python tools/edge_values.py                      # the whole sweep (~70 s)
     .venv/bin/python tools/edge_values.py prod cumprod --print  # some entries, nothing written
 
 NOTE [Where torch disagrees with itself at special values]
@@ -18,9 +18,11 @@ here is not by itself a bug. Each one is classified:
 - **eager torch**: ours equals eager autograd on plain tensors (vjp only), so torch.func
   differs from eager torch and the engine follows eager;
 - **known**: a reason in KNOWN below, written where the behaviour is chosen;
-- **unexplained**: neither, to look into.
-The values: SPECIAL (no zero, so that prod and cumprod divide), WITH_ZEROS and KINKS (small
-integers and halves, where margins and clamps meet their bounds exactly).
+- **unexplained**: neither, to look into;
+- **refused**: ours raises a TransformError where torch.func runs (docs/COVERAGE.md lists
+  these refusals too).
+The values (PATTERNS): "special" has no zero, so that prod and cumprod divide; "with zeros";
+and "kinks", small integers and halves, where margins and clamps meet their bounds exactly.
 """
 import argparse
 import collections
