@@ -846,21 +846,21 @@ def _linear_recurrence(a, b, dim, *, reverse=False):
     n = ops.shape_of(b)[dim]
     width = 1
     while width < n:
-        b = _combine_neighbours(b, a, b, dim, width, reverse, accumulate=True)
+        b = _combine_neighbours(b, a, dim, width, reverse, accumulate=True)
         if 2 * width < n:
-            a = _combine_neighbours(a, a, a, dim, width, reverse, accumulate=False)
+            a = _combine_neighbours(a, a, dim, width, reverse, accumulate=False)
         width *= 2
     return b
 
 
-def _combine_neighbours(x, a, y, dim, width, reverse, *, accumulate):
-    """Along ``dim``: ``x_k + a_k y_{k-width}`` (``y_{k+width}`` when reversed), or without
-    ``accumulate`` the product ``a_k y_{k-width}`` alone; the places without such a
+def _combine_neighbours(x, a, dim, width, reverse, *, accumulate):
+    """Along ``dim``: ``x_k + a_k x_{k-width}`` (``x_{k+width}`` when reversed), or without
+    ``accumulate`` the product ``a_k x_{k-width}`` alone; the places without such a
     neighbour keep ``x_k``."""
     n = ops.shape_of(x)[dim]
     here = (0, n - width) if reverse else (width, n)
     there = (width, n) if reverse else (0, n - width)
-    term = ops.mul(_slice(a, dim, *here), _slice(y, dim, *there))
+    term = ops.mul(_slice(a, dim, *here), _slice(x, dim, *there))
     if accumulate:
         term = ops.add(_slice(x, dim, *here), term)
     kept = _slice(x, dim, n - width, n) if reverse else _slice(x, dim, 0, width)
