@@ -196,12 +196,17 @@ def _probe(s):
     return None
 
 
+def cotangents(s, outputs):
+    """The cotangents of a sample's floating outputs: random normal, seeded from the sample
+    and the output's position (the same for both engines and for eager autograd)."""
+    return tuple(_random(o.shape, o.dtype, seed_of(s.key, s.index, "ct", k))
+                 for k, o in enumerate(outputs))
+
+
 def run_vjp(ns, s, wrt):
     torch.manual_seed(seed_of(s.key, s.index, "call"))
     out, vjp_fn, aux = ns.vjp(_differentiable_fn(s, wrt), *s.fresh(wrt), has_aux=True)
-    cts = tuple(_random(o.shape, o.dtype, seed_of(s.key, s.index, "ct", k))
-                for k, o in enumerate(out))
-    return {"outputs": out, "aux": aux, "grads": vjp_fn(cts)}
+    return {"outputs": out, "aux": aux, "grads": vjp_fn(cotangents(s, out))}
 
 
 def run_jvp(ns, s, wrt):
@@ -256,8 +261,7 @@ def reference_vjp_by_jacfwd(s, wrt):
     f = _differentiable_fn(s, wrt)
     torch.manual_seed(seed_of(s.key, s.index, "call"))
     out, aux = f(*primals)
-    cts = tuple(_random(o.shape, o.dtype, seed_of(s.key, s.index, "ct", k))
-                for k, o in enumerate(out))
+    cts = cotangents(s, out)
     torch.manual_seed(seed_of(s.key, s.index, "call"))
     jacobian = tf.jacfwd(lambda *p: f(*p)[0], argnums=tuple(range(len(primals))))(*primals)
     grads = tuple(sum(_contract(ct, jacobian[k][i], ct.dim()) for k, ct in enumerate(cts))
