@@ -526,7 +526,7 @@ def renorm(x, p, dim, maxnorm):
                                  f"{maxnorm} (as in torch). Fix: pass maxnorm >= 0.")
     dim = ops.normalize_dim(dim, _rank(x), op="renorm")
     others = tuple(d for d in range(_rank(x)) if d != dim)
-    above = ops.gt(ops.detach(vector_norm(x, p, others, keepdim=True)), maxnorm)
+    above = ops.gt(vector_norm(ops.detach(x), p, others, keepdim=True), maxnorm)  # (a mask)
     norm = vector_norm(ops.where(above, x, 1.0), p, others, keepdim=True)
     scaled = ops.mul(x, ops.div(maxnorm, ops.add(norm, 1e-7)))
     return ops.where(above, scaled, x)
