@@ -12,6 +12,8 @@ same inside its convolutions; so do these rules:
 - grad_input of a stride-1 convolution (NOTE [grad_input as a forward convolution] in nn.py):
   oneDNN's backward-data kernel (torch.func's choice), or its forward kernel on the flipped
   weight.
+- a small batched convolution (NOTE [Small convolutions on a CPU] in nn.py): oneDNN
+  (torch.func's choice), or torch's one-example kernels up to a size, which is larger on AVX2.
 
 Measured, one thread, torch 2.13:
 

@@ -333,7 +333,7 @@ def _linear_ensemble_kernel(x, x_bdim, weight, w_bdim, bias, b_bdim, size):
 def _convolution(x, weight, bias, *, stride, padding, dilation, transposed, output_padding,
                  groups):
     if groups == 1 and _small_on_cpu(x, weight, bias, stride, padding, dilation, transposed,
-                                     _SMALL_FORWARD):
+                                     "forward"):
         return aten._slow_conv2d_forward(x, weight, weight.shape[2:], bias, stride, padding)
     return torch.convolution(x, weight, bias, stride, padding, dilation, transposed,
                              output_padding, groups)
@@ -344,8 +344,7 @@ def _convolution_backward(ct, x, weight, bias_sizes, mask, params):
     groups = params["groups"]
     # (a grouped one: vmap's per-sample weight gradients have a single example, N = 1)
     if _small_on_cpu(x, weight, ct, stride, padding, dilation, params["transposed"],
-                     _SMALL_BACKWARD if groups == 1 else _SMALL_GROUPED,
-                     examples=1 if groups > 1 else 2):
+                     "backward" if groups == 1 else "grouped", examples=1 if groups > 1 else 2):
         if groups == 1:
             return aten._slow_conv2d_backward.output_mask(ct, x, weight, weight.shape[2:],
                                                           stride, padding, mask)
@@ -419,20 +418,33 @@ def _input_grad_as_forward(ct, weight, params):
 # examples), and above the limits they are torch.func's bit for bit
 # (test_fused_kernels_are_bit_exact_in_float32), but for a stride-1 grad_input, which is a
 # forward convolution (NOTE [grad_input as a forward convolution]).
-_SMALL_FORWARD = 60_000
-_SMALL_BACKWARD = 65_536
-_SMALL_GROUPED = 60_000
+#
+# The limits above were measured on an earlier machine, taken to have 512-bit vectors (NOTE
+# [Kernel choices that depend on the CPU] in kernels.py). On an AVX2 CPU oneDNN gains less, and
+# the crossover lies near 150k elements for all three (this project's AMD EPYC, AVX2, 1 and 2
+# threads, caches cold, 2 to 32 examples, 3 to 32 channels, 8 to 64 filters, 8x8 to 24x24
+# images): from 60k to 140k the small kernels take 0.5 to 0.9 of oneDNN's time forward and
+# backward, and 0.6 to 0.9 for the grouped grad_weight, level (to 1.19) only with 8 filters on
+# 8x8 images; above 160k oneDNN leads by up to 2x. S9's second layer (82,944 elements, forward
+# and per-sample grad_weight) moves to them, and the NTK benchmark takes 0.95 of its time (A/B
+# in one process, 15 rounds).
+_SMALL_LIMITS = {  # kernels.WIDE_VECTORS -> each kind's limit, in im2col elements
+    True: {"forward": 60_000, "backward": 65_536, "grouped": 60_000},
+    False: {"forward": 140_000, "backward": 140_000, "grouped": 140_000},
+}
 
 
-def _small_on_cpu(x, weight, third, stride, padding, dilation, transposed, limit, examples=2):
+def _small_on_cpu(x, weight, third, stride, padding, dilation, transposed, kind, examples=2):
     """Whether a convolution (or its backward: ``third`` is the bias or the cotangent) of at
-    least ``examples`` examples takes the small kernels; NOTE [Small convolutions on a CPU]."""
+    least ``examples`` examples takes the small kernels; ``kind`` names the limit ("forward",
+    "backward" or "grouped"): NOTE [Small convolutions on a CPU]."""
     if transposed or x.dim() != 4 or weight.dim() != 4:
         return False
     n, c_in, height, width = x.shape
     kh, kw = weight.shape[2:]
     out_h = (height + 2 * padding[0] - kh) // stride[0] + 1
     out_w = (width + 2 * padding[1] - kw) // stride[1] + 1
+    limit = _SMALL_LIMITS[kernels.WIDE_VECTORS][kind]
     if not (n >= examples and 0 < n * c_in * kh * kw * out_h * out_w <= limit):
         return False
     return (dilation[0] == 1 and dilation[1] == 1 and x.is_contiguous()

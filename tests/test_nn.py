@@ -632,12 +632,13 @@ def _f32(g, *shape):
     return torch.randn(shape, generator=g)
 
 
-FUSED = {  # (conv2d above the size where torch's one-example kernels would be taken, which
-    # round differently: NOTE [Small convolutions on a CPU], test_small_convolutions_...)
+FUSED = {  # (conv2d above the sizes where torch's one-example kernels would be taken on either
+    # kind of CPU, which round differently: NOTE [Small convolutions on a CPU],
+    # test_small_convolutions_...)
     "conv2d": (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=2),
-               lambda g: (_f32(g, 16, 6, 17, 17), _f32(g, 8, 3, 3, 3), _f32(g, 8))),
+               lambda g: (_f32(g, 16, 6, 29, 29), _f32(g, 8, 3, 3, 3), _f32(g, 8))),
     "conv2d_ungrouped": (lambda x, w, b: F.conv2d(x, w, b, padding=1),
-                         lambda g: (_f32(g, 8, 8, 12, 12), _f32(g, 8, 8, 3, 3), _f32(g, 8))),
+                         lambda g: (_f32(g, 8, 8, 18, 18), _f32(g, 8, 8, 3, 3), _f32(g, 8))),
     "conv_transpose2d": (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, output_padding=1),
                          lambda g: (_f32(g, 2, 4, 5, 5), _f32(g, 4, 3, 3, 3), _f32(g, 3))),
     "conv1d": (lambda x, w, b: F.conv1d(x, w, b, padding=1),
@@ -1155,6 +1156,32 @@ def test_small_convolutions_take_the_one_example_kernels(name):
     exact = make(tf)(*[a.double() for a in args])
     _float32_close_to_float64(ours, exact)
     _float32_close_to_float64(theirs, exact)
+
+
+
+@pytest.mark.parametrize("wide_vectors", [False, True], ids=["avx2", "avx512"])
+@pytest.mark.parametrize("part", ["forward", "per-sample grad_weight"])
+def test_the_small_convolution_limit_follows_the_cpu(part, wide_vectors, monkeypatch):
+    """NOTE [Small convolutions on a CPU]: S9's second layer (8 examples, 8 channels, 8 filters
+    of 3x3 on 14x14: 82,944 im2col elements) takes the one-example kernels on an AVX2 CPU,
+    where they are the faster up to about 140k, and oneDNN on one with 512-bit vectors (limit
+    60k); both give torch.func's result to float32 rounding."""
+    monkeypatch.setattr(kernels, "WIDE_VECTORS", wide_vectors)
+    g = torch.Generator().manual_seed(5)
+    w, b, x = (normal(g, *shape).float() for shape in ((8, 8, 3, 3), (8,), (8, 8, 14, 14)))
+    if part == "forward":
+        make = lambda api: api.vmap(lambda w, b, x: F.conv2d(x[None], w, b)[0],  # noqa: E731
+                                    in_dims=(None, None, 0))
+        small, large = {"aten::_slow_conv2d_forward"}, {"aten::mkldnn_convolution"}
+    else:
+        make = lambda api: api.vmap(api.grad(  # noqa: E731
+            lambda w, x: F.conv2d(x[None], w).square().sum()), in_dims=(None, 0))
+        small, large = {"aten::bmm"}, {"aten::convolution_backward"}
+    args = (w, b, x) if part == "forward" else (w, x)
+    ran, ours = _aten_ops_run(lambda: make(mf)(*args))
+    assert ran & (large if wide_vectors else small), ran
+    assert not ran & (small if wide_vectors else large), ran
+    _float32_close_to_float64(ours, make(tf)(*[a.double() for a in args]))
 
 
 _TORCHS_OWN_CHOICE = {  # the same programs where the one-example kernels do not apply
