@@ -306,7 +306,10 @@ def test_a_program_with_kept_kernel_outputs_compiles_to_one_graph():
     follow (it broke the graph at every take), and pooling keeps its NCHW layout (NOTE [Max
     pooling on the CPU runs channels-last]). Dynamo alone, with its eager backend: no C++."""
     weight, bias = rand(0, 8, 2, 3, 3), rand(1, 8)
-    xs = rand(2, 4, 2, 34, 34)  # pooled as (4, 8, 32, 32): the channels-last size
+    # pooled as (4, 8, 48, 48): the channels-last size; and the convolution (165,888 im2col
+    # elements) above the small kernels' limit on either kind of CPU, so that the eager
+    # module takes oneDNN as the compiled one does (NOTE [Small convolutions on a CPU])
+    xs = rand(2, 4, 2, 50, 50)
 
     def loss(weight, bias, x):
         h = F.max_pool2d(F.relu(F.conv2d(x, weight, bias)), 2)
