@@ -1158,7 +1158,6 @@ def test_small_convolutions_take_the_one_example_kernels(name):
     _float32_close_to_float64(theirs, exact)
 
 
-
 @pytest.mark.parametrize("wide_vectors", [False, True], ids=["avx2", "avx512"])
 @pytest.mark.parametrize("part", ["forward", "per-sample grad_weight"])
 def test_the_small_convolution_limit_follows_the_cpu(part, wide_vectors, monkeypatch):
