@@ -2,6 +2,7 @@
 torch.func: the first argument is filled with those values, the others are the table's
 samples. Where torch.func raises, we raise a TransformError; otherwise the gradients agree,
 NaNs in the same places."""
+import functools
 import importlib.util
 import itertools
 from pathlib import Path
@@ -259,7 +260,10 @@ def test_second_derivatives_at_the_kinks_as_torch_func(name):
 
 
 # --- OpInfo entries at special values (tools/edge_values.py) ---------------------------------
+@functools.cache
 def _edge_values_tool():
+    """tools/edge_values.py as a module, loaded once for all the entries below (running it
+    puts tests/ on sys.path and builds its tables)."""
     path = Path(__file__).resolve().parent.parent / "tools" / "edge_values.py"
     spec = importlib.util.spec_from_file_location("edge_values", path)
     module = importlib.util.module_from_spec(spec)
