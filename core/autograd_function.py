@@ -326,7 +326,7 @@ def _autograd_call(level, cls, args, kwargs):
     if level._paused:  # inside a rule's forward under create_graph: no entry (autograd.py)
         outs, single = _call(cls, payloads, kwargs)
         return tuple(AutogradValue(level, o) if _is_tensor(o) else o for o in outs), single
-    if getattr(level, "obeys_grad_mode", False) and grad_mode.reverse_off(level):
+    if level.obeys_grad_mode and grad_mode.reverse_off(level):
         # a grad level switched off by an inner torch.no_grad() (or one below a level entered
         # under no_grad) records nothing, as Autograd.apply (NOTE [Grad modes and transform
         # levels] in grad_mode.py)

@@ -78,6 +78,11 @@ class Dispatcher:
     transform_name = "dispatch"
     exited = False  # its transform has returned (NOTE [Values that escape a transform])
     differentiates = False  # a derivative level (grad's, jvp's): its values carry derivatives
+    obeys_grad_mode = False  # torch's grad mode applies to it (Autograd, Forward: grad_mode.py)
+    records_a_program = False  # a Tracing level (randomness.py asks every running level)
+    over_nested = False  # a vmap level over a nested tensor (transforms.py asks any level)
+    # (defaults here, not getattr(level, name, False): __getattr__ below serves the explicit
+    # API's ops, and a missing attribute costs it an AttributeError on every question)
 
     def __init__(self, inner=None, *, name=None, call=None):
         self.inner = inner

@@ -162,7 +162,7 @@ def _recording():
     """The level recording a traced program, if one runs (NOTE [Random numbers in a traced
     program] in tracing.py), else None."""
     return next((level for level in reversed(transform_levels())
-                 if getattr(level, "records_a_program", False)), None)
+                 if level.records_a_program), None)
 
 
 def _check(level, name, batched=False):

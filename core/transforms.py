@@ -1086,7 +1086,7 @@ def _refuse_a_vmap_inside_a_nested_one(arg_leaves, dim_leaves, call):
     for leaf, d in zip(arg_leaves, dim_leaves):
         value = leaf
         while isinstance(value, Value) and d is not None:
-            if getattr(value.dispatcher, "over_nested", False):
+            if value.dispatcher.over_nested:
                 raise NestedTensorError(
                     f"{call}: Only one level of vmap is supported when vmapping over nested "
                     "tensors: this vmap runs inside one over a nested tensor. Fix: vmap once "
