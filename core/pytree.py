@@ -86,3 +86,24 @@ def tree_broadcast_prefix(prefix_tree, full_tree, is_leaf=None, *, none_is_leaf=
 
 
 tree_unflatten = optree.tree_unflatten  # (a treespec keeps the namespace it was made in)
+
+
+def same_structure(treespec, other) -> bool:
+    """Whether two treespecs describe one structure (vjp_fn's check of its cotangents).
+
+    NOTE [Treespecs across a torch.compile graph break]
+    Under torch.compile, dynamo runs optree's functions through its own Python stand-ins,
+    whose treespecs carry no namespace; a real one made here carries "minifunctorch". So where
+    a graph break falls between vjp (which flattens the outputs) and vjp_fn (which flattens
+    the cotangents), a leaf is ``*`` on one side and ``*, namespace='minifunctorch'`` on the
+    other, and the two compare unequal though they are one structure. Where the specs differ,
+    each is rebuilt with placeholder leaves and flattened again, both in the same way, and
+    those are compared (torch.func compares torch's own pytree specs, which have no
+    namespace)."""
+    if treespec == other:
+        return True
+    try:
+        return (tree_structure(treespec.unflatten([0] * treespec.num_leaves))
+                == tree_structure(other.unflatten([0] * other.num_leaves)))
+    except (TypeError, ValueError, AttributeError):  # not a treespec, or not rebuildable
+        return False

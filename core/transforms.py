@@ -606,7 +606,7 @@ def _vjp_of_selected(f, args, has_aux, argnums):
     def _pull_back(cotangents):
         ct_leaves, ct_treedef = pytree.tree_flatten(cotangents)
         ct_leaves = [unwrap(ct) for ct in ct_leaves]
-        if ct_treedef != out_treedef:
+        if not pytree.same_structure(ct_treedef, out_treedef):
             raise TangentsError(
                 "vjp_fn(cotangents): Expected pytree structure of cotangents to be the same as "
                 "pytree structure of outputs to the function. cotangents: "

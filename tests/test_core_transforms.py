@@ -14,7 +14,7 @@ import torch.func as tf
 import torch.nn.functional as F
 
 import minifunctorch.core as mf
-from minifunctorch.core import kernels
+from minifunctorch.core import kernels, pytree
 
 # torch.func scripts its decompositions on first use (torch deprecates torch.jit.script), and
 # torch.func.linearize's constant folding warns inside torch.fx
@@ -149,6 +149,38 @@ def test_vjp_pytrees_in_and_out():
     cotangents = torch.utils._pytree.tree_map(lambda o: torch.ones_like(o) * 0.5, out_t)
     assert_same_structure(vjp_fn(cotangents), vjp_fn_t(cotangents))
 
+
+
+@dataclasses.dataclass
+class _Points:  # a container registered with torch's pytree (mirrored into the engine's)
+    coordinates: torch.Tensor
+
+
+def test_vjp_fn_accepts_cotangents_across_a_torch_compile_graph_break():
+    """NOTE [Treespecs across a torch.compile graph break] (pytree.py): vjp inside a compiled
+    function, with a registered container as its input, and vjp_fn called on the output's
+    cotangent; dynamo's flatten and the engine's must agree on one leaf's structure."""
+    torch.utils._pytree.register_dataclass(_Points)
+    try:
+        def loss(api, weight, points):
+            def energy(p):
+                return (p.coordinates.index_select(0, torch.arange(3)) * weight).sum(1, keepdim=True)
+            y, vjp_fn = api.vjp(energy, points)
+            (pulled,) = vjp_fn(torch.ones_like(y))
+            return y.square().sum() + pulled.coordinates.square().sum()
+
+        weight, points = randn(2, seed=1), _Points(randn(5, 2, seed=2))
+        expected = tf.grad_and_value(lambda w, p: loss(tf, w, p))(weight, points)
+        torch._dynamo.reset()
+        compiled = torch.compile(mf.grad_and_value(lambda w, p: loss(mf, w, p)),
+                                 dynamic=True, backend="eager")
+        torch.testing.assert_close(compiled(weight, points), expected)
+    finally:
+        torch._dynamo.reset()
+        torch.utils._pytree._deregister_pytree_node(_Points)
+    # the check still refuses cotangents of another structure
+    assert not pytree.same_structure(pytree.tree_structure((weight, [weight])),
+                                     pytree.tree_structure((weight, (weight,))))
 
 def test_jvp_pytrees_in_and_out():
     tree, scale = tree_inputs(), randn(seed=9)
