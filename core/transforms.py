@@ -1048,6 +1048,8 @@ def _views_are_fresh_tensors(out, result, arg_leaves):
     torch.func) a view op returns a new tensor, a view of its input (``y._base is x``). So an
     output that a view op made, and that came out as one of the inputs, becomes an alias."""
     out_leaves = pytree.tree_leaves(out, none_is_leaf=False)
+    if not any(type(leaf) is FuncTensor and leaf._view is not None for leaf in out_leaves):
+        return result  # (no output is a view: the common case)
     result_leaves, treedef = pytree.tree_flatten(result, none_is_leaf=False)
     if len(out_leaves) != len(result_leaves):
         return result
