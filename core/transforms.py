@@ -39,6 +39,7 @@ from .errors import (
 from .forward import Forward, ForwardValue
 from .grad_mode import level_scope
 from .passes import identity_basis
+from .names import fresh_name
 from .tensor import (
     FuncTensor,
     as_tensor,
@@ -373,14 +374,19 @@ def _is_writable(leaf) -> bool:
 
 
 # --- reverse mode ------------------------------------------------------------------------------
-def _wrap_for_autograd(level, leaves):
-    wrapped, used = [], set()
+def _wrap_for_autograd(level, leaves, used):
+    """The inputs of a reverse-mode level, each with its own name: the tape keys cotangents by
+    name, so a tensor given twice (``grad(f, argnums=(0, 1))(x, x)``) must be two inputs,
+    each with its own gradient, as in torch.func. A labelled tensor keeps its label the first
+    time; after that, and for a tensor without one, the input gets a fresh name (left to the
+    value itself, it would take its payload's label again). ``used``: the names given so far
+    to this level's inputs (of every argument), updated."""
+    wrapped = []
     for leaf in leaves:
         label = leaf.name if isinstance(leaf, Value) else getattr(leaf, "t_name", None)
-        name = label if label is not None and label not in used else None
-        value = level.wrap_input(leaf, name)
-        used.add(value.name)
-        wrapped.append(value)
+        name = label if label is not None and label not in used else fresh_name()
+        used.add(name)
+        wrapped.append(level.wrap_input(leaf, name))
     return wrapped
 
 
@@ -414,7 +420,7 @@ def _run_reverse(f, args, kwargs, argnums, call, user_scope=user_code):
         raise SavedTensorHooksError(hooks_message)
     level = new_level(Autograd, name="Autograd", record_steps=False, call=call)
     inputs = []
-    shown, originals = [], []
+    shown, originals, names = [], [], set()
     with transform_scope(level), level_scope(level), \
             torch.autograd.graph.disable_saved_tensors_hooks(hooks_message):
         # NOTE [Arguments a transform does not differentiate]
@@ -423,7 +429,7 @@ def _run_reverse(f, args, kwargs, argnums, call, user_scope=user_code):
             originals += pytree.tree_leaves(args[argnum])
             leaves, treedef = _flatten_arrays(args[argnum], call, f"argument {argnum}")
             _check_differentiable(leaves, call)
-            wrapped = _wrap_for_autograd(level, leaves)
+            wrapped = _wrap_for_autograd(level, leaves, names)
             inputs.append((leaves, wrapped, treedef))
             tensors = [as_tensor(w) for w in wrapped]
             shown += tensors
@@ -1265,6 +1271,9 @@ def _unbatch_outputs(level, out, out_dims, size, call, name):
             result.append(None)
             continue
         batched = isinstance(leaf, BatchedValue) and leaf.dispatcher is level
+        if batched and dim == 0:  # (the common case: every check below holds)
+            result.append(move_bdim(leaf.payload, leaf.bdim, 0))
+            continue
         if dim is None:
             if batched:
                 raise TransformUsageError(

@@ -151,6 +151,28 @@ def test_vjp_pytrees_in_and_out():
 
 
 
+
+@pytest.mark.parametrize("labelled", [False, True], ids=["plain", "labelled"])
+def test_a_tensor_given_twice_is_two_inputs(labelled):
+    """Each input of grad has its own gradient, also when one tensor is passed twice (as two
+    arguments, or twice in one pytree), and when the course's ``label`` names it: the tape
+    keys cotangents by name, so the second input needs a name of its own."""
+    x = randn(3, seed=4)
+    if labelled:
+        x = mf.label(x, "x")
+
+    def f(a, b):
+        return (a.sin() * 2 + b * b * 3).sum()
+
+    assert_same(mf.grad(f, argnums=(0, 1))(x, x), tf.grad(f, argnums=(0, 1))(x, x))
+    assert_same(mf.jacrev(lambda a, b: a.sin() * b, argnums=(0, 1))(x, x),
+                tf.jacrev(lambda a, b: a.sin() * b, argnums=(0, 1))(x, x))
+    assert_same(mf.hessian(f, argnums=(0, 1))(x, x), tf.hessian(f, argnums=(0, 1))(x, x))
+
+    def g(tree):
+        return f(tree["a"], tree["b"])
+    assert_same(mf.grad(g)({"a": x, "b": x}), tf.grad(g)({"a": x, "b": x}))
+
 @dataclasses.dataclass
 class _Points:  # a container registered with torch's pytree (mirrored into the engine's)
     coordinates: torch.Tensor
