@@ -92,14 +92,15 @@ def same_structure(treespec, other) -> bool:
     """Whether two treespecs describe one structure (vjp_fn's check of its cotangents).
 
     NOTE [Treespecs across a torch.compile graph break]
-    Under torch.compile, dynamo runs optree's functions through its own Python stand-ins,
-    whose treespecs carry no namespace; a real one made here carries "minifunctorch". So where
-    a graph break falls between vjp (which flattens the outputs) and vjp_fn (which flattens
-    the cotangents), a leaf is ``*`` on one side and ``*, namespace='minifunctorch'`` on the
-    other, and the two compare unequal though they are one structure. Where the specs differ,
-    each is rebuilt with placeholder leaves and flattened again, both in the same way, and
-    those are compared (torch.func compares torch's own pytree specs, which have no
-    namespace)."""
+    While dynamo traces, optree's functions run as its Python stand-ins
+    (torch._dynamo.polyfills.pytree), whose treespecs are objects of their own class, and keep
+    the namespace even for a lone leaf, where optree's own drop it. So where a graph break
+    falls between vjp (which flattens the outputs) and vjp_fn (which flattens the
+    cotangents), one tensor is ``PyTreeSpec(*)`` on one side and ``PyTreeSpec(*,
+    namespace='minifunctorch')`` on the other, and the two compare unequal though they are
+    one structure. Where the specs differ, each is rebuilt with placeholder leaves and
+    flattened again, both in the same way, and those are compared. (torch.func compares
+    torch's own pytree specs, which have neither the namespace nor the second class.)"""
     if treespec == other:
         return True
     try:

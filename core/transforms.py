@@ -38,8 +38,8 @@ from .errors import (
 )
 from .forward import Forward, ForwardValue
 from .grad_mode import level_scope
-from .passes import identity_basis
 from .names import fresh_name
+from .passes import identity_basis
 from .tensor import (
     FuncTensor,
     as_tensor,
