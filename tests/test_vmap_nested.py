@@ -134,3 +134,27 @@ def test_in_place_write_to_a_component_is_refused():
     with pytest.raises(mf.NestedTensorError, match="in-place write"):
         mf.vmap(lambda x: x.mul_(2))(x)
     torch.testing.assert_close(x.unbind()[0], nested((2, 3), (4, 3)).unbind()[0])
+
+
+def test_elementwise_results_under_vmap_keep_their_payloads_metadata():
+    """NOTE [An elementwise result's metadata, from its operand's] (batching.py): the kept
+    (shape, dtype, device) of an elementwise result is what its payload says, also where the
+    op changes the dtype, the device or (view_as_real) the rank."""
+    from minifunctorch.core import Torch
+    from minifunctorch.core import primitives as P
+    from minifunctorch.core.batching import Batched, BatchedValue
+
+    level = Batched(Torch(), length=3)
+    real = BatchedValue(level, torch.randn(2, 3, 4), 1)
+    twin = BatchedValue(level, torch.randn(2, 3, 4), 1)
+    complex_ = BatchedValue(level, torch.randn(3, 4, dtype=torch.complex64), 0)
+    calls = [(P.sin_p, (real,), {}), (P.ge_p, (real, 0.5), {}), (P.mul_p, (real, twin), {}),
+             (P.convert_p, (real,), {"dtype": torch.float64}),
+             (P.to_device_p, (real,), {"device": torch.device("meta")}),
+             (P.view_as_real_p, (complex_,), {})]
+    for value in (real, twin, complex_):
+        value.metadata()  # known before the op, as under grad
+    for prim, args, params in calls:
+        out = level.apply(prim, *args, **params)
+        fresh = BatchedValue(level, out.payload, out.bdim)
+        assert out.metadata() == fresh.metadata(), prim.name
