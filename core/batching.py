@@ -786,17 +786,19 @@ def fold_levels(t, own, groups):
     dims are put right before it, in the order listed, and merged with it. Returns the folded
     tensor (a permute and a reshape)."""
     k = len(own)
+    sizes = t.shape  # (read once: each read makes a torch.Size)
     position = {number: i for i, number in enumerate(own)}
     order, shape = [], []
-    for d in range(t.dim() - k):
-        merged = groups.get(d, ())
-        order += [position[number] for number in merged]
+    for d in range(len(sizes) - k):
+        size = sizes[k + d]
+        merged = groups.get(d)
+        if merged:
+            for number in merged:
+                order.append(position[number])
+                size *= sizes[position[number]]
         order.append(k + d)
-        size = t.shape[k + d]
-        for number in merged:
-            size *= t.shape[position[number]]
         shape.append(size)
-    assert len(order) == t.dim(), "every batch dim of a folded operand must be merged somewhere"
+    assert len(order) == len(sizes), "every batch dim of a folded operand must be merged somewhere"
     if order != list(range(len(order))):
         t = t.permute(order)
     return t.reshape(shape)
@@ -807,20 +809,19 @@ def unfold_levels(out, groups, sizes, order):
     of ``out`` (``groups``, as there; ``sizes`` their batch sizes) are split off and moved in
     front in level order (``order``, outermost first), every level in ``order`` being merged
     somewhere."""
-    shape, where, k = [], {}, 0
-    for d in range(out.dim()):
-        merged = groups.get(d, ())
-        for number in merged:
-            where[number] = k
-            shape.append(sizes[number])
-            k += 1
-        shape.append(out.shape[d] // math.prod(sizes[number] for number in merged))
-        where[("dim", d)] = k
-        k += 1
-    out = out.reshape(shape)
-    permutation = [where[number] for number in order] + [where[("dim", d)]
-                                                         for d in range(out.dim() - len(order))]
-    return out.permute(permutation)
+    out_sizes = out.shape  # (read once: each read makes a torch.Size)
+    shape, where, own_dims = [], {}, []
+    for d, size in enumerate(out_sizes):
+        merged = groups.get(d)
+        if merged:
+            for number in merged:
+                where[number] = len(shape)
+                shape.append(sizes[number])
+                size //= sizes[number]
+        own_dims.append(len(shape))
+        shape.append(size)
+    permutation = [where[number] for number in order] + own_dims
+    return out.reshape(shape).permute(permutation)
 
 
 def batched_by_every_level(out, levels):
