@@ -658,15 +658,16 @@ batching_rules[P.matmul_p] = matmul_batch
 # (256, 10, 128), one thread). A large one is bound by writing its result, and there the
 # batched matmul, which torch.func's batching rule always calls, writes it faster on some
 # CPUs: 11.3 against 12.8 ms at (256, 128, 784) on an Intel Xeon, and 3.0 against 5.3 ms at
-# (32, 512, 784); on others the multiply is the faster at every size: 7.3 against 10.8 ms
-# at (256, 128, 784) on an AMD EPYC with AVX2. From 4M elements of result on, the product is
-# torch.func's batched matmul on a GPU and on a CPU with 512-bit vectors (NOTE [Kernel choices
-# that depend on the CPU] in kernels.py), and the multiply on other CPUs.
+# (32, 512, 784). On AMD CPUs the multiply is the faster at every size: 7.3 against 10.8 ms
+# at (256, 128, 784) with AVX2, 4.1 against 9.6 ms with AVX-512. From 4M elements of result
+# on, the product is torch.func's batched matmul on a GPU and on an Intel CPU with 512-bit
+# vectors (NOTE [Kernel choices that depend on the CPU] in kernels.py), and the multiply on
+# other CPUs. Both compute one product per element, so the bits are the same either way.
 _LARGE_OUTER_PRODUCT = 1 << 22
 
 
 def _large_outer_product(x, y):
-    if not kernels.WIDE_VECTORS and x.device.type == "cpu":
+    if not kernels.BATCHED_MATMUL_OUTER_PRODUCTS and x.device.type == "cpu":
         return False
     shape = torch.broadcast_shapes(ops.shape_of(x)[:-2], ops.shape_of(y)[:-2])
     return math.prod(shape) * ops.shape_of(x)[-2] * ops.shape_of(y)[-1] >= _LARGE_OUTER_PRODUCT

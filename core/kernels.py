@@ -8,7 +8,9 @@ shapes alone. torch itself dispatches its CPU kernels by that capability
 same inside its convolutions; so do these rules:
 
 - a large per-example outer product (NOTE [Outer products: ...] in batching.py): a broadcast
-  multiply, or a batched matmul (torch.func's choice);
+  multiply, or a batched matmul (torch.func's choice). Here the vector width is not what
+  decides: torch's x86 wheels do a batched matmul in MKL, whose fast paths are Intel's, so it
+  is the faster kernel on an Intel CPU with 512-bit vectors only;
 - grad_input of a stride-1 convolution (NOTE [grad_input as a forward convolution] in nn.py):
   oneDNN's backward-data kernel (torch.func's choice), or its forward kernel on the flipped
   weight.
@@ -19,20 +21,46 @@ Measured, one thread, torch 2.13:
 
 | machine | outer product (256, 128, 784): mul / bmm | S9's grad_input: forward / backward |
 |---|---|---|
+| AMD EPYC, AVX-512 (family 25, model 17; 2026-12-07) | 4.1 / 9.6 ms | not measured alone |
 | AMD EPYC, AVX2 (2026-12-07) | 7.3 / 10.8 ms | 546 / 346 us |
 | an Intel Xeon (2026-11-28) | 12.8 / 11.3 ms | not measured |
 | an AMD EPYC (80f0bad) | not measured | 327 / 576 us |
 
 The two earlier machines' capability was not recorded (benchmarks/RESULTS.md records it now);
-the rule below takes them to be AVX-512 ones, as those CPU families are. Where a rule's two
-kernels differ in rounding (the convolution's), results agree with torch.func's to float32
-rounding on one kind of machine and bit for bit on the other.
+the rules below take them to be AVX-512 ones, as those CPU families are. On the AVX-512 AMD
+EPYC, the convolution choices made for wide vectors hold (A/B in one process, 7 rounds: with
+the AVX2 choices S9 takes 1.04 of its time, S7 1.02), but the batched matmul does not: the
+multiply takes 0.43 of its time here, 0.34 at (32, 512, 784), and S2's per-sample gradients
+take 0.56 of theirs with it. Where a rule's two kernels differ in rounding (the
+convolution's), results agree with torch.func's to float32 rounding on one kind of machine
+and bit for bit on the other.
 """
+import platform
+
 import torch
 
 CPU_CAPABILITY = torch.backends.cpu.get_cpu_capability()
 
-# Whether the CPU has 512-bit vectors, where the batched matmul and oneDNN's forward kernel are
-# the faster of each pair above; on AVX2 and others, the broadcast multiply and torch's own
-# backward kernel are.
+
+def _cpu_vendor() -> str:
+    """The x86 vendor string ("GenuineIntel", "AuthenticAMD"), or "" where none is known."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:  # not Linux
+        pass
+    return "GenuineIntel" if "Intel" in platform.processor() else ""
+
+
+CPU_VENDOR = _cpu_vendor()
+
+# Whether the CPU has 512-bit vectors, where oneDNN's forward kernel is the faster for a
+# convolution's grad_input and oneDNN leads from smaller sizes on; on AVX2 and others, torch's
+# own backward kernel is, and the small kernels go further.
 WIDE_VECTORS = CPU_CAPABILITY == "AVX512"
+
+# Whether a large per-example outer product is faster as MKL's batched matmul than as a
+# broadcast multiply: on an Intel CPU with 512-bit vectors only (the table above).
+BATCHED_MATMUL_OUTER_PRODUCTS = WIDE_VECTORS and CPU_VENDOR == "GenuineIntel"

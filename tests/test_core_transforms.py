@@ -896,23 +896,23 @@ def test_jacrev_with_chunk_size_one_pulls_back_row_by_row_without_vmap():
         mf.jacrev(f, chunk_size=2)(x, y)
 
 
-@pytest.mark.parametrize("wide_vectors", [False, True], ids=["avx2", "avx512"])
+@pytest.mark.parametrize("matmul_faster", [False, True], ids=["amd-or-avx2", "intel-avx512"])
 @pytest.mark.parametrize("rows", [40, 4096])
-def test_a_per_example_outer_product_takes_the_cpus_faster_kernel(rows, wide_vectors,
+def test_a_per_example_outer_product_takes_the_cpus_faster_kernel(rows, matmul_faster,
                                                                   monkeypatch):
     """NOTE [Outer products: ...] in batching.py: a small per-example outer product is a
-    broadcast multiply; a large one (4M elements of result here) is a batched matmul on a CPU
-    with 512-bit vectors and stays the multiply on others (NOTE [Kernel choices that depend
-    on the CPU]). Either way the result is torch.func's bit for bit: one product per
+    broadcast multiply; a large one (4M elements of result here) is a batched matmul on an
+    Intel CPU with 512-bit vectors and stays the multiply on others (NOTE [Kernel choices that
+    depend on the CPU]). Either way the result is torch.func's bit for bit: one product per
     element."""
-    monkeypatch.setattr(kernels, "WIDE_VECTORS", wide_vectors)
+    monkeypatch.setattr(kernels, "BATCHED_MATMUL_OUTER_PRODUCTS", matmul_faster)
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(4, rows, generator=g), torch.randn(4, 256, generator=g)
     outer = lambda a, b: a.unsqueeze(1) @ b.unsqueeze(0)  # noqa: E731
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         ours = mf.vmap(outer)(a, b)
     ran = {e.key for e in prof.key_averages()}
-    large = wide_vectors and rows == 4096
+    large = matmul_faster and rows == 4096
     assert ("aten::bmm" in ran) == large and ("aten::mul" in ran) != large, ran
     assert torch.equal(ours, tf.vmap(outer)(a, b))
 
