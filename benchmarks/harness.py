@@ -424,15 +424,37 @@ def hot_spots(profiles: list, label: str, *, top: int = 15) -> HotSpots | None:
 
 
 # --- the machine and the settings ----------------------------------------------------------------
-def _cpu_model() -> str:
+def _cpuinfo() -> dict:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return fields
+
+
+def _cpu_model() -> str:
+    """"AMD EPYC (AuthenticAMD, cpu family 25, model 17)": two CPUs of one name can differ in
+    what the kernel choices depend on (NOTE [Kernel choices that depend on the CPU])."""
+    info = _cpuinfo()
+    if "model name" not in info:
+        return platform.processor() or "unknown"
+    ids = [info.get("vendor_id", "")] + [f"{key} {info[key]}" for key in ("cpu family", "model")
+                                         if key in info]
+    return f"{info['model name']} ({', '.join(filter(None, ids))})"
+
+
+def _kernel_choices() -> str:
+    from minifunctorch.core import kernels
+    return (f"wide-vector convolution kernels: {'yes' if kernels.WIDE_VECTORS else 'no'}; large "
+            f"outer products as a batched matmul: "
+            f"{'yes' if kernels.BATCHED_MATMUL_OUTER_PRODUCTS else 'no'}")
 
 
 def _git_revision() -> str:
@@ -475,6 +497,7 @@ def environment(*, device: str, threads: int, min_run_time: float, rounds: int,
         "CPU": _cpu_model(),
         # (the rules pick some CPU kernels by it: NOTE [Kernel choices that depend on the CPU])
         "CPU capability (torch)": torch.backends.cpu.get_cpu_capability(),
+        "CPU kernel choices (core/kernels.py)": _kernel_choices(),
         "cores (os.cpu_count / usable)": f"{os.cpu_count()} / {len(os.sched_getaffinity(0))}"
         if hasattr(os, "sched_getaffinity") else str(os.cpu_count()),
         "python": platform.python_version(),
