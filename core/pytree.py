@@ -86,25 +86,3 @@ def tree_broadcast_prefix(prefix_tree, full_tree, is_leaf=None, *, none_is_leaf=
 
 
 tree_unflatten = optree.tree_unflatten  # (a treespec keeps the namespace it was made in)
-
-
-def same_structure(treespec, other) -> bool:
-    """Whether two treespecs describe one structure (vjp_fn's check of its cotangents).
-
-    NOTE [Treespecs across a torch.compile graph break]
-    While dynamo traces, optree's functions run as its Python stand-ins
-    (torch._dynamo.polyfills.pytree), whose treespecs are objects of their own class, and keep
-    the namespace even for a lone leaf, where optree's own drop it. So where a graph break
-    falls between vjp (which flattens the outputs) and vjp_fn (which flattens the
-    cotangents), one tensor is ``PyTreeSpec(*)`` on one side and ``PyTreeSpec(*,
-    namespace='minifunctorch')`` on the other, and the two compare unequal though they are
-    one structure. Where the specs differ, each is rebuilt with placeholder leaves and
-    flattened again, both in the same way, and those are compared. (torch.func compares
-    torch's own pytree specs, which have neither the namespace nor the second class.)"""
-    if treespec == other:
-        return True
-    try:
-        return (tree_structure(treespec.unflatten([0] * treespec.num_leaves))
-                == tree_structure(other.unflatten([0] * other.num_leaves)))
-    except (TypeError, ValueError, AttributeError):  # not a treespec, or not rebuildable
-        return False

@@ -16,6 +16,7 @@ import math
 import torch
 
 from . import ops, pytree
+from .compile_boundary import dynamo_traces, outside_the_graph
 from .autograd import Autograd, AutogradValue, refuse_write_to_recorded
 from .batching import Batched, BatchedValue, move_bdim
 from .dispatch import new_level, transform_scope
@@ -491,6 +492,8 @@ def grad_and_value(f, argnums=0, has_aux=False):
     """
     @functools.wraps(f)
     def grad_and_value_f(*args, **kwargs):
+        if dynamo_traces():  # NOTE [Transforms under torch.compile] (compile_boundary.py)
+            return outside_the_graph(grad_and_value_f, args, kwargs)
         with engine_code():
             return _grad_and_value(f, argnums, has_aux, args, kwargs)
     return grad_and_value_f
@@ -575,6 +578,8 @@ def vjp(f, *primals, has_aux=False):
     >>> vjp_fn(torch.ones(2))
     (tensor([1.0000, 0.5403]),)
     """
+    if dynamo_traces():  # NOTE [Transforms under torch.compile] (compile_boundary.py)
+        return outside_the_graph(vjp, (f, *primals), {"has_aux": has_aux})
     with engine_code():
         return _vjp(f, primals, has_aux)
 
@@ -602,6 +607,8 @@ def _vjp_of_selected(f, args, has_aux, argnums):
         # retain_graph: the tape lives as long as vjp_fn, which can always be called again.
         # create_graph=False: plain results leave torch's autograd graph (torch.func's
         # default, None, keeps it when grad mode is on); transform levels still see the ops.
+        if dynamo_traces():  # NOTE [Transforms under torch.compile] (compile_boundary.py)
+            return outside_the_graph(vjp_fn, (cotangents, retain_graph, create_graph), {})
         with engine_code():
             cts = _pull_back(cotangents)
         if create_graph is False or (create_graph is None and not torch.is_grad_enabled()):
@@ -612,7 +619,7 @@ def _vjp_of_selected(f, args, has_aux, argnums):
     def _pull_back(cotangents):
         ct_leaves, ct_treedef = pytree.tree_flatten(cotangents)
         ct_leaves = [unwrap(ct) for ct in ct_leaves]
-        if not pytree.same_structure(ct_treedef, out_treedef):
+        if ct_treedef != out_treedef:
             raise TangentsError(
                 "vjp_fn(cotangents): Expected pytree structure of cotangents to be the same as "
                 "pytree structure of outputs to the function. cotangents: "
@@ -709,6 +716,9 @@ def jvp(f, primals, tangents, *, strict=False, has_aux=False):
     >>> jvp(torch.sin, (torch.tensor(0.0),), (torch.tensor(2.0),))
     (tensor(0.), tensor(2.))
     """
+    if dynamo_traces():  # NOTE [Transforms under torch.compile] (compile_boundary.py)
+        return outside_the_graph(jvp, (f, primals, tangents),
+                                 {"strict": strict, "has_aux": has_aux})
     with engine_code():
         return _jvp(f, primals, tangents, has_aux, strict)
 
@@ -839,6 +849,8 @@ def vmap(f, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
 
     @functools.wraps(f)
     def vmapped(*args, **kwargs):
+        if dynamo_traces():  # NOTE [Transforms under torch.compile] (compile_boundary.py)
+            return outside_the_graph(vmapped, args, kwargs)
         with engine_code():
             return as_tensors(_vmap(f, in_dims, out_dims, randomness, chunk_size, args, kwargs))
     return vmapped
@@ -864,6 +876,8 @@ def chunk_vmap(f, in_dims=0, out_dims=0, randomness="error", chunks=2):
 
     @functools.wraps(f)
     def vmapped(*args, **kwargs):
+        if dynamo_traces():  # NOTE [Transforms under torch.compile] (compile_boundary.py)
+            return outside_the_graph(vmapped, args, kwargs)
         with engine_code():
             return as_tensors(_vmap(f, in_dims, out_dims, randomness, None, args, kwargs,
                                     chunks=chunks))
@@ -1442,6 +1456,8 @@ def jacrev(f, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_cop
 
     @functools.wraps(f)
     def jacrev_f(*args):
+        if dynamo_traces():  # NOTE [Transforms under torch.compile] (compile_boundary.py)
+            return outside_the_graph(jacrev_f, args, {})
         with engine_code():
             return _jacrev(f, argnums, has_aux, chunk_size, args)
     return jacrev_f
@@ -1506,6 +1522,8 @@ def jacfwd(f, argnums=0, has_aux=False, *, randomness="error"):
 
     @functools.wraps(f)
     def jacfwd_f(*args):
+        if dynamo_traces():  # NOTE [Transforms under torch.compile] (compile_boundary.py)
+            return outside_the_graph(jacfwd_f, args, {})
         with engine_code():
             return _jacfwd(f, argnums, has_aux, randomness, args)
     return jacfwd_f
