@@ -16,9 +16,9 @@ import math
 import torch
 
 from . import ops, pytree
-from .compile_boundary import dynamo_traces, outside_the_graph
 from .autograd import Autograd, AutogradValue, refuse_write_to_recorded
 from .batching import Batched, BatchedValue, move_bdim
+from .compile_boundary import dynamo_traces, outside_the_graph
 from .dispatch import new_level, transform_scope
 from .errors import (
     ArgnumsError,
