@@ -6,8 +6,8 @@ kernels and their backward kernels, so a primitive made of each keeps a training
 bit-exact with torch.func:
 - convolution, and its backward split in three (grad_input, grad_weight, grad_bias), each
   one output of ``aten.convolution_backward``;
-- avg_pool and adaptive_avg_pool, each with its backward kernel: two linear maps, each the
-  other's transpose;
+- avg_pool, adaptive_avg_pool and the upsampling kernels of interpolation, each with its
+  backward kernel: two linear maps, each the other's transpose;
 - batch norm (training and eval), its statistics, and ``native_batch_norm_backward``;
 - layer norm, its statistics, and ``native_layer_norm_backward`` (NOTE [Layer norm: the fused
   kernels as primitives]);
@@ -20,8 +20,7 @@ Everything else is written with ``ops`` at the front door, readable, and every t
 handles it for free: constant padding (a primitive: its transpose is a crop) and the
 reflect, replicate and circular modes (gathers); RMS norm; the losses
 (nll_loss and cross_entropy with weights, ignore_index and label smoothing, and the rest,
-replacing ops.py's simpler entries); interpolation (one matrix per dim, read off torch's
-kernels); grid_sample, unfold and fold (gathers and scatters); pixel shuffle, glu, prelu,
+replacing ops.py's simpler entries); grid_sample, unfold and fold (gathers and scatters); pixel shuffle, glu, prelu,
 bilinear, pdist, max_unpool.
 
 Each op opens both doors: the torch functions users call (``F.conv2d``, ``F.max_pool2d``,
@@ -4226,51 +4225,41 @@ aten_api.register(aten.multi_margin_loss.default)(
 
 
 # --- interpolation -------------------------------------------------------------------------------
-# NOTE [Interpolation is one linear map per dim]
-# Every mode of F.interpolate but 'area' is separable: the output is the input mapped along
-# each spatial dim in turn by a fixed matrix M (out x in), whose rows hold the 1, 2 or 4
-# weights of the taps (nearest, linear, cubic), clamped at the borders. Rather than restate
-# torch's rules for source coordinates (align_corners, scale factors, the -0.5 shifts), the
-# matrix is read off the op's own kernel: upsampling an identity matrix laid along that dim
-# (the other spatial dims of size 1, where the kernel is the identity) gives M's columns.
-# (The same kernel, not a 1-d one: torch's kernels differ in details, such as the 2-d nearest
-# kernel's exact halving when the output is twice the input.) Linear and cubic modes then
-# apply M with a matmul along the dim, so every derivative and batching rule is matmul's;
-# nearest modes, whose rows pick one input each, gather instead (exact, and an inf stays in
-# its own cell). 'area' is adaptive average pooling.
-# (A matmul mixes every input of a row: an inf or nan input spreads along its dim, where
-# torch's kernel would keep it in its own taps.)
-@functools.lru_cache(maxsize=256)
-def _interpolation_matrix(kernel, align_corners, spatial, dim, in_size, out_size, scale, dtype,
-                          device):
-    """M transposed, (in, out), for spatial dim ``dim`` of the upsampling ``kernel`` (an aten
-    op): the kernel applied to an identity laid along that dim, every other spatial dim of
-    size 1 (where the kernel is the identity). For nearest modes, the source of each output.
-
-    The antialiasing kernels are the exception: with a width of 1 they do not compute the
-    identity along the width, so their matrices are read along the width for every dim (they
-    treat each dim with the same formula)."""
-    if kernel in (aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default):
-        dim = spatial - 1
-    shape = [in_size, 1] + [1] * spatial
-    shape[2 + dim] = in_size
-    basis = torch.eye(in_size, dtype=dtype, device=device).reshape(shape)
-    sizes = [1] * spatial
-    sizes[dim] = out_size
-    scales = [None] * spatial
-    scales[dim] = scale
+# NOTE [Interpolation is a linear kernel and its transpose]
+# Every upsampling mode of F.interpolate ('area' is adaptive average pooling) is a linear map
+# of its input, and torch has a kernel for it and one for its transpose, the backward
+# (``upsample_bilinear2d`` and ``upsample_bilinear2d_backward``, and so on for nearest,
+# nearest-exact, linear, bicubic, trilinear and the antialiased kernels). So interpolation is
+# one pair of primitives, upsample and upsample_backward, with the kernel's name a parameter,
+# as avg_pool is a pair (NOTE [A linear kernel and its transpose]). torch's own rules for
+# source coordinates (align_corners, scale factors, the half-pixel shifts), its clamping at
+# the borders and its handling of an inf or nan (which stays in the outputs whose taps read
+# it) come with the kernels, and values and gradients are torch.func's bit for bit. (An
+# earlier version read one matrix per dim off the kernel and applied it with a matmul. That
+# was faster for small images and for bicubic, whose backward kernel is slow, but it did
+# O(in x out) work per row, 2.3 times torch.func's time for vmap(grad) at 256x256, and it
+# spread an inf or nan along the whole row.)
+def _upsample_impl(x, *, kernel, output_size, align_corners, scales):
+    op = getattr(aten, kernel).default
     if align_corners is None:
-        columns = kernel(basis, sizes, *scales)
-    else:
-        columns = kernel(basis, sizes, align_corners, *scales)
-    columns = columns.reshape(in_size, out_size)
-    if align_corners is None:  # nearest: one source per output
-        return columns.argmax(0)
-    return columns
+        return op(x, output_size, *scales)
+    return op(x, output_size, align_corners, *scales)
+
+
+def _upsample_backward_impl(ct, x, *, kernel, output_size, align_corners, scales):
+    op = getattr(aten, f"{kernel}_backward").default
+    if align_corners is None:
+        return op(ct, output_size, x.shape, *scales)
+    return op(ct, output_size, x.shape, align_corners, *scales)
+
+
+upsample_p, upsample_backward_p = _linear_pair("upsample", _upsample_impl,
+                                               _upsample_backward_impl)
 
 
 def _interpolate(kernel, x, output_size, align_corners, scales):
-    """Upsampling with an aten ``kernel`` (its .default overload), one dim at a time."""
+    """Upsampling with the aten ``kernel`` (its .default overload): NOTE [Interpolation is a
+    linear kernel and its transpose]."""
     op = kernel.overloadpacket.__name__
     _refuse_complex(op, x)
     spatial = len(output_size)
@@ -4280,23 +4269,9 @@ def _interpolate(kernel, x, output_size, align_corners, scales):
             f"{op}(input, ...): expected an (N, C) input with {spatial} spatial dims, got shape "
             f"{shape}. Fix: add the batch and channel dims."
         )
-    for i, (size, scale) in enumerate(zip(output_size, scales)):
-        dim = 2 + i
-        columns = _interpolation_matrix(kernel, align_corners, spatial, i, shape_of(x)[dim],
-                                        int(size), None if scale is None else float(scale),
-                                        x.dtype, x.device)
-        if align_corners is None:  # nearest: a gather along the dim
-            if len(columns) == shape_of(x)[dim] and torch.equal(
-                    columns, torch.arange(len(columns), device=columns.device)):
-                continue  # the identity
-            index_shape = [1] * len(shape_of(x))
-            index_shape[dim] = len(columns)
-            target = list(shape_of(x))
-            target[dim] = len(columns)
-            x = ops.gather(x, dim, columns.reshape(index_shape).expand(target))
-        else:
-            x = ops.transpose(ops.matmul(ops.transpose(x, dim, -1), columns), dim, -1)
-    return x
+    return bind(upsample_p, x, kernel=op, output_size=tuple(output_size),
+                align_corners=align_corners,
+                scales=tuple(None if scale is None else float(scale) for scale in scales))
 
 
 def _upsample_door(packet, spatial, with_align_corners):

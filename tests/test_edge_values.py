@@ -274,8 +274,11 @@ def _edge_values_tool():
 # The entries whose differences at special values were bugs, fixed (the whole sweep is `make
 # edge-values`, docs/EDGE-VALUES.md): prod beside a zero, cumprod at an inf, the margin losses
 # at a margin of 0, huber and smooth_l1 at an inf, binary_cross_entropy at 0 and 1, prelu's
-# weight at +inf, logcumsumexp of one number, mvlgamma at -0, renorm of a slice with a nan.
+# weight at +inf, logcumsumexp of one number, mvlgamma at -0, renorm of a slice with a nan,
+# interpolation at an inf or nan (NOTE [Interpolation is a linear kernel and its transpose]).
 FIXED_AT_SPECIAL_VALUES = (
+    "nn.functional.interpolate.bilinear", "nn.functional.interpolate.bicubic",
+    "nn.functional.interpolate.trilinear", "_upsample_bilinear2d_aa",
     "prod", "masked.prod", "nn.functional.multi_margin_loss",
     "nn.functional.multilabel_margin_loss", "nn.functional.huber_loss",
     "nn.functional.smooth_l1_loss", "nn.functional.binary_cross_entropy",

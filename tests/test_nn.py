@@ -982,6 +982,11 @@ _SAMPLES = {
     "adaptive_avg_pool": ((_T(2, 3, 5, 4),), dict(output_size=(2, 3))),
     "adaptive_avg_pool_backward": ((_T(2, 3, 2, 3),), dict(output_size=(2, 3),
                                                            input_shape=(2, 3, 5, 4))),
+    "upsample": ((_T(2, 3, 5, 4),), dict(kernel="upsample_bilinear2d", output_size=(7, 9),
+                                         align_corners=False, scales=(None, None))),
+    "upsample_backward": ((_T(2, 3, 7, 9),), dict(kernel="upsample_nearest2d", output_size=(7, 9),
+                                                  align_corners=None, scales=(1.5, 2.25),
+                                                  input_shape=(2, 3, 5, 4))),
     "batch_norm_train": ((_T(4, 3, 2), _T(3), None), dict(eps=1e-5)),
     "batch_norm_eval": ((_T(4, 3, 2), _T(3), _T(3), _T(3), _T(3).abs()), dict(eps=1e-5)),
     "batch_norm_stats": ((_T(4, 3, 2),), dict(eps=1e-5)),
@@ -1058,6 +1063,31 @@ def test_per_sample_weight_gradient_is_one_grouped_convolution(monkeypatch):
 
 
 # --- mse_loss: torch's kernel and its backward -------------------------------------------------
+@pytest.mark.parametrize("options", [
+    dict(scale_factor=2, mode="bilinear"), dict(size=(9, 7), mode="bicubic", align_corners=True),
+    dict(scale_factor=0.6, mode="bilinear", antialias=True), dict(scale_factor=1.5)],
+    ids=["bilinear", "bicubic-corners", "bilinear-antialias", "nearest"])
+def test_interpolation_is_torchs_kernels_bit_for_bit(options):
+    """NOTE [Interpolation is a linear kernel and its transpose]: values, per-sample gradients,
+    tangents and second derivatives are torch.func's bit for bit, and an inf in the input
+    makes no more nans than it does in torch (a matmul along the dim once spread it)."""
+    x = torch.randn(3, 2, 6, 5, generator=torch.Generator().manual_seed(0), dtype=DTYPE)
+    x[1, 0, 2, 3] = float("inf")
+
+    def f(x):
+        return F.interpolate(x[None], **options)[0]
+
+    def loss(x):
+        return torch.where(torch.isfinite(f(x)), f(x), 0.0).sin().sum()
+    for transform in (lambda api: api.vmap(f)(x),
+                      lambda api: api.vmap(api.grad(loss))(x),
+                      lambda api: api.jvp(f, (x[0],), (x[2],))[1],
+                      lambda api: api.hessian(loss)(x[0, :, :3, :2])):
+        ours, theirs = transform(mf), transform(tf)
+        assert torch.equal(ours.isnan(), theirs.isnan())
+        assert torch.equal(torch.nan_to_num(ours), torch.nan_to_num(theirs))
+
+
 def test_mse_loss_is_one_kernel_and_its_backward_under_vmap_of_grad(monkeypatch):
     """NOTE [mse_loss: torch's kernel and its backward] in core/nn.py: MAML's inner loss, per
     task, calls torch's mse_loss kernel once forward and its backward kernel once; a weight

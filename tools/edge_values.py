@@ -52,8 +52,6 @@ OUTPUT = os.path.join(ROOT, "docs", "EDGE-VALUES.md")
 _ZERO_TANGENT = "NOTE [Zero tangents times infinity]: torch.func multiplies by a zero tangent"
 _PRODUCTS = ("NOTE [Products with zeros] (core/structural.py): torch.func's vjp divides by x "
              "where its grad and jvp take exclusive products")
-_INTERPOLATION = ("NOTE [Interpolation is one linear map per dim] (core/nn.py): the matmul "
-                  "spreads an inf or nan along its dim")
 _NAN_MASKS = ("torch's backward at a nan depends on where the element falls: its vectorized "
               "loop and its scalar tail disagree (hardtanh in core/elementwise.py)")
 _CLAMP = ("NOTE [clamp with tensor bounds] (core/elementwise.py): at a nan no input gets a "
@@ -72,10 +70,6 @@ KNOWN = {
     "cumprod": "cumprod's derivatives never divide, as torch.func's grad (NOTE [Products with "
                "zeros]); its vjp and eager torch divide by x",
     "masked.cumprod": "as cumprod",
-    **{name: _INTERPOLATION for name in (
-        "nn.functional.interpolate.linear", "nn.functional.interpolate.bilinear",
-        "nn.functional.interpolate.trilinear", "nn.functional.interpolate.bicubic",
-        "nn.functional.upsample_bilinear", "_upsample_bilinear2d_aa")},
     **{name: _CLAMP for name in ("clamp", "clamp_min", "clamp_max")},
     **{name: _NAN_MASKS for name in (
         "nn.functional.hardtanh", "nn.functional.relu6", "nn.functional.softshrink")},
