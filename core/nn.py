@@ -185,6 +185,53 @@ class _KeptOutput:
         return None
 
 
+# NOTE [A linear kernel and its transpose]
+# avg_pool and adaptive_avg_pool are linear maps (so are upsampling, and reflect and replicate
+# padding), and torch has a kernel for each and for its transpose (its backward). Both
+# kernels are primitives, each the other's vjp: the vjp of avg_pool is avg_pool_backward, the
+# vjp of avg_pool_backward is avg_pool. Their jvps are the op itself on the tangent, and
+# batching folds the batch into N. torch.func's vjp runs the same backward kernel, so the
+# gradients are bit-exact; second derivatives cost nothing more.
+def _linear_pair(name, forward_impl, backward_impl):
+    """Two primitives, ``name`` and ``name_backward``, each the other's transpose.
+    ``backward_impl(ct, x_like, **params)`` reads only the shape of ``x_like``."""
+    forward_p = P.primitive(name, forward_impl)
+    backward_p = P.primitive(
+        f"{name}_backward",
+        lambda ct, *, input_shape, **params: backward_impl(ct, ct.new_empty(input_shape),
+                                                           **params))
+
+    def forward_vjp(x, **params):
+        x_shape = shape_of(x)
+        return (bind(forward_p, x, **params),
+                lambda ct: (bind(backward_p, ct, input_shape=x_shape, **params),))
+
+    def backward_vjp(ct, *, input_shape, **params):
+        return (bind(backward_p, ct, input_shape=input_shape, **params),
+                lambda g: (bind(forward_p, g, **params),))
+
+    def forward_batch(values, bdims, **params):
+        (x,), (bdim,) = values, bdims
+        folded, lead, out_bdim = _fold_leading_at(x, bdim, _spatial_of(params) + 1)
+        return _unfold_leading(bind(forward_p, folded, **params), lead), out_bdim
+
+    def backward_batch(values, bdims, *, input_shape, **params):
+        (ct,), (bdim,) = values, bdims
+        keep = _spatial_of(params) + 1
+        folded, lead, out_bdim = _fold_leading_at(ct, bdim, keep)
+        folded_shape = (math.prod(lead),) + tuple(input_shape[len(input_shape) - keep:])
+        out = bind(backward_p, folded, input_shape=folded_shape, **params)
+        return _unfold_leading(out, lead), out_bdim
+
+    vjp_rules[forward_p] = forward_vjp
+    vjp_rules[backward_p] = backward_vjp
+    jvp_rules[forward_p] = linear_jvp(forward_p)
+    jvp_rules[backward_p] = linear_jvp(backward_p)
+    batching_rules[forward_p] = forward_batch
+    batching_rules[backward_p] = backward_batch
+    return forward_p, backward_p
+
+
 # --- linear --------------------------------------------------------------------------------------
 # NOTE [Linear is a primitive]
 # F.linear(x, w, b) = x @ w.T + b could be three ops (transpose, matmul, add), and that is how
@@ -1217,6 +1264,8 @@ def _pad_by_gathering(x, pad, mode):
     copied several times (what reflection_pad2d_backward computes). PyTorch's Python
     decompositions of these ops index the same way."""
     rank = len(shape_of(x))
+    # (NOTE [Reflect and replicate padding: a linear kernel and its transpose])
+    by_kernel = mode != "circular" and all(p >= 0 for p in pad)
     for dim, before, after in _padded_dims(pad, rank):
         size = shape_of(x)[dim]
         call = f"pad(x, {list(pad)}, mode={mode!r})"
@@ -1243,6 +1292,8 @@ def _pad_by_gathering(x, pad, mode):
                 f"can be at most the size of the dim it pads, after cropping: dim {dim} keeps "
                 f"{kept} of {size}). Fix: use smaller pads."
             )
+        if by_kernel:
+            continue  # (checked here, padded below)
         positions = _pad_positions(mode, size, before, after)
         shape = [1] * rank
         shape[dim] = len(positions)
@@ -1250,7 +1301,36 @@ def _pad_by_gathering(x, pad, mode):
         index_shape[dim] = len(positions)
         index = positions.to(x.device).reshape(shape).expand(index_shape)
         x = ops.gather(x, dim, index)
+    if by_kernel:
+        return bind(mode_pad_p, x, mode=mode, pad=pad)
     return x
+
+
+# NOTE [Reflect and replicate padding: a linear kernel and its transpose]
+# Without cropping, reflect and replicate padding are torch's kernels (reflection_pad2d,
+# replication_pad2d, ...), linear maps whose backward kernels are their transposes: one pair
+# of primitives, as avg_pool is (NOTE [A linear kernel and its transpose]), with values and
+# gradients bit for bit torch.func's. As gathers, one per padded dim, with index tensors
+# made on each call and scatter-adds for the vjp, they took twice torch.func's time. A
+# negative pad (a crop) and circular padding, which torch writes as a composite of slices
+# and concatenations, stay gathers (NOTE [Reflect, replicate and circular padding are
+# gathers]).
+def _mode_pad_kernel(mode, pad, backward=False):
+    kind = "reflection" if mode == "reflect" else "replication"
+    op = getattr(aten, f"{kind}_pad{len(pad) // 2}d{'_backward' if backward else ''}")
+    return op.default
+
+
+def _mode_pad_impl(x, *, mode, pad):
+    return _mode_pad_kernel(mode, pad)(x, pad)
+
+
+def _mode_pad_backward_impl(ct, x, *, mode, pad):
+    return _mode_pad_kernel(mode, pad, backward=True)(ct, x, pad)
+
+
+mode_pad_p, mode_pad_backward_p = _linear_pair("mode_pad", _mode_pad_impl,
+                                               _mode_pad_backward_impl)
 
 
 _PAD_RANKS = {2: (2, 3), 4: (3, 4), 6: (4, 5)}
@@ -1345,6 +1425,8 @@ def _adaptive_max_pool_kernel(x, *, output_size):
 
 
 def _spatial_of(params):
+    if "pad" in params:  # (a padding's pads come in pairs, one pair per spatial dim)
+        return len(params["pad"]) // 2
     return len(params.get("kernel_size") or params.get("output_size"))
 
 
@@ -1981,52 +2063,6 @@ aten_api.register(aten.max_unpool3d.default)(
 
 
 # --- pooling: average pooling --------------------------------------------------------------------
-# NOTE [A linear kernel and its transpose]
-# avg_pool and adaptive_avg_pool are linear maps, and torch has a kernel for each and for its
-# transpose (its backward). Both kernels are primitives, each the other's vjp: the vjp of
-# avg_pool is avg_pool_backward, the vjp of avg_pool_backward is avg_pool. Their jvps are the
-# op itself on the tangent, and batching folds the batch into N. torch.func's vjp runs the
-# same backward kernel, so the gradients are bit-exact; second derivatives cost nothing more.
-def _linear_pair(name, forward_impl, backward_impl):
-    """Two primitives, ``name`` and ``name_backward``, each the other's transpose.
-    ``backward_impl(ct, x_like, **params)`` reads only the shape of ``x_like``."""
-    forward_p = P.primitive(name, forward_impl)
-    backward_p = P.primitive(
-        f"{name}_backward",
-        lambda ct, *, input_shape, **params: backward_impl(ct, ct.new_empty(input_shape),
-                                                           **params))
-
-    def forward_vjp(x, **params):
-        x_shape = shape_of(x)
-        return (bind(forward_p, x, **params),
-                lambda ct: (bind(backward_p, ct, input_shape=x_shape, **params),))
-
-    def backward_vjp(ct, *, input_shape, **params):
-        return (bind(backward_p, ct, input_shape=input_shape, **params),
-                lambda g: (bind(forward_p, g, **params),))
-
-    def forward_batch(values, bdims, **params):
-        (x,), (bdim,) = values, bdims
-        folded, lead, out_bdim = _fold_leading_at(x, bdim, _spatial_of(params) + 1)
-        return _unfold_leading(bind(forward_p, folded, **params), lead), out_bdim
-
-    def backward_batch(values, bdims, *, input_shape, **params):
-        (ct,), (bdim,) = values, bdims
-        keep = _spatial_of(params) + 1
-        folded, lead, out_bdim = _fold_leading_at(ct, bdim, keep)
-        folded_shape = (math.prod(lead),) + tuple(input_shape[len(input_shape) - keep:])
-        out = bind(backward_p, folded, input_shape=folded_shape, **params)
-        return _unfold_leading(out, lead), out_bdim
-
-    vjp_rules[forward_p] = forward_vjp
-    vjp_rules[backward_p] = backward_vjp
-    jvp_rules[forward_p] = linear_jvp(forward_p)
-    jvp_rules[backward_p] = linear_jvp(backward_p)
-    batching_rules[forward_p] = forward_batch
-    batching_rules[backward_p] = backward_batch
-    return forward_p, backward_p
-
-
 def _avg_pool_impl(x, *, kernel_size, stride, padding, ceil_mode, count_include_pad,
                    divisor_override):
     pool = torch._C._nn.avg_pool2d if len(kernel_size) == 2 else torch._C._nn.avg_pool3d

@@ -982,6 +982,9 @@ _SAMPLES = {
     "adaptive_avg_pool": ((_T(2, 3, 5, 4),), dict(output_size=(2, 3))),
     "adaptive_avg_pool_backward": ((_T(2, 3, 2, 3),), dict(output_size=(2, 3),
                                                            input_shape=(2, 3, 5, 4))),
+    "mode_pad": ((_T(2, 3, 5, 4),), dict(mode="reflect", pad=(1, 2, 3, 0))),
+    "mode_pad_backward": ((_T(2, 3, 8, 7),), dict(mode="replicate", pad=(1, 2, 3, 0),
+                                                  input_shape=(2, 3, 5, 4))),
     "upsample": ((_T(2, 3, 5, 4),), dict(kernel="upsample_bilinear2d", output_size=(7, 9),
                                          align_corners=False, scales=(None, None))),
     "upsample_backward": ((_T(2, 3, 7, 9),), dict(kernel="upsample_nearest2d", output_size=(7, 9),
@@ -1086,6 +1089,26 @@ def test_interpolation_is_torchs_kernels_bit_for_bit(options):
         ours, theirs = transform(mf), transform(tf)
         assert torch.equal(ours.isnan(), theirs.isnan())
         assert torch.equal(torch.nan_to_num(ours), torch.nan_to_num(theirs))
+
+
+@pytest.mark.parametrize("mode,pad", [
+    ("reflect", (2, 1, 3, 2)), ("replicate", (1, 0, 2, 3)), ("reflect", (3, 1)),
+    ("replicate", (1, 1, 2, 0, 1, 2)), ("replicate", (-2, -1, 4, 6)), ("circular", (1, 2, 1, 2))],
+    ids=["reflect2d", "replicate2d", "reflect1d", "replicate3d", "crop-and-pad", "circular"])
+def test_mode_padding_is_torch_func_bit_for_bit(mode, pad):
+    """NOTE [Reflect and replicate padding: a linear kernel and its transpose]: torch's kernels
+    where no pad crops, gathers otherwise (a crop of one dim beside a pad of another among
+    them); values, per-sample gradients, tangents and second derivatives are torch.func's."""
+    shape = {2: (3, 5, 4), 4: (2, 3, 5, 4), 6: (1, 2, 3, 5, 4)}[len(pad)]
+    x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0), dtype=DTYPE)
+
+    def loss(x):
+        return F.pad(x, pad, mode=mode).sin().sum()
+    for transform in (lambda api: api.vmap(lambda x: F.pad(x, pad, mode=mode))(x),
+                      lambda api: api.vmap(api.grad(loss))(x),
+                      lambda api: api.jvp(lambda x: F.pad(x, pad, mode=mode), (x[0],), (x[1],))[1],
+                      lambda api: api.hessian(loss)(x[0, :1])):
+        assert torch.equal(transform(mf), transform(tf))
 
 
 def test_mse_loss_is_one_kernel_and_its_backward_under_vmap_of_grad(monkeypatch):
