@@ -290,6 +290,12 @@ CDIST = [
     binary("cdist_inf_batched", lambda x, y: torch.cdist(x, y, INF), (2, 3, 4), (2, 2, 4),
            domain=distinct),
     binary("cdist_p3", lambda x, y: torch.cdist(x, y, 3.0), (3, 4), (2, 4)),
+    # p = 2 by the matrix product (NOTE [cdist for p = 2: torch's matrix-product formula])
+    binary("cdist_matrix_product", lambda x, y: torch.cdist(
+        x, y, compute_mode="use_mm_for_euclid_dist"), (3, 4), (2, 4), hessian=True),
+    binary("cdist_many_rows", torch.cdist, (27, 3), (2, 3)),
+    binary("cdist_matrix_product_broadcast", lambda x, y: torch.cdist(
+        x, y, compute_mode="use_mm_for_euclid_dist"), (2, 3, 4), (2, 4)),
 ]
 
 CASES = REDUCTIONS + WITH_INDICES + SCANS + SHAPES + CDIST
@@ -324,13 +330,33 @@ REFERENCES = {
     "column_stack": lambda x, y: torch.cat([x.reshape(-1, 1), y], 1),
     **{case.name: (lambda p: lambda x, y: torch.linalg.vector_norm(
         x.unsqueeze(-2) - y.unsqueeze(-3), p, -1))(p)
-       for case, p in zip(CDIST, (2.0, 1.0, INF, 3.0))},
+       for case, p in zip(CDIST, (2.0, 1.0, INF, 3.0, 2.0, 2.0, 2.0))},
 }
 
 
 # Second derivatives at a norm of 0 do not exist: torch.func gives nan in some of them
 # (NOTE [Norms and their subgradients]), and so must we, at the same places.
 NAN_AT_KINKS = {"dist_same", "norm_2_at_zero", "norm_0.5_at_zero", "norm_1.5_at_zero"}
+
+
+def test_cdist_by_the_matrix_product_is_torchs_kernel_with_torchs_gradient_at_zero():
+    """NOTE [cdist for p = 2: torch's matrix-product formula]: more than 25 rows take torch's
+    aten._euclidean_dist, and where two points coincide the gradient is 0, as torch.func's
+    (whose vjp runs _euclidean_dist_backward); per-sample gradients agree with it too."""
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randn(30, 3, generator=g, dtype=DTYPE)
+    x2 = torch.cat([x1[:4], torch.randn(6, 3, generator=g, dtype=DTYPE)])  # 4 distances of 0
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        mf.vmap(lambda a: torch.cdist(a, x2))(x1[None])
+    assert "aten::_euclidean_dist" in {e.key for e in prof.key_averages()}
+    ct = torch.randn(30, 10, generator=g, dtype=DTYPE)
+    ours = mf.vjp(torch.cdist, x1, x2)[1](ct)
+    theirs = tf.vjp(torch.cdist, x1, x2)[1](ct)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b)
+    per_sample = (lambda api: api.vmap(api.grad(lambda a: torch.cdist(a, x2).sum())))
+    torch.testing.assert_close(per_sample(mf)(torch.stack([x1, x1 * 2])),
+                               per_sample(tf)(torch.stack([x1, x1 * 2])))
 
 
 @pytest.mark.parametrize("case, transform", list(transform_params(CASES)))
