@@ -4573,6 +4573,33 @@ aten_api.register(aten.col2im.default)(
         x, output_size, kernel_size, dilation, padding, stride))
 
 
+# --- attention -----------------------------------------------------------------------------------
+# NOTE [Attention without dropout, a mask or grouped heads: three ops]
+# On a transform's values torch lowers F.scaled_dot_product_attention to its math
+# decomposition: about twenty ops (q and k scaled by sqrt(scale) each, a bias of -inf, a
+# softmax that zeroes fully masked rows, ...), which took twice torch.func's time for grad of
+# 4 heads of 128 tokens (torch.func runs the fused flash kernel and its backward kernel).
+# Without dropout, a mask or grouped heads it is softmax(q k^T scale) v, causal or not, and
+# a causal mask leaves every row an element; so it is written with the engine's matmul and
+# softmax, whose rules give every derivative, batching and forward mode. Any other call
+# returns NotImplemented and takes torch's decomposition (dropout's draws among them).
+@torch_api.register(F.scaled_dot_product_attention)
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    if attn_mask is not None or dropout_p != 0.0 or enable_gqa:
+        return NotImplemented
+    q_shape, k_shape = shape_of(query), shape_of(key)
+    if len(q_shape) < 2 or len(k_shape) < 2 or 0 in (q_shape[-2], k_shape[-2], q_shape[-1]):
+        return NotImplemented  # (torch's checks and empty results)
+    scale = 1.0 / math.sqrt(q_shape[-1]) if scale is None else float(scale)
+    scores = ops.mul(ops.matmul(query, ops.transpose(key, -2, -1)), scale)
+    if is_causal:
+        allowed = torch.ones(q_shape[-2], k_shape[-2], dtype=torch.bool,
+                             device=query.device).tril()
+        scores = ops.where(allowed, scores, -math.inf)
+    return ops.matmul(ops.softmax(scores, -1), value)
+
+
 # --- small layers: pixel shuffle, glu, prelu, bilinear -------------------------------------------
 @torch_api.register(F.pixel_shuffle, torch.pixel_shuffle)
 @aten_api.register(aten.pixel_shuffle.default)

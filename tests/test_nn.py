@@ -354,6 +354,17 @@ CASES = [
          lambda g: (x4(g),)),
     case("upsample_nearest3d", lambda x: F.interpolate(x, size=(3, 4, 3)),
          lambda g: (normal(g, 1, 2, 2, 3, 2),)),
+    # NOTE [Attention without dropout, a mask or grouped heads: three ops]; with a mask,
+    # torch's decomposition
+    case("scaled_dot_product_attention", F.scaled_dot_product_attention,
+         lambda g: (normal(g, 2, 3, 4), normal(g, 2, 5, 4), normal(g, 2, 5, 3)), diff=(0, 1, 2),
+         hessian=True),
+    case("scaled_dot_product_attention_causal_scale", lambda q, k, v:
+         F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.7),
+         lambda g: (normal(g, 4, 3), normal(g, 5, 3), normal(g, 5, 2)), diff=(0, 1, 2)),
+    case("scaled_dot_product_attention_mask", lambda q, k, v:
+         F.scaled_dot_product_attention(q, k, v, attn_mask=torch.tensor([[True, False, True]])),
+         lambda g: (normal(g, 2, 4, 3), normal(g, 2, 3, 3), normal(g, 2, 3, 2)), diff=(0, 1, 2)),
     case("max_unpool2d", lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2),
          lambda g: (distinct(g, 2, 3, 4, 4),)),
     case("max_unpool1d_output_size", lambda x: F.max_unpool1d(
