@@ -1122,6 +1122,36 @@ def test_mode_padding_is_torch_func_bit_for_bit(mode, pad):
         assert torch.equal(transform(mf), transform(tf))
 
 
+@pytest.mark.parametrize("options", [
+    dict(need_weights=False), dict(need_weights=True), dict(batch_first=True),
+    dict(key_padding_mask=True), dict(attn_mask=True, need_weights=False)],
+    ids=["no-weights", "weights", "batch-first", "key-padding-mask", "attn-mask"])
+def test_multi_head_attention_per_sample_gradients_as_torch_func(options):
+    """NOTE [Multi-head attention: torch's Python body, at the front door]: per-sample
+    gradients of nn.MultiheadAttention's parameters through functional_call, masks and
+    averaged weights included, are torch.func's."""
+    options = dict(options)
+    torch.manual_seed(0)
+    layer = nn.MultiheadAttention(8, 2, batch_first=options.pop("batch_first", False),
+                                  dtype=DTYPE).eval()
+    params = {k: v.detach() for k, v in layer.named_parameters()}
+    x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
+    if options.pop("key_padding_mask", False):
+        options["key_padding_mask"] = torch.tensor([False, False, True, False, True])
+    if options.pop("attn_mask", False):
+        options["attn_mask"] = torch.ones(5, 5, dtype=torch.bool).triu(1)
+
+    def loss(api):
+        def of(params, x):
+            out, weights = api.functional_call(layer, params, (x, x, x), options)
+            return out.square().sum() + (0 if weights is None else weights.sin().sum())
+        return of
+    ours = mf.vmap(mf.grad(loss(mf)), in_dims=(None, 0))(params, x)
+    theirs = tf.vmap(tf.grad(loss(tf)), in_dims=(None, 0))(params, x)
+    for name in params:
+        torch.testing.assert_close(ours[name], theirs[name])
+
+
 def test_mse_loss_is_one_kernel_and_its_backward_under_vmap_of_grad(monkeypatch):
     """NOTE [mse_loss: torch's kernel and its backward] in core/nn.py: MAML's inner loss, per
     task, calls torch's mse_loss kernel once forward and its backward kernel once; a weight
