@@ -1332,6 +1332,9 @@ def _mode_pad_backward_impl(ct, x, *, mode, pad):
 
 mode_pad_p, mode_pad_backward_p = _linear_pair("mode_pad", _mode_pad_impl,
                                                _mode_pad_backward_impl)
+# (a map with real coefficients: its transpose is its adjoint, so complex numbers take the same
+# rules; checked against torch.func in tests/test_nn_complex.py)
+complex_ready(mode_pad_p, mode_pad_backward_p)
 
 
 _PAD_RANKS = {2: (2, 3), 4: (3, 4), 6: (4, 5)}
