@@ -1,4 +1,5 @@
-"""nn.LSTM, nn.GRU and nn.RNN under the transforms (core/recurrent.py).
+"""nn.LSTM, nn.GRU and nn.RNN under the transforms (core/recurrent.py: NOTE [LSTM's CPU
+kernel], NOTE [GRU and plain RNNs at the front door]).
 
 On the CPU in float32, torch runs the LSTM as oneDNN's fused ``mkldnn_rnn_layer``
 (NOTE [LSTM's CPU kernel]); in float64 it runs its unfused composition, on which torch.func
@@ -23,7 +24,9 @@ CONFIGS = {
     "lstm_no_bias": (nn.LSTM, {"bias": False, "batch_first": True}),
     "lstm_projection": (nn.LSTM, {"proj_size": 2}),
     "gru": (nn.GRU, {"batch_first": True, "num_layers": 2}),
+    "gru_bidirectional_no_bias": (nn.GRU, {"bidirectional": True, "bias": False}),
     "rnn_relu": (nn.RNN, {"nonlinearity": "relu", "bidirectional": True}),
+    "rnn_tanh_2_layers": (nn.RNN, {"num_layers": 2, "batch_first": True}),
 }
 
 
@@ -95,3 +98,38 @@ def test_vmap_of_an_lstm_over_sequences_is_the_loop():
         torch.testing.assert_close(out[i], expected, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(h[i], h_i, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(c[i], c_i, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [nn.GRU, nn.RNN, nn.LSTM])
+def test_a_packed_sequence_is_refused_with_the_fix(cls):
+    """NOTE [GRU and plain RNNs at the front door]: no transform runs a packed sequence
+    (torch.func's grad fails inside the kernel); the engine says so, and what to do."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+    module = cls(3, 4)
+    x = torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(5))
+
+    def loss(p):
+        out, _ = mf.functional_call(module, p, (pack_padded_sequence(x, torch.tensor([5, 3])),))
+        return out.data.sum()
+    with pytest.raises(mf.TransformError, match="packed sequence .* Fix: pass the padded batch"):
+        mf.grad(loss)(_params(module))
+
+
+@pytest.mark.parametrize("cls", [nn.GRU, nn.RNN])
+def test_dropout_between_layers_is_drawn_under_vmap(cls):
+    """In training, dropout between layers keeps torch's lowering (torch 2.13's decomposition
+    drops it), so vmap draws it as its randomness says: refused in 'error' mode, one mask for
+    every example with 'same'."""
+    torch.manual_seed(0)
+    module = cls(3, 4, num_layers=2, dropout=0.5).train()
+    params = _params(module)
+    xs = torch.ones(3, 5, 2, 3)
+
+    def f(x):
+        return mf.functional_call(module, params, (x,))[0]
+    with pytest.raises(mf.TransformError, match="randomness"):
+        mf.vmap(f)(xs)
+    same = mf.vmap(f, randomness="same")(xs)
+    assert torch.equal(same[0], same[1]) and torch.equal(same[1], same[2])
+    different = mf.vmap(f, randomness="different")(xs)
+    assert not torch.equal(different[0], different[1])
