@@ -276,6 +276,9 @@ SHAPES = [
     unary("diagflat_offset", lambda x: x.diagflat(-1), shape=(3,)),
     unary("diag", torch.diag, shape=(3, 3)),
     unary("trace", torch.trace, shape=(3, 3)),
+    # NOTE [tril and triu are their own transposes]
+    unary("triu_offset_batched", lambda x: x.triu(1), shape=(2, 3, 4), hessian=True),
+    unary("tril_negative_offset", lambda x: torch.tril(x, diagonal=-1), shape=(4, 3)),
     binary("kron", torch.kron, (2, 3), (2, 2)),
     binary("cross", lambda x, y: torch.linalg.cross(x, y), (4, 3), (4, 3), hessian=True),
     binary("cross_dim0_broadcast", lambda x, y: torch.cross(x, y, dim=0), (3, 4), (3, 1)),
