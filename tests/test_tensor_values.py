@@ -507,6 +507,25 @@ def test_atan2_and_hypot_derivatives_are_bit_exact_with_torch_func():
                        tf.jvp(torch.hypot, (x, y), (x_dot, y_dot))[1])
 
 
+@pytest.mark.parametrize("weight", [0.3, 0.7, 1, "tensor"])
+def test_lerp_as_torch_func(weight):
+    """A number weight: the lerp primitive, whose values, gradients, per-example gradients and
+    tangents (the lerp of the tangents) are torch.func's bit for bit; a tensor weight takes
+    torch's lowering, which agrees to rounding (elementwise.py)."""
+    generator = torch.Generator().manual_seed(0)
+    x, y, ct, x_dot, y_dot = (torch.randn(4, 33, generator=generator) for _ in range(5))
+    same = torch.equal
+    if weight == "tensor":
+        weight = torch.rand(33, generator=generator)
+        same = lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6)  # noqa: E731
+    f = lambda a, b: torch.lerp(a, b, weight)  # noqa: E731
+    for got, want in zip(mf.vjp(f, x, y[0])[1](ct), tf.vjp(f, x, y[0])[1](ct)):
+        assert same(got, want)
+    assert same(mf.jvp(f, (x, y), (x_dot, y_dot))[1], tf.jvp(f, (x, y), (x_dot, y_dot))[1])
+    per_example = lambda api: api.vmap(api.grad(lambda a, b: f(a, b).sin().sum()))  # noqa: E731
+    assert same(per_example(mf)(x, y), per_example(tf)(x, y))
+
+
 @pytest.mark.parametrize("eps", [None, 0.01])
 def test_logit_derivatives_are_torch_funcs_inside_and_outside_its_domain(eps):
     # derivatives.yaml: grad / (x (1 - x)) inside [eps, 1 - eps], else 0 (nan without eps,
