@@ -35,7 +35,6 @@ tensors made by factory functions into FuncTensors holding a plain tensor, so th
 in-place write can swap a value into them; functorch does the same by wrapping every result
 at the current level. The mode is thread-local, and the engine's own work runs without it.
 """
-import contextlib
 
 import numpy
 import torch
@@ -1128,17 +1127,19 @@ def _out_error(func, args):
 
 
 # --- the back door: aten ops ---------------------------------------------------------------------
-@contextlib.contextmanager
 def _torch_autograd_enabled():
     """Inside ``__torch_dispatch__`` torch has switched its own autograd off. Plain tensors
     at the bottom of a value may be parameters that require grad (MAML's outer
-    ``.backward()``), so torch's autograd is switched back on while the engine works."""
-    exclude = torch._C._dispatch_tls_local_exclude_set()
-    include = torch._C._dispatch_tls_local_include_set()
-    exclude = exclude.remove(torch._C.DispatchKey.AutogradCPU).remove(
-        torch._C.DispatchKey.ADInplaceOrView)
-    with torch._C._ForceDispatchKeyGuard(include, exclude):
-        yield
+    ``.backward()``), so torch's autograd is switched back on while the engine works.
+    (A guard object rather than a generator-based contextmanager: NOTE [Context managers on
+    the hot path]; every call through the aten door enters it.)"""
+    exclude = torch._C._dispatch_tls_local_exclude_set().remove(_AUTOGRAD_CPU).remove(
+        _AD_INPLACE_OR_VIEW)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+_AUTOGRAD_CPU = torch._C.DispatchKey.AutogradCPU
+_AD_INPLACE_OR_VIEW = torch._C.DispatchKey.ADInplaceOrView
 
 
 def call_aten(func, args, kwargs):
