@@ -71,6 +71,11 @@ KNOWN = {
                "zeros]); its vjp and eager torch divide by x",
     "masked.cumprod": "as cumprod",
     **{name: _CLAMP for name in ("clamp", "clamp_min", "clamp_max")},
+    ("nn.functional.scaled_dot_product_attention", "vjp"): (
+        "NOTE [Attention without dropout, a mask or grouped heads: three ops] (core/nn.py): "
+        "a causal mask is a where, so a masked score passes no cotangent on, where torch adds a "
+        "-inf bias through which the nan cotangent of a nan output reaches the key: a number "
+        "here where torch.func (and torch's math kernel) give nan, never the reverse"),
     **{name: _NAN_MASKS for name in (
         "nn.functional.hardtanh", "nn.functional.relu6", "nn.functional.softshrink")},
     "nn.functional.hardswish": "torch's hardswish_backward at a nan depends on the CPU "
