@@ -1472,7 +1472,9 @@ def _scatter_spatial(ct, indices, x_shape, spatial):
 def _max_pool_backward_impl(ct, indices, *, x_shape, spatial):
     lead = x_shape[:len(x_shape) - spatial]
     summed = ct.new_zeros((*lead, math.prod(x_shape[len(x_shape) - spatial:])))
-    summed.scatter_add_(-1, indices.reshape(*lead, -1), ct.reshape(*lead, -1))
+    # (the output's flattened size is given, not -1: with no examples, -1 is ambiguous)
+    windows = math.prod(ct.shape[len(lead):])
+    summed.scatter_add_(-1, indices.reshape(*lead, windows), ct.reshape(*lead, windows))
     return summed.view(x_shape)
 
 

@@ -1152,6 +1152,21 @@ def test_multi_head_attention_per_sample_gradients_as_torch_func(options):
         torch.testing.assert_close(ours[name], theirs[name])
 
 
+@pytest.mark.parametrize("pool", [
+    lambda x: F.max_pool3d(x, 2), lambda x: F.max_pool2d(x[:, :, 0], 2),
+    lambda x: F.fractional_max_pool3d(x, 2, output_size=(2, 2, 2),
+                                      _random_samples=torch.full((0, 1, 3), 0.5, dtype=DTYPE))],
+    ids=["max_pool3d", "max_pool2d", "fractional_max_pool3d"])
+def test_max_pooling_of_no_examples_has_an_empty_gradient(pool):
+    """NOTE [Max pooling's backward, one primitive]: with no examples, the scatter-add's
+    flattened size is given (a reshape to -1 of nothing is ambiguous, and crashed)."""
+    x = torch.zeros(0, 1, 4, 5, 4, dtype=DTYPE)
+    out, vjp_fn = mf.vjp(pool, x)
+    (x_bar,) = vjp_fn(torch.ones_like(out))
+    assert x_bar.shape == x.shape
+    assert torch.equal(x_bar, tf.vjp(pool, x)[1](torch.ones_like(out))[0])
+
+
 def test_mse_loss_is_one_kernel_and_its_backward_under_vmap_of_grad(monkeypatch):
     """NOTE [mse_loss: torch's kernel and its backward] in core/nn.py: MAML's inner loss, per
     task, calls torch's mse_loss kernel once forward and its backward kernel once; a weight
