@@ -779,6 +779,7 @@ def lerp_jvp(primals, tangents, *, weight):
     return out, broadcast_tangent(bind(lerp_p, start_dot, end_dot, weight=weight),
                                   ops.shape_of(out))
 jvp_rules[lerp_p] = lerp_jvp
+complex_ready(lerp_p)  # (a real weight: the formulas' conjugates are themselves)
 
 
 @torch_api.register(*torch_api.torch_functions("lerp"))
