@@ -15,12 +15,12 @@ without torch.compile. Compiling vmap(grad(f)) of a small MLP took 9.8 s, and ea
 took 4.4 times its eager time, one graph break per op; now it takes 0.19 s and 1.26 times
 (the break and the guards). torch.func's own transforms, traced into the graph, gain from
 torch.compile and these do not; jit is this engine's way to a compiled program. (Programs
-and jit's calls are plain torch ops on plain tensors, which dynamo traces as they are.)
-The question is
-``torch.compiler.is_dynamo_compiling()``: False when Python runs it, True when dynamo traces
-it. (Not ``is_compiling()``, which is True for the whole compile session: eager code that
-dynamo runs meanwhile, such as a function put in the graph with ``allow_in_graph`` and run on
-fake tensors, would take the detour again inside the detour, for ever.)
+and jit's calls are plain torch ops on plain tensors, which dynamo traces as they are.) The
+question is ``torch.compiler.is_dynamo_compiling()``: False when Python runs it, True when
+dynamo traces it. (Not ``is_compiling()``, which is True for the whole compile session:
+eager code that dynamo runs meanwhile, such as a function put in the graph with
+``allow_in_graph`` and run on fake tensors, would take the detour again inside the detour,
+for ever.)
 """
 import functools
 

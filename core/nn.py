@@ -6,8 +6,9 @@ kernels and their backward kernels, so a primitive made of each keeps a training
 bit-exact with torch.func:
 - convolution, and its backward split in three (grad_input, grad_weight, grad_bias), each
   one output of ``aten.convolution_backward``;
-- avg_pool, adaptive_avg_pool and the upsampling kernels of interpolation, each with its
-  backward kernel: two linear maps, each the other's transpose;
+- avg_pool, adaptive_avg_pool, the upsampling kernels of interpolation and reflect and
+  replicate padding, each with its backward kernel: two linear maps, each the other's
+  transpose;
 - batch norm (training and eval), its statistics, and ``native_batch_norm_backward``;
 - layer norm, its statistics, and ``native_layer_norm_backward`` (NOTE [Layer norm: the fused
   kernels as primitives]);
@@ -17,11 +18,12 @@ bit-exact with torch.func:
   indices it computes in the same pass are a non-differentiable primitive through which every
   derivative goes (a gather of the tangent, a scatter-add of the cotangent).
 Everything else is written with ``ops`` at the front door, readable, and every transform
-handles it for free: constant padding (a primitive: its transpose is a crop) and the
-reflect, replicate and circular modes (gathers); RMS norm; the losses
-(nll_loss and cross_entropy with weights, ignore_index and label smoothing, and the rest,
-replacing ops.py's simpler entries); grid_sample, unfold and fold (gathers and scatters); pixel shuffle, glu, prelu,
-bilinear, pdist, max_unpool.
+handles it for free: constant padding (a primitive: its transpose is a crop), circular
+padding and cropping reflect or replicate padding (gathers); RMS norm; the losses (nll_loss
+and cross_entropy with weights, ignore_index and label smoothing, and the rest, replacing
+ops.py's simpler entries); scaled_dot_product_attention without dropout or a mask; grid_sample,
+unfold and fold (gathers and scatters); pixel shuffle, glu, prelu, bilinear, pdist,
+max_unpool. multi_head_attention_forward runs torch's own Python body at the front door.
 
 Each op opens both doors: the torch functions users call (``F.conv2d``, ``F.max_pool2d``,
 ``F.cross_entropy``; front, torch_api.py) and the aten ops torch lowers to
@@ -4616,7 +4618,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 # on FuncTensors, each of its calls takes the front door and its rule (attention's:
 # NOTE [Attention without dropout, a mask or grouped heads: three ops]). The function is
 # rebuilt from its code with a ``has_torch_function`` that answers False, so that its first
-# line lets the body run instead of dispatching again. (torch.func needs no such step: its
+# line lets the body run instead of dispatching again; its other names are those of
+# torch.nn.functional when the engine is imported. (torch.func needs no such step: its
 # transforms sit below Python, in the dispatcher.)
 def _python_body(function):
     """``function``'s own body: the function rebuilt with ``has_torch_function`` False."""
