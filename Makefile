@@ -22,7 +22,7 @@ CHAPTERS = $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 LAB_ARGS ?=
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup lab test test-fast notebooks bench bench-quick programs coverage edge-values torchfunc-suite clean
+.PHONY: setup lab test test-fast notebooks bench bench-quick bench-ops programs coverage edge-values torchfunc-suite clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ bench: setup
 # benchmarks/PROGRAMS.md, with the same glibc settings as bench.
 programs: setup
 	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 $(BIN)/python -m benchmarks.programs
+
+# Common ops under grad and vmap(grad), side by side with torch.func (about 3 min): writes
+# benchmarks/OPS.md, slowest first
+bench-ops: setup
+	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000 $(BIN)/python -m benchmarks.ops
 
 bench-quick: setup
 	$(BIN)/python -m benchmarks.run --quick

@@ -187,6 +187,26 @@ def test_tutorial_programs_script_checks_and_reports(tmp_path):
     assert "| 1.50× | **missed** |" in text and "| 0.50× | met |" in text
 
 
+def test_ops_script_checks_and_reports(tmp_path):
+    """benchmarks.ops: each op agrees with torch.func under grad and vmap(grad) (or, where
+    torch.func's vmap fails, with a loop of its grads); with (made-up) times the report
+    puts the slowest first."""
+    from benchmarks import ops
+
+    checked = ops.run(check_only=True, out=tmp_path / "OPS.md", log=_quiet)
+    assert not (tmp_path / "OPS.md").exists(), "--check writes nothing"
+    assert not ops.failures(checked)
+    assert {transform for _, transform, _ in checked} == set(ops.TRANSFORMS)
+    assert len(checked) == 2 * len(ops.ops())
+    fake = [(op, transform, {c: r.fresh() for c, r in by_contender.items()})
+            for op, transform, by_contender in checked[:3]]
+    for i, (_, _, by_contender) in enumerate(fake):
+        by_contender[harness.MFT].times = [float(i + 1)]
+        by_contender[harness.TORCH_FUNC].times = [1.0]
+    text = ops.render(fake, {"device": "cpu"})
+    assert text.index("| 3.00× |") < text.index("| 2.00× |") < text.index("| 1.00× |")
+
+
 def test_the_dispatch_floor_script_measures_every_row():
     """benchmarks.floor (NOTE [The floor of a tensor-subclass engine]): the minimal subclass
     computes what torch computes, and every row gets a time per op (nothing is judged)."""
