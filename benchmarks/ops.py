@@ -114,6 +114,11 @@ def _transformed(api, op, transform):
     return api.grad(loss) if transform == "grad" else api.vmap(api.grad(loss))
 
 
+def _builder(api, op, transform, x):
+    """The harness's builder: it makes the transformed function, and returns its call on x."""
+    return lambda: functools.partial(_transformed(api, op, transform), x)
+
+
 def cases() -> list:
     """(Op, transform, Case): both libraries on the same input."""
     made = []
@@ -121,10 +126,8 @@ def cases() -> list:
         for transform in TRANSFORMS:
             shape = op.shape if transform == "grad" else (BATCH, *op.shape)
             x = _randn(*shape, seed=100 + number)
-            builders = {name: functools.partial(
-                lambda api, op, transform, x: functools.partial(
-                    _transformed(api, op, transform), x), api, op, transform, x)
-                for name, api in ((MFT, mft), (TORCH_FUNC, torch.func))}
+            builders = {MFT: _builder(mft, op, transform, x),
+                        TORCH_FUNC: _builder(torch.func, op, transform, x)}
             made.append((op, transform, Case(
                 op.name, transform, builders,
                 notes={c: "the ops run on the two libraries only"
