@@ -236,6 +236,43 @@ def measure(results: list, *, threads: int, min_run_time: float, rounds: int,
             f"{format_seconds(result.median):>10}  (IQR {format_seconds(result.iqr)})")
 
 
+def check_then_time(items, *, check, label, check_only, threads, min_run_time, rounds, out,
+                    render, log=print) -> list:
+    """The side-by-side scripts' run (benchmarks.programs, benchmarks.ops): check every item
+    (``check(item)`` -> {contender: Result}), then, unless ``check_only``, time each item's
+    checked contenders interleaved and write ``render(checked, env)`` to ``out`` (if given).
+    ``label(item)`` names an item in the log. Returns [(item, {contender: Result})]; the
+    thread count is restored."""
+    started = time.perf_counter()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        env = environment(device="cpu", threads=threads, min_run_time=min_run_time,
+                          rounds=rounds, inductor_cache="not used (nothing is compiled)")
+        checked = []
+        for item in items:
+            by_contender = check(item)
+            checked.append((item, by_contender))
+            for result in by_contender.values():
+                if result.status in ("error", "wrong"):
+                    log(f"  {label(item)}: {result.contender} {result.status}: "
+                        f"{result.detail}")
+        log(f"checked {len(checked)} in {time.perf_counter() - started:.1f} s")
+        if not check_only:
+            for item, by_contender in checked:
+                log(f"timing {label(item)} ...")
+                measure(list(by_contender.values()), threads=threads,
+                        min_run_time=min_run_time, rounds=rounds, log=log)
+            env["load average at the end (1/5/15 min)"] = load_average()
+            if out is not None:
+                Path(out).write_text(render(checked, env))
+                log(f"wrote {out}")
+    finally:
+        torch.set_num_threads(previous)
+    log(f"done in {time.perf_counter() - started:.0f} s")
+    return checked
+
+
 def format_seconds(seconds: float | None) -> str:
     if seconds is None:
         return "—"

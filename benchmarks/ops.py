@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import functools
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -159,54 +158,34 @@ def _check_against_a_loop(op, case, error) -> dict:
     return results
 
 
+def _check(item) -> dict:
+    op, _, case = item
+    try:
+        return harness.check_case(case)
+    except Exception as error:  # noqa: BLE001 - torch.func itself fails on this one
+        return _check_against_a_loop(op, case, error)
+
+
 def run(*, names=(), check_only=False, threads=1, min_run_time=harness.MIN_RUN_TIME,
         rounds=harness.ROUNDS, out=None, log=print) -> list:
     """Check every (op, transform), then (unless ``check_only``) time it and write the report
-    to ``out``. Returns [(Op, transform, {contender: Result})]."""
-    started = time.perf_counter()
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        env = harness.environment(device="cpu", threads=threads, min_run_time=min_run_time,
-                                  rounds=rounds, inductor_cache="not used (nothing is compiled)")
-        checked = []
-        for op, transform, case in cases():
-            if names and op.name not in names:
-                continue
-            try:
-                by_contender = harness.check_case(case)
-            except Exception as error:  # noqa: BLE001 - torch.func itself fails on this one
-                by_contender = _check_against_a_loop(op, case, error)
-            checked.append((op, transform, by_contender))
-            for result in by_contender.values():
-                if result.status in ("error", "wrong"):
-                    log(f"  {op.name}, {transform}: {result.contender} {result.status}: "
-                        f"{result.detail}")
-        log(f"checked {len(checked)} in {time.perf_counter() - started:.1f} s")
-        if not check_only:
-            for op, transform, by_contender in checked:
-                log(f"timing {op.name}, {transform} ...")
-                harness.measure([r for r in by_contender.values() if r.ok], threads=threads,
-                                min_run_time=min_run_time, rounds=rounds, log=log)
-            env["load average at the end (1/5/15 min)"] = harness.load_average()
-            if out is not None:
-                Path(out).write_text(render(checked, env))
-                log(f"wrote {out}")
-    finally:
-        torch.set_num_threads(previous)
-    log(f"done in {time.perf_counter() - started:.0f} s")
-    return checked
+    to ``out``. Returns [((Op, transform, Case), {contender: Result})]."""
+    return harness.check_then_time(
+        [item for item in cases() if not names or item[0].name in names], check=_check,
+        label=lambda item: f"{item[0].name}, {item[1]}", check_only=check_only,
+        threads=threads, min_run_time=min_run_time, rounds=rounds, out=out, render=render,
+        log=log)
 
 
 def failures(checked) -> list:
     """minifunctorch results that differ, or fail where torch.func runs."""
-    return [by_contender[MFT] for _, _, by_contender in checked
+    return [by_contender[MFT] for _, by_contender in checked
             if by_contender[MFT].failed and by_contender[TORCH_FUNC].ok]
 
 
 def render(checked, env) -> str:
     rows = []
-    for op, transform, by_contender in checked:
+    for (op, transform, _), by_contender in checked:
         ours, theirs = by_contender[MFT], by_contender[TORCH_FUNC]
         value = report.ratio(by_contender, MFT)
         note = "" if ours.ok else f"minifunctorch {ours.status}: {ours.detail}"
@@ -225,8 +204,7 @@ def render(checked, env) -> str:
         "anything is timed; the two are then timed interleaved, on one thread. Slowest "
         "first: a ratio well above 1 is a path worth a look (nothing here is a goal).\n",
         "## Machine and settings\n",
-        report._table(["", ""], [[k, f"`{v}`" if k.startswith("MALLOC") else v]
-                                 for k, v in env.items()]),
+        report.settings_table(env),
         "\n## Times\n",
         report._table(["op", "transform", "example shape", "minifunctorch", "torch.func",
                        "ratio (minifunctorch / torch.func)", "notes"],

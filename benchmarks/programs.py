@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import importlib
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -127,34 +126,11 @@ def run(*, check_only=False, threads=1, min_run_time=harness.MIN_RUN_TIME,
         rounds=2 * harness.ROUNDS, out=None, log=print) -> list:
     """Check every part, then (unless ``check_only``) time it and write the report to
     ``out``. Returns [(Part, {contender: Result})]."""
-    started = time.perf_counter()
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        env = harness.environment(device="cpu", threads=threads, min_run_time=min_run_time,
-                                  rounds=rounds, inductor_cache="not used (nothing is compiled)")
-        checked = []
-        for part in parts():
-            by_contender = harness.check_case(case_of(part))
-            checked.append((part, by_contender))
-            for result in by_contender.values():
-                if result.status in ("error", "wrong"):
-                    log(f"  {part.program}, {part.part}: {result.contender} {result.status}: "
-                        f"{result.detail}")
-        log(f"checked {len(checked)} parts in {time.perf_counter() - started:.1f} s")
-        if not check_only:
-            for part, by_contender in checked:
-                log(f"timing {part.program}, {part.part} ...")
-                harness.measure(list(by_contender.values()), threads=threads,
-                                min_run_time=min_run_time, rounds=rounds, log=log)
-            env["load average at the end (1/5/15 min)"] = harness.load_average()
-            if out is not None:
-                Path(out).write_text(render(checked, env))
-                log(f"wrote {out}")
-    finally:
-        torch.set_num_threads(previous)
-    log(f"done in {time.perf_counter() - started:.0f} s")
-    return checked
+    return harness.check_then_time(
+        parts(), check=lambda part: harness.check_case(case_of(part)),
+        label=lambda part: f"{part.program}, {part.part}", check_only=check_only,
+        threads=threads, min_run_time=min_run_time, rounds=rounds, out=out, render=render,
+        log=log)
 
 
 def failures(checked) -> list:
@@ -188,8 +164,7 @@ def render(checked, env) -> str:
         "then timed interleaved, round by round, rotating the order (as `make bench` does), "
         "and the ratio is minifunctorch's median / torch.func's median from the same run.\n",
         "## Machine and settings\n",
-        report._table(["", ""], [[k, f"`{v}`" if k.startswith("MALLOC") else v]
-                                 for k, v in env.items()]),
+        report.settings_table(env),
         "\n## Times\n",
         f"{counts['met']} of {len(checked)} parts within torch.func's time (goal: ratio ≤ "
         f"{GOAL:.1f}×), {counts['missed']} missed, {counts['n/a']} not measured.\n",

@@ -273,6 +273,12 @@ def _table(headers, rows) -> str:
     return "\n".join(lines)
 
 
+def settings_table(env: dict) -> str:
+    """The machine and settings a report's times depend on (harness.environment)."""
+    return _table(["", ""], [[k, f"`{v}`" if k.startswith("MALLOC") else v]
+                             for k, v in env.items()])
+
+
 def _ratio_text(value) -> str:
     if value is None:
         return "—"
@@ -516,8 +522,7 @@ def render(suite) -> str:
            "Written by `make bench` (`python -m benchmarks.run`); do not edit by hand. "
            + ("**Quick mode: correctness only, nothing was timed.**" if suite.quick else "")
            + "\n", "## Machine and settings\n",
-           _table(["", ""], [[k, f"`{v}`" if k.startswith("MALLOC") else v]
-                             for k, v in suite.env.items()]),
+           settings_table(suite.env),
            "\n## Method\n",
            "Every contender is built and called once, and its output compared with "
            "torch.func's (`torch.testing.assert_close`), before anything is timed; a wrong "

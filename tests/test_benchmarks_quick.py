@@ -196,11 +196,11 @@ def test_ops_script_checks_and_reports(tmp_path):
     checked = ops.run(check_only=True, out=tmp_path / "OPS.md", log=_quiet)
     assert not (tmp_path / "OPS.md").exists(), "--check writes nothing"
     assert not ops.failures(checked)
-    assert {transform for _, transform, _ in checked} == set(ops.TRANSFORMS)
+    assert {transform for (_, transform, _), _ in checked} == set(ops.TRANSFORMS)
     assert len(checked) == 2 * len(ops.ops())
-    fake = [(op, transform, {c: r.fresh() for c, r in by_contender.items()})
-            for op, transform, by_contender in checked[:3]]
-    for i, (_, _, by_contender) in enumerate(fake):
+    fake = [(item, {c: r.fresh() for c, r in by_contender.items()})
+            for item, by_contender in checked[:3]]
+    for i, (_, by_contender) in enumerate(fake):
         by_contender[harness.MFT].times = [float(i + 1)]
         by_contender[harness.TORCH_FUNC].times = [1.0]
     text = ops.render(fake, {"device": "cpu"})
