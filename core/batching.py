@@ -479,19 +479,27 @@ def broadcasting_batch(prim):
                     aligned = aligned and bdim < out_rank + 1 - rank
             if aligned:
                 return bind(prim, *values, **params), bdim
-        moved = []
-        for value, bdim, rank in zip(values, bdims, ranks):
-            if bdim is None:
-                moved.append(value)
-                continue
-            value = move_bdim(value, bdim, 0)
-            if rank < out_rank:
-                shape = ops.shape_of(value)
-                value = ops.reshape(value, shape[0], *([1] * (out_rank - rank)), *shape[1:])
-            moved.append(value)
-        return bind(prim, *moved, **params), 0
+        return bind(prim, *in_front_and_lined_up(values, bdims, ranks), **params), 0
     _BROADCASTING_RULES.add(rule)
     return rule
+
+
+def in_front_and_lined_up(values, bdims, ranks):
+    """Batch dims in front, and a batched value of fewer logical dims (``ranks``) than the
+    most given size-1 dims after its batch dim, so that broadcasting from the right lines up
+    the logical dims and never meets the batch dim. Unbatched values stay as they are."""
+    out_rank = max(ranks)
+    moved = []
+    for value, bdim, rank in zip(values, bdims, ranks):
+        if bdim is None:
+            moved.append(value)
+            continue
+        value = move_bdim(value, bdim, 0)
+        if rank < out_rank:
+            shape = ops.shape_of(value)
+            value = ops.reshape(value, shape[0], *([1] * (out_rank - rank)), *shape[1:])
+        moved.append(value)
+    return moved
 
 
 for _prim in (P.add_p, P.sub_p, P.mul_p, P.div_p, P.div_rounding_p, P.pow_p, P.eq_p, P.ne_p,

@@ -55,7 +55,8 @@ from . import aten_api, elementwise, ops, torch_api
 from . import primitives as P
 from . import tensor as tensor_module
 from .autograd import sum_to_size, vjp_rules
-from .batching import BatchedValue, batching_rules, elementwise_batch, move_bdim, physical_dim
+from .batching import (BatchedValue, batching_rules, elementwise_batch, in_front_and_lined_up,
+                       move_bdim, physical_dim)
 from .dispatch import complex_ready
 from .elementwise import _refuse_complex
 from .errors import (DimOutOfRangeError, InvalidOptionError, ShapeMismatchError,
@@ -1598,8 +1599,8 @@ def cdist(x1, x2, p=2.0, compute_mode=None):
 # one matrix product (aten._euclidean_dist), and its backward (derivatives.yaml's
 # _euclidean_dist_backward) is two more products, with no gradient at a distance of 0.
 # euclidean_dist is that kernel as a primitive, and its rules are those formulas in ops, so
-# that derivatives of any order, forward mode and batching follow (batching moves the batch
-# dims in front, as matmul's rule does: the kernel broadcasts its leading dims). Through the
+# that derivatives of any order, forward mode and batching follow (batching lines the batch
+# dims up in front, as a broadcasting op's rule does: the kernel broadcasts its leading dims). Through the
 # differences, vmap(grad) of cdist at 128 points of 32 dims took 9 times torch.func's time.
 euclidean_dist_p = P.primitive("euclidean_dist", torch._euclidean_dist)
 
@@ -1637,19 +1638,10 @@ jvp_rules[euclidean_dist_p] = euclidean_dist_jvp
 
 
 def euclidean_dist_batch(values, bdims):
-    """Batch dims in front, and a batched operand of fewer logical dims than the other given
-    size-1 dims after its batch dim, so that the logical batch dims line up."""
-    (x1, x2), (x1_bdim, x2_bdim) = values, bdims
+    """The kernel broadcasts its leading dims: the batch dims go in front, lined up as a
+    broadcasting op's are."""
     ranks = [len(ops.shape_of(x)) - (bdim is not None) for x, bdim in zip(values, bdims)]
-    moved = []
-    for x, bdim, rank in zip(values, bdims, ranks):
-        if bdim is not None:
-            x = move_bdim(x, bdim, 0)
-            shape = ops.shape_of(x)
-            if rank < builtins.max(ranks):
-                x = ops.reshape(x, shape[0], *([1] * (builtins.max(ranks) - rank)), *shape[1:])
-        moved.append(x)
-    return bind(euclidean_dist_p, *moved), 0
+    return bind(euclidean_dist_p, *in_front_and_lined_up(values, bdims, ranks)), 0
 batching_rules[euclidean_dist_p] = euclidean_dist_batch
 
 
