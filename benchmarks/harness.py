@@ -461,25 +461,11 @@ def hot_spots(profiles: list, label: str, *, top: int = 15) -> HotSpots | None:
 
 
 # --- the machine and the settings ----------------------------------------------------------------
-def _cpuinfo() -> dict:
-    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    return fields
-
-
 def _cpu_model() -> str:
     """"AMD EPYC (AuthenticAMD, cpu family 25, model 17)": two CPUs of one name can differ in
     what the kernel choices depend on (NOTE [Kernel choices that depend on the CPU])."""
-    info = _cpuinfo()
+    from minifunctorch.core import kernels  # (the facts the engine itself reads)
+    info = kernels.CPU_INFO
     if "model name" not in info:
         return platform.processor() or "unknown"
     ids = [info.get("vendor_id", "")] + [f"{key} {info[key]}" for key in ("cpu family", "model")

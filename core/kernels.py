@@ -42,19 +42,26 @@ import torch
 CPU_CAPABILITY = torch.backends.cpu.get_cpu_capability()
 
 
-def _cpu_vendor() -> str:
-    """The x86 vendor string ("GenuineIntel", "AuthenticAMD"), or "" where none is known."""
+def _first_cpu() -> dict:
+    """The first processor's fields of /proc/cpuinfo ("vendor_id", "model name", ...); {}
+    where there is none (not Linux)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:  # not Linux
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
         pass
-    return "GenuineIntel" if "Intel" in platform.processor() else ""
+    return fields
 
 
-CPU_VENDOR = _cpu_vendor()
+CPU_INFO = _first_cpu()
+# The x86 vendor string ("GenuineIntel", "AuthenticAMD"), or "" where none is known.
+CPU_VENDOR = CPU_INFO.get("vendor_id") or (
+    "GenuineIntel" if "Intel" in platform.processor() else "")
 
 # Whether the CPU has 512-bit vectors, where oneDNN's forward kernel is the faster for a
 # convolution's grad_input and oneDNN leads from smaller sizes on; on AVX2 and others, torch's
