@@ -133,3 +133,72 @@ def test_dropout_between_layers_is_drawn_under_vmap(cls):
     assert torch.equal(same[0], same[1]) and torch.equal(same[1], same[2])
     different = mf.vmap(f, randomness="different")(xs)
     assert not torch.equal(different[0], different[1])
+
+
+# --- NOTE [The LSTM cell is two primitives] ----------------------------------------------------
+LSTM_CONFIGS = ["lstm", "lstm_2_layers_bidirectional", "lstm_projection"]
+
+
+@pytest.mark.parametrize("name", LSTM_CONFIGS)
+def test_hessian_of_an_lstm_matches_torch_func_in_float64(name):
+    """The cell primitives' rules are ops, differentiated again: second derivatives follow."""
+    module = _module(name, torch.float64)
+    x = torch.randn(4, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    params = _params(module)
+
+    def loss(api):
+        return lambda x: _weighted_sum(api.functional_call(module, params, (x,))[0]) ** 2
+    ours = mf.hessian(loss(mf))(x)
+    torch.testing.assert_close(ours, tf.hessian(loss(tf))(x))
+    torch.testing.assert_close(mf.jacrev(mf.jacfwd(loss(mf)))(x), ours)
+
+
+@pytest.mark.parametrize("name", LSTM_CONFIGS)
+def test_grad_of_an_lstm_matches_finite_differences(name):
+    module = _module(name, torch.float64)
+    x = torch.randn(3, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    params = _params(module)
+
+    def loss(x):
+        return _weighted_sum(mf.functional_call(module, params, (x,))[0])
+    ours = mf.grad(loss)(x)
+    eps = 1e-6
+    numeric = torch.zeros_like(x)
+    for i in range(x.numel()):
+        step = torch.zeros(x.numel(), dtype=x.dtype)
+        step[i] = eps
+        step = step.reshape(x.shape)
+        numeric.view(-1)[i] = (loss(x + step) - loss(x - step)) / (2 * eps)
+    torch.testing.assert_close(ours, numeric, rtol=1e-6, atol=1e-8)
+
+
+def test_the_lstm_cell_is_two_primitives_on_the_tape():
+    """Per step: the step's slice of the input's projection, the hidden state's linear layer,
+    their sum and the two cell primitives; no chunk of the gates, no pointwise ops of its
+    own."""
+    module = _module("lstm")
+    x = torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(8))
+    params = _params(module)
+    with mf.capture_tapes() as tapes:
+        mf.grad(lambda p: _weighted_sum(mf.functional_call(module, p, (x,))[0]))(params)
+    names = [entry.prim.name for entry in tapes[0].entries]
+    assert names.count("lstm_cell") == names.count("lstm_hidden") == 5, names
+    assert names.count("getitem") == 5 and names.count("linear") == 1 + 5, names
+    assert not {"sigmoid", "tanh", "split", "mul"} & set(names[:-2]), names
+
+
+def test_an_lstm_under_vmap_of_jvp_matches_a_loop_of_torch_func_jvps_in_float64():
+    module = _module("lstm_2_layers_bidirectional", torch.float64)
+    xs = torch.randn(3, 4, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    x_dots = torch.randn(xs.shape, dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(10))
+    params = _params(module)
+
+    def f(api):
+        return lambda x, x_dot: api.jvp(
+            lambda x: api.functional_call(module, params, (x,))[0], (x,), (x_dot,))
+    outs, out_dots = mf.vmap(f(mf))(xs, x_dots)
+    for i, (x, x_dot) in enumerate(zip(xs, x_dots)):  # (torch.func's vmap has no LSTM rule)
+        out, out_dot = f(tf)(x, x_dot)
+        torch.testing.assert_close(outs[i], out)
+        torch.testing.assert_close(out_dots[i], out_dot)
