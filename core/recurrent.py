@@ -16,8 +16,8 @@ workspace for its own backward, is not needed there: an empty tensor stands in f
 """
 import torch
 import torch.nn.functional as F
-from torch._decomp.decompositions import (_rnn_helper, gather_params, gru_impl,
-                                          one_layer_lstm, rnn_relu_input, rnn_tanh_input)
+from torch._decomp.decompositions import (_rnn_helper, gather_params, one_layer_lstm,
+                                          rnn_relu_input, rnn_tanh_input)
 
 from . import aten_api, ops, torch_api
 from . import primitives as P
@@ -59,16 +59,18 @@ def mkldnn_rnn_layer(input, weight_ih, weight_hh, bias_ih, bias_hh, hx, cx, reve
 
 
 # NOTE [GRU and plain RNNs at the front door]
-# nn.GRU and nn.RNN call torch.gru, torch.rnn_tanh and torch.rnn_relu: composites that torch
-# lowers to linear layers and pointwise ops, each of which reached the engine through the
-# aten door, about a dozen calls per time step: grad of a GRU of 64 units over 20 steps took
-# 7.6 times torch.func's time. torch._decomp's decompositions of them (gru_impl,
-# rnn_tanh_input, rnn_relu_input: the input projection of every step at once, then the cell
-# per step) are the same computation in torch calls, which on FuncTensors take the front
-# door and its rules. Two cases keep torch's lowering: dropout between layers in training
-# (torch 2.13's decomposition never applies it: its test ``num_layers < i - 1`` is never
-# true), and packed sequences, which no transform runs (torch.func's neither: the kernels read
-# the data pointers of its wrapped tensors), refused here with the fix.
+# nn.LSTM, nn.GRU and nn.RNN call torch.lstm, torch.gru, torch.rnn_tanh and torch.rnn_relu:
+# composites that torch lowers to linear layers and pointwise ops (or, for the LSTM on a CPU,
+# to oneDNN's kernel), each of which reached the engine through the aten door, about a dozen
+# calls per time step: grad of a GRU of 64 units over 20 steps took 7.6 times torch.func's
+# time. torch._decomp's decompositions of them (lstm_impl, gru_impl, rnn_tanh_input,
+# rnn_relu_input: the input projection of every step at once, then the cell per step) are
+# the same computation in torch calls, which on FuncTensors take the front door and its
+# rules; the LSTM's and the GRU's cells are primitives (NOTE [The LSTM cell is two
+# primitives]). Two cases keep torch's lowering: dropout between layers in training (torch
+# 2.13's decomposition never applies it: its test ``num_layers < i - 1`` is never true), and
+# packed sequences, which no transform runs (torch.func's neither: the kernels read the data
+# pointers of its wrapped tensors), refused here with the fix.
 def _is_packed(second):
     """The packed overloads take (data, batch_sizes, ...): int64 batch sizes second, where
     the padded ones take the hidden state."""
@@ -93,8 +95,7 @@ def _rnn_at_the_front_door(name, decomposition):
     return rnn
 
 
-for _name, _decomposition in (("gru", gru_impl), ("rnn_tanh", rnn_tanh_input),
-                              ("rnn_relu", rnn_relu_input)):
+for _name, _decomposition in (("rnn_tanh", rnn_tanh_input), ("rnn_relu", rnn_relu_input)):
     torch_api.register(getattr(torch, _name))(_rnn_at_the_front_door(_name, _decomposition))
 
 
@@ -106,19 +107,67 @@ for _name, _decomposition in (("gru", gru_impl), ("rnn_tanh", rnn_tanh_input),
 # grad of a 64-unit LSTM over 20 steps took 2.5 times torch.func's time. So the two formulas
 # are primitives, lstm_cell (gates, c -> c') and lstm_hidden (gates, c' -> h'), with torch's
 # arithmetic in torch's order (LSTMCell in aten/src/ATen/native/RNN.cpp), so the values are
-# its bits. Each is elementwise in its state and in each gate block, so one table of partial
-# derivatives per primitive, written once in ops, gives both rules: the vjp multiplies the
-# cotangent by each partial (the gate blocks side by side, a block that does not enter is
-# zero), and the jvp sums each partial times its tangent. Being ops, the partials are
-# differentiated and batched again by the levels below, so Hessians follow. Under vmap the
-# batch dim goes in front of every argument (same_shape_batch): the formulas read the last
-# dim only. cuDNN's LSTM fuses the same step (its backward kernel is the vjp here).
-def _gate_blocks(gates):
-    """The four gate blocks (i, f, g, o) of an LSTM's gates, along the last dim."""
+# its bits. A GRU's cell is one primitive the same way (gru_cell: the input's and the hidden
+# state's gate blocks r, z, n and the state h -> h'; GRUCell in RNN.cpp). Each cell is
+# elementwise in its state and in each gate block, so one table of partial derivatives per
+# primitive, written once in ops, gives both rules (``gated_rules``): the vjp multiplies the
+# cotangent by each partial (a gated argument's blocks side by side, a block that does not
+# enter is zero), and the jvp sums each partial times its tangent. Being ops, the partials
+# are differentiated and batched again by the levels below, so Hessians follow. Under vmap
+# the batch dim goes in front of every argument (same_shape_batch): the cells read the last
+# dim only. cuDNN fuses the same steps (its backward kernels are the vjps here).
+def _gate_blocks(gates, n):
+    """The ``n`` gate blocks of a cell's gates, along the last dim."""
     if type(gates) is torch.Tensor:
-        return gates.chunk(4, -1)
-    size = ops.shape_of(gates)[-1] // 4
-    return [ops.getitem(gates, (Ellipsis, slice(k * size, (k + 1) * size))) for k in range(4)]
+        return gates.chunk(n, -1)
+    size = ops.shape_of(gates)[-1] // n
+    return [ops.getitem(gates, (Ellipsis, slice(k * size, (k + 1) * size))) for k in range(n)]
+
+
+def gated_rules(prim, partials, blocks):
+    """The vjp and jvp rules of a cell primitive from its partial derivatives. ``blocks[k]``
+    is the number of gate blocks of argument k (None: elementwise); ``partials(*args)`` gives
+    per argument its partial derivative, or for a gated one {block: partial} (NOTE [The
+    LSTM cell is two primitives])."""
+    def vjp(*args):
+        def backward(ct):
+            cts = []
+            for position, (arg, n, partial) in enumerate(zip(args, blocks, partials(*args))):
+                if not wants_cotangent(position, arg):
+                    cts.append(None)
+                elif n is None:
+                    cts.append(ops.mul(ct, partial))
+                else:
+                    zeros = ops.zeros_like(ct) if len(partial) < n else None
+                    cts.append(ops.cat([ops.mul(ct, partial[k]) if k in partial else zeros
+                                        for k in range(n)], -1))
+            return tuple(cts)
+        return bind(prim, *args), backward
+
+    def jvp(primals, tangents):
+        out_dot = None
+        for arg_dot, n, partial in zip(tangents, blocks, partials(*primals)):
+            if arg_dot is None:
+                continue
+            if n is None:
+                out_dot = add_tangents(out_dot, ops.mul(partial, arg_dot))
+                continue
+            block_dots = _gate_blocks(arg_dot, n)
+            for k, block_partial in partial.items():
+                out_dot = add_tangents(out_dot, ops.mul(block_partial, block_dots[k]))
+        return bind(prim, *primals), out_dot
+
+    vjp_rules[prim] = vjp
+    jvp_rules[prim] = jvp
+    batching_rules[prim] = same_shape_batch(prim)
+
+
+def _sigmoid_derivative(s):
+    return ops.sub(s, ops.mul(s, s))  # s (1 - s), at s = sigmoid(x)
+
+
+def _tanh_derivative(t):
+    return ops.sub(1, ops.mul(t, t))  # 1 - t^2, at t = tanh(x)
 
 
 def _lstm_cell_impl(gates, cx):
@@ -134,63 +183,83 @@ lstm_cell_p = P.primitive("lstm_cell", _lstm_cell_impl)
 lstm_hidden_p = P.primitive("lstm_hidden", _lstm_hidden_impl)
 
 
-def _sigmoid_derivative(s):
-    return ops.sub(s, ops.mul(s, s))  # s (1 - s), at s = sigmoid(x)
-
-
-def _tanh_derivative(t):
-    return ops.sub(1, ops.mul(t, t))  # 1 - t^2, at t = tanh(x)
-
-
 def lstm_cell_partials(gates, cx):
-    """{gate block: d c' / d block}, d c' / d c."""
-    in_gate, forget_gate, cell_gate, _ = _gate_blocks(gates)
+    """c' = sigmoid(f) c + sigmoid(i) tanh(g): by the gates' blocks i, f, g, and by c."""
+    in_gate, forget_gate, cell_gate, _ = _gate_blocks(gates, 4)
     i, f, g = ops.sigmoid(in_gate), ops.sigmoid(forget_gate), ops.tanh(cell_gate)
-    return {0: ops.mul(g, _sigmoid_derivative(i)), 1: ops.mul(cx, _sigmoid_derivative(f)),
-            2: ops.mul(i, _tanh_derivative(g))}, f
+    return ({0: ops.mul(g, _sigmoid_derivative(i)), 1: ops.mul(cx, _sigmoid_derivative(f)),
+             2: ops.mul(i, _tanh_derivative(g))}, f)
 
 
 def lstm_hidden_partials(gates, cy):
-    """{gate block: d h' / d block}, d h' / d c'."""
-    o, t = ops.sigmoid(_gate_blocks(gates)[3]), ops.tanh(cy)
+    """h' = sigmoid(o) tanh(c'): by the gates' block o, and by c'."""
+    o, t = ops.sigmoid(_gate_blocks(gates, 4)[3]), ops.tanh(cy)
     return {3: ops.mul(t, _sigmoid_derivative(o))}, ops.mul(o, _tanh_derivative(t))
 
 
-def gated_rules(prim, partials):
-    """The vjp and jvp rules of a primitive of (gates, state) from its partial derivatives
-    (NOTE [The LSTM cell is two primitives])."""
-    def vjp(gates, state):
-        def backward(ct):
-            blocks, state_partial = partials(gates, state)
-            ct_gates = ct_state = None
-            if wants_cotangent(0, gates):
-                zeros = ops.zeros_like(ct)
-                ct_gates = ops.cat([ops.mul(ct, blocks[k]) if k in blocks else zeros
-                                    for k in range(4)], -1)
-            if wants_cotangent(1, state):
-                ct_state = ops.mul(ct, state_partial)
-            return ct_gates, ct_state
-        return bind(prim, gates, state), backward
-
-    def jvp(primals, tangents):
-        (gates, state), (gates_dot, state_dot) = primals, tangents
-        blocks, state_partial = partials(gates, state)
-        out_dot = None
-        if gates_dot is not None:
-            gate_dots = _gate_blocks(gates_dot)
-            for k, partial in blocks.items():
-                out_dot = add_tangents(out_dot, ops.mul(partial, gate_dots[k]))
-        if state_dot is not None:
-            out_dot = add_tangents(out_dot, ops.mul(state_partial, state_dot))
-        return bind(prim, gates, state), out_dot
-
-    vjp_rules[prim] = vjp
-    jvp_rules[prim] = jvp
-    batching_rules[prim] = same_shape_batch(prim)
+gated_rules(lstm_cell_p, lstm_cell_partials, blocks=(4, None))
+gated_rules(lstm_hidden_p, lstm_hidden_partials, blocks=(4, None))
 
 
-gated_rules(lstm_cell_p, lstm_cell_partials)
-gated_rules(lstm_hidden_p, lstm_hidden_partials)
+def _gru_cell_impl(input_gates, hidden_gates, hx):
+    input_r, input_z, input_n = input_gates.chunk(3, -1)
+    hidden_r, hidden_z, hidden_n = hidden_gates.chunk(3, -1)
+    r = (hidden_r + input_r).sigmoid()
+    z = (hidden_z + input_z).sigmoid()
+    n = (input_n + hidden_n * r).tanh()
+    return (hx - n) * z + n
+
+
+gru_cell_p = P.primitive("gru_cell", _gru_cell_impl)
+
+
+def gru_cell_partials(input_gates, hidden_gates, hx):
+    """h' = (h - n) z + n, with r = sigmoid(r_in + r_h), z = sigmoid(z_in + z_h) and
+    n = tanh(n_in + r n_h): by the input's gate blocks, the hidden state's, and by h."""
+    input_r, input_z, input_n = _gate_blocks(input_gates, 3)
+    hidden_r, hidden_z, hidden_n = _gate_blocks(hidden_gates, 3)
+    r = ops.sigmoid(ops.add(hidden_r, input_r))
+    z = ops.sigmoid(ops.add(hidden_z, input_z))
+    n = ops.tanh(ops.add(input_n, ops.mul(hidden_n, r)))
+    by_z = ops.mul(ops.sub(hx, n), _sigmoid_derivative(z))
+    by_n = ops.mul(ops.sub(1, z), _tanh_derivative(n))  # d h' / d n_in
+    by_r = ops.mul(ops.mul(by_n, hidden_n), _sigmoid_derivative(r))
+    return {0: by_r, 1: by_z, 2: by_n}, {0: by_r, 1: by_z, 2: ops.mul(by_n, r)}, z
+
+
+gated_rules(gru_cell_p, gru_cell_partials, blocks=(3, 3, None))
+
+
+def _gru_step(input_gates, hidden_gates, hx):
+    """h' from the gates and the state, FuncTensors in and out."""
+    return as_tensor(bind(gru_cell_p, *unwrap_all((input_gates, hidden_gates, hx))))
+
+
+def _one_layer_gru(input, hx, params, has_biases, reverse=False):
+    """``one_layer_rnn`` of torch._decomp with ``gru_cell``, the cell one primitive
+    (NOTE [The LSTM cell is two primitives]); ``params`` are (w_ih, w_hh[, b_ih, b_hh])."""
+    weight_ih, weight_hh = params[0], params[1]
+    bias_ih, bias_hh = (params[2], params[3]) if has_biases else (None, None)
+    steps = F.linear(input, weight_ih, bias_ih).unbind(0)
+    outputs = []
+    for step_gates in (reversed(steps) if reverse else steps):
+        hx = _gru_step(step_gates, F.linear(hx, weight_hh, bias_hh), hx)
+        outputs.append(hx)
+    if reverse:
+        outputs.reverse()
+    return torch.stack(outputs), hx
+
+
+def _gru_layers(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+                batch_first):
+    """torch._decomp's GRU (``gru_impl``), each layer ``_one_layer_gru``."""
+    params = gather_params(params, has_biases, False)
+    out, final = _rnn_helper(input, hx.unbind(0), params, has_biases, num_layers, dropout,
+                             train, bidirectional, batch_first, _one_layer_gru)
+    return out, torch.stack(final)
+
+
+torch_api.register(torch.gru)(_rnn_at_the_front_door("gru", _gru_layers))
 
 
 def _lstm_step(gates, cx):
@@ -231,3 +300,54 @@ def _lstm_layers(input, hx, params, has_biases, num_layers, dropout, train, bidi
 
 
 torch_api.register(torch.lstm)(_rnn_at_the_front_door("lstm", _lstm_layers))
+
+
+# --- single steps: nn.LSTMCell, nn.GRUCell, nn.RNNCell -----------------------------------------
+# torch.lstm_cell and its kin are composites that reached the aten door op by op: a loop of
+# nn.LSTMCell under grad took 6.4 times torch.func's time, nn.GRUCell's 7.2. Here they are
+# the steps above (gates from both linear layers, then the cell primitives), in torch's order
+# (RNN.cpp: the hidden state's linear layer, plus the input's). Shapes other than torch's
+# (batch, features) pairs keep torch's own path, which checks them and says what is wrong.
+def _cell_shapes_fit(input, states, weight_ih, weight_hh):
+    batch = input.shape[0] if input.dim() == 2 else None
+    return (batch is not None and input.shape[1] == weight_ih.shape[1]
+            and all(s.dim() == 2 and s.shape[0] == batch for s in states)
+            and states[0].shape[1] == weight_hh.shape[1])
+
+
+@torch_api.register(torch.lstm_cell)
+def lstm_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
+    if len(hx) != 2 or not _cell_shapes_fit(input, hx, weight_ih, weight_hh):
+        return NotImplemented
+
+    def step(input, hx, cx, weight_ih, weight_hh, bias_ih, bias_hh):
+        return _lstm_step(F.linear(hx, weight_hh, bias_hh) + F.linear(input, weight_ih, bias_ih),
+                          cx)
+    return call_with_tensors(step, input, *hx, weight_ih, weight_hh, bias_ih, bias_hh)
+
+
+@torch_api.register(torch.gru_cell)
+def gru_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
+    if not _cell_shapes_fit(input, (hx,), weight_ih, weight_hh):
+        return NotImplemented
+
+    def step(input, hx, weight_ih, weight_hh, bias_ih, bias_hh):
+        return _gru_step(F.linear(input, weight_ih, bias_ih), F.linear(hx, weight_hh, bias_hh),
+                         hx)
+    return call_with_tensors(step, input, hx, weight_ih, weight_hh, bias_ih, bias_hh)
+
+
+def _rnn_cell(name, nonlinearity):
+    def rnn_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
+        if not _cell_shapes_fit(input, (hx,), weight_ih, weight_hh):
+            return NotImplemented
+
+        def step(input, hx, weight_ih, weight_hh, bias_ih, bias_hh):
+            return nonlinearity(F.linear(hx, weight_hh, bias_hh)
+                                + F.linear(input, weight_ih, bias_ih))
+        return call_with_tensors(step, input, hx, weight_ih, weight_hh, bias_ih, bias_hh)
+    torch_api.register(getattr(torch, name))(rnn_cell)
+
+
+_rnn_cell("rnn_tanh_cell", torch.tanh)
+_rnn_cell("rnn_relu_cell", torch.relu)

@@ -1,5 +1,6 @@
 """nn.LSTM, nn.GRU and nn.RNN under the transforms (core/recurrent.py: NOTE [LSTM's CPU
-kernel], NOTE [GRU and plain RNNs at the front door]).
+kernel], NOTE [GRU and plain RNNs at the front door], NOTE [The LSTM cell is two
+primitives]).
 
 On the CPU in float32, torch runs the LSTM as oneDNN's fused ``mkldnn_rnn_layer``
 (NOTE [LSTM's CPU kernel]); in float64 it runs its unfused composition, on which torch.func
@@ -115,7 +116,7 @@ def test_a_packed_sequence_is_refused_with_the_fix(cls):
         mf.grad(loss)(_params(module))
 
 
-@pytest.mark.parametrize("cls", [nn.GRU, nn.RNN])
+@pytest.mark.parametrize("cls", [nn.GRU, nn.RNN, nn.LSTM])
 def test_dropout_between_layers_is_drawn_under_vmap(cls):
     """In training, dropout between layers keeps torch's lowering (torch 2.13's decomposition
     drops it), so vmap draws it as its randomness says: refused in 'error' mode, one mask for
@@ -136,11 +137,12 @@ def test_dropout_between_layers_is_drawn_under_vmap(cls):
 
 
 # --- NOTE [The LSTM cell is two primitives] ----------------------------------------------------
-LSTM_CONFIGS = ["lstm", "lstm_2_layers_bidirectional", "lstm_projection"]
+CELL_CONFIGS = ["lstm", "lstm_2_layers_bidirectional", "lstm_projection", "gru",
+                "gru_bidirectional_no_bias"]
 
 
-@pytest.mark.parametrize("name", LSTM_CONFIGS)
-def test_hessian_of_an_lstm_matches_torch_func_in_float64(name):
+@pytest.mark.parametrize("name", CELL_CONFIGS)
+def test_hessian_of_an_lstm_or_gru_matches_torch_func_in_float64(name):
     """The cell primitives' rules are ops, differentiated again: second derivatives follow."""
     module = _module(name, torch.float64)
     x = torch.randn(4, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
@@ -153,8 +155,8 @@ def test_hessian_of_an_lstm_matches_torch_func_in_float64(name):
     torch.testing.assert_close(mf.jacrev(mf.jacfwd(loss(mf)))(x), ours)
 
 
-@pytest.mark.parametrize("name", LSTM_CONFIGS)
-def test_grad_of_an_lstm_matches_finite_differences(name):
+@pytest.mark.parametrize("name", CELL_CONFIGS)
+def test_grad_of_an_lstm_or_gru_matches_finite_differences(name):
     module = _module(name, torch.float64)
     x = torch.randn(3, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
     params = _params(module)
@@ -187,6 +189,17 @@ def test_the_lstm_cell_is_two_primitives_on_the_tape():
     assert not {"sigmoid", "tanh", "split", "mul"} & set(names[:-2]), names
 
 
+def test_the_gru_cell_is_one_primitive_on_the_tape():
+    module = _module("gru")  # two layers
+    x = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(8))
+    params = _params(module)
+    with mf.capture_tapes() as tapes:
+        mf.grad(lambda p: _weighted_sum(mf.functional_call(module, p, (x,))[0]))(params)
+    names = [entry.prim.name for entry in tapes[0].entries]
+    assert names.count("gru_cell") == 2 * 5, names
+    assert not {"sigmoid", "tanh", "split", "mul"} & set(names[:-2]), names
+
+
 def test_an_lstm_under_vmap_of_jvp_matches_a_loop_of_torch_func_jvps_in_float64():
     module = _module("lstm_2_layers_bidirectional", torch.float64)
     xs = torch.randn(3, 4, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
@@ -202,3 +215,68 @@ def test_an_lstm_under_vmap_of_jvp_matches_a_loop_of_torch_func_jvps_in_float64(
         out, out_dot = f(tf)(x, x_dot)
         torch.testing.assert_close(outs[i], out)
         torch.testing.assert_close(out_dots[i], out_dot)
+
+
+# --- single steps: nn.LSTMCell, nn.GRUCell, nn.RNNCell -------------------------------------------
+CELLS = {"lstm_cell": (nn.LSTMCell, {}), "gru_cell": (nn.GRUCell, {}),
+         "rnn_tanh_cell": (nn.RNNCell, {}), "rnn_relu_cell": (nn.RNNCell, {"nonlinearity": "relu"}),
+         "gru_cell_no_bias": (nn.GRUCell, {"bias": False})}
+
+
+def _cell(name, dtype=torch.float32):
+    cls, options = CELLS[name]
+    torch.manual_seed(0)
+    return cls(3, 4, **options).to(dtype)
+
+
+def _unrolled(api, cell, params, xs):
+    """A loop of the cell over the steps of ``xs`` (steps, batch, features), its outputs'
+    weighted sum; the LSTM carries (h, c)."""
+    state = None
+    outputs = []
+    for x in xs:
+        state = api.functional_call(cell, params, (x, state))
+        outputs.append(state[0] if isinstance(state, tuple) else state)
+    return _weighted_sum(torch.stack(outputs))
+
+
+@pytest.mark.parametrize("name", sorted(CELLS))
+def test_grad_of_a_loop_of_cells_matches_torch_func(name):
+    cell = _cell(name)
+    xs = torch.randn(4, 2, 3, generator=torch.Generator().manual_seed(11))
+    params = _params(cell)
+    ours = mf.grad(lambda p, xs: _unrolled(mf, cell, p, xs), argnums=(0, 1))(params, xs)
+    theirs = tf.grad(lambda p, xs: _unrolled(tf, cell, p, xs), argnums=(0, 1))(params, xs)
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(CELLS))
+def test_hessian_of_a_loop_of_cells_matches_torch_func_in_float64(name):
+    cell = _cell(name, torch.float64)
+    xs = torch.randn(3, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
+    params = _params(cell)
+    ours = mf.hessian(lambda xs: _unrolled(mf, cell, params, xs) ** 2)(xs)
+    torch.testing.assert_close(ours, tf.hessian(lambda xs: _unrolled(tf, cell, params, xs) ** 2)(xs))
+
+
+@pytest.mark.parametrize("name", ["lstm_cell", "gru_cell"])
+def test_per_sample_gradients_of_unbatched_cells_match_a_loop(name):
+    """Each example is one sequence of 1-D steps (the module adds and removes the batch dim)."""
+    cell = _cell(name)
+    xs = torch.randn(3, 4, 3, generator=torch.Generator().manual_seed(13))  # (examples, steps, features)
+    params = _params(cell)
+
+    def loss(api):
+        return lambda p, x: _unrolled(api, cell, p, x)
+    ours = mf.vmap(mf.grad(loss(mf)), in_dims=(None, 0))(params, xs)
+    for i, x in enumerate(xs):
+        theirs = tf.grad(loss(tf))(params, x)
+        for key in theirs:
+            torch.testing.assert_close(ours[key][i], theirs[key], rtol=1e-4, atol=1e-5)
+
+
+def test_a_cell_of_mismatched_shapes_gets_torchs_error():
+    cell = _cell("lstm_cell")
+    h = torch.zeros(3, 4)
+    with pytest.raises(RuntimeError, match="batch size"):
+        mf.grad(lambda x: cell(x, (h, h))[0].sum())(torch.randn(2, 3))
