@@ -62,6 +62,15 @@ def ops() -> list:
     grid = _randn(1, 32, 32, 2, seed=3).tanh()
     lstm = nn.LSTM(32, 64).requires_grad_(False)
     gru = nn.GRU(32, 64).requires_grad_(False)
+    lstm_cell = nn.LSTMCell(32, 64).requires_grad_(False)
+
+    def lstm_cell_loop(x):  # the steps of x (steps, batch, features) through nn.LSTMCell
+        state = None
+        outputs = []
+        for step in x:
+            state = lstm_cell(step, state)
+            outputs.append(state[0])
+        return torch.stack(outputs)
     attention = nn.MultiheadAttention(64, 4).requires_grad_(False).eval()
     encoder = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0).requires_grad_(False).eval()
     index = torch.arange(200) % 64
@@ -94,6 +103,7 @@ def ops() -> list:
         Op("nn.TransformerEncoderLayer", encoder, (20, 4, 64)),
         Op("nn.LSTM", lambda x: lstm(x)[0], (20, 4, 32)),
         Op("nn.GRU", lambda x: gru(x)[0], (20, 4, 32)),
+        Op("nn.LSTMCell, a loop", lstm_cell_loop, (20, 4, 32)),
         Op("embedding", lambda x: F.embedding(torch.arange(256) % 1000, x), (1000, 64)),
         Op("index_select", lambda x: x.index_select(0, index), (64, 1024)),
         Op("cumsum", lambda x: x.cumsum(-1), (64, 1024)),

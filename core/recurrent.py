@@ -14,19 +14,21 @@ torch.func's LSTM also runs on the unfused path under grad. Where torch's loweri
 rule below computes the layer as ``one_layer_lstm`` does; the kernel's fourth output, a
 workspace for its own backward, is not needed there: an empty tensor stands in for it.
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch._decomp.decompositions import (_rnn_helper, gather_params, one_layer_lstm,
                                           rnn_relu_input, rnn_tanh_input)
 
-from . import aten_api, ops, torch_api
+from . import aten_api, torch_api
 from . import primitives as P
 from .autograd import vjp_rules, wants_cotangent
-from .batching import batching_rules, same_shape_batch
+from .batching import Batched, BatchedValue, batching_rules, same_shape_batch, to_front
 from .errors import UnsupportedOperationError
-from .forward import add_tangents, jvp_rules
+from .forward import jvp_rules
 from .tensor import as_tensor, call_with_tensors, unwrap_all
-from .values import bind
+from .values import bind, map_tensors, top_dispatcher
 
 aten = torch.ops.aten
 _LSTM_MODE = 2  # oneDNN's rnn_kind::LSTM, the only mode torch's CPU LSTM passes
@@ -108,54 +110,81 @@ for _name, _decomposition in (("rnn_tanh", rnn_tanh_input), ("rnn_relu", rnn_rel
 # are primitives, lstm_cell (gates, c -> c') and lstm_hidden (gates, c' -> h'), with torch's
 # arithmetic in torch's order (LSTMCell in aten/src/ATen/native/RNN.cpp), so the values are
 # its bits. A GRU's cell is one primitive the same way (gru_cell: the input's and the hidden
-# state's gate blocks r, z, n and the state h -> h'; GRUCell in RNN.cpp). Each cell is
-# elementwise in its state and in each gate block, so one table of partial derivatives per
-# primitive, written once in ops, gives both rules (``gated_rules``): the vjp multiplies the
+# state's gate blocks r, z, n and the state h -> h'; GRUCell in RNN.cpp).
+#
+# Each cell is elementwise in its state and in each gate block, so one table of partial
+# derivatives per primitive gives both rules (``gated_rules``): the vjp multiplies the
 # cotangent by each partial (a gated argument's blocks side by side, a block that does not
-# enter is zero), and the jvp sums each partial times its tangent. Being ops, the partials
-# are differentiated and batched again by the levels below, so Hessians follow. Under vmap
-# the batch dim goes in front of every argument (same_shape_batch): the cells read the last
-# dim only. cuDNN fuses the same steps (its backward kernels are the vjps here).
-def _gate_blocks(gates, n):
-    """The ``n`` gate blocks of a cell's gates, along the last dim."""
-    if type(gates) is torch.Tensor:
-        return gates.chunk(n, -1)
-    size = ops.shape_of(gates)[-1] // n
-    return [ops.getitem(gates, (Ellipsis, slice(k * size, (k + 1) * size))) for k in range(n)]
+# enter is zero), and the jvp sums each partial times its tangent. The table and the rules'
+# arithmetic are written in torch calls, and run where their arguments are (``in_torch``):
+# on plain tensors (the backward pass of a first derivative) as torch's own calls, a fused
+# backward kernel in all but name; under vmap on the tensors below with every batch dim in
+# front, as the cells' own batching rule (same_shape_batch) runs them, since they read the
+# last dim only; on the values of grad and jvp levels (a second derivative) as FuncTensors,
+# whose calls those levels differentiate again, so Hessians follow. cuDNN fuses the same
+# steps (its backward kernels are the vjps here).
+def in_torch(formula, *args):
+    """``formula(*args)``, written in torch calls that read only the last dim (every leading
+    dim is elementwise): directly on plain tensors (and None); on a vmap level's values with
+    every batch dim in front, one level down (what same_shape_batch does for a primitive);
+    on the values of other levels through the doors (call_with_tensors)."""
+    level = top_dispatcher(args)
+    if level is None:
+        return formula(*args)
+    if type(level) is not Batched:
+        return call_with_tensors(formula, *args)
+    present = [a for a in args if a is not None]
+    bdims = [a.bdim if type(a) is BatchedValue and a.dispatcher is level else None
+             for a in present]
+    lowered = iter(to_front([a.payload if bdim is not None else a
+                             for a, bdim in zip(present, bdims)], bdims, expand_unbatched=True))
+    out = in_torch(formula, *[None if a is None else next(lowered) for a in args])
+    return map_tensors(lambda o: BatchedValue(level, o, 0), out)
+
+
+def _sum(terms):
+    total = None
+    for term in terms:
+        total = term if total is None else total + term
+    return total
 
 
 def gated_rules(prim, partials, blocks):
     """The vjp and jvp rules of a cell primitive from its partial derivatives. ``blocks[k]``
-    is the number of gate blocks of argument k (None: elementwise); ``partials(*args)`` gives
-    per argument its partial derivative, or for a gated one {block: partial} (NOTE [The
-    LSTM cell is two primitives])."""
+    is the number of gate blocks of argument k (None: elementwise); ``partials(*args)``, in
+    torch calls, gives per argument its partial derivative, or for a gated one
+    {block: partial} (NOTE [The LSTM cell is two primitives])."""
+    def cotangents(wanted, ct, *args):
+        result = []
+        for want, n, partial in zip(wanted, blocks, partials(*args)):
+            if not want:
+                result.append(None)
+            elif n is None:
+                result.append(ct * partial)
+            else:
+                zeros = torch.zeros_like(ct) if len(partial) < n else None
+                result.append(torch.cat([ct * partial[k] if k in partial else zeros
+                                         for k in range(n)], -1))
+        return tuple(result)
+
     def vjp(*args):
-        def backward(ct):
-            cts = []
-            for position, (arg, n, partial) in enumerate(zip(args, blocks, partials(*args))):
-                if not wants_cotangent(position, arg):
-                    cts.append(None)
-                elif n is None:
-                    cts.append(ops.mul(ct, partial))
-                else:
-                    zeros = ops.zeros_like(ct) if len(partial) < n else None
-                    cts.append(ops.cat([ops.mul(ct, partial[k]) if k in partial else zeros
-                                        for k in range(n)], -1))
-            return tuple(cts)
-        return bind(prim, *args), backward
+        wanted = tuple(wants_cotangent(position, arg) for position, arg in enumerate(args))
+        return bind(prim, *args), lambda ct: in_torch(
+            functools.partial(cotangents, wanted), ct, *args)
+
+    def tangent(*primals_and_tangents):
+        primals, tangents = primals_and_tangents[:len(blocks)], primals_and_tangents[len(blocks):]
+        terms = []
+        for dot, n, partial in zip(tangents, blocks, partials(*primals)):
+            if dot is not None and n is None:
+                terms.append(partial * dot)
+            elif dot is not None:
+                block_dots = dot.chunk(n, -1)
+                terms.extend(block_partial * block_dots[k] for k, block_partial in partial.items())
+        return _sum(terms)
 
     def jvp(primals, tangents):
-        out_dot = None
-        for arg_dot, n, partial in zip(tangents, blocks, partials(*primals)):
-            if arg_dot is None:
-                continue
-            if n is None:
-                out_dot = add_tangents(out_dot, ops.mul(partial, arg_dot))
-                continue
-            block_dots = _gate_blocks(arg_dot, n)
-            for k, block_partial in partial.items():
-                out_dot = add_tangents(out_dot, ops.mul(block_partial, block_dots[k]))
-        return bind(prim, *primals), out_dot
+        return bind(prim, *primals), in_torch(tangent, *primals, *tangents)
 
     vjp_rules[prim] = vjp
     jvp_rules[prim] = jvp
@@ -163,11 +192,11 @@ def gated_rules(prim, partials, blocks):
 
 
 def _sigmoid_derivative(s):
-    return ops.sub(s, ops.mul(s, s))  # s (1 - s), at s = sigmoid(x)
+    return s - s * s  # s (1 - s), at s = sigmoid(x)
 
 
 def _tanh_derivative(t):
-    return ops.sub(1, ops.mul(t, t))  # 1 - t^2, at t = tanh(x)
+    return 1 - t * t  # at t = tanh(x)
 
 
 def _lstm_cell_impl(gates, cx):
@@ -185,16 +214,16 @@ lstm_hidden_p = P.primitive("lstm_hidden", _lstm_hidden_impl)
 
 def lstm_cell_partials(gates, cx):
     """c' = sigmoid(f) c + sigmoid(i) tanh(g): by the gates' blocks i, f, g, and by c."""
-    in_gate, forget_gate, cell_gate, _ = _gate_blocks(gates, 4)
-    i, f, g = ops.sigmoid(in_gate), ops.sigmoid(forget_gate), ops.tanh(cell_gate)
-    return ({0: ops.mul(g, _sigmoid_derivative(i)), 1: ops.mul(cx, _sigmoid_derivative(f)),
-             2: ops.mul(i, _tanh_derivative(g))}, f)
+    in_gate, forget_gate, cell_gate, _ = gates.chunk(4, -1)
+    i, f, g = in_gate.sigmoid(), forget_gate.sigmoid(), cell_gate.tanh()
+    return ({0: g * _sigmoid_derivative(i), 1: cx * _sigmoid_derivative(f),
+             2: i * _tanh_derivative(g)}, f)
 
 
 def lstm_hidden_partials(gates, cy):
     """h' = sigmoid(o) tanh(c'): by the gates' block o, and by c'."""
-    o, t = ops.sigmoid(_gate_blocks(gates, 4)[3]), ops.tanh(cy)
-    return {3: ops.mul(t, _sigmoid_derivative(o))}, ops.mul(o, _tanh_derivative(t))
+    o, t = gates.chunk(4, -1)[3].sigmoid(), cy.tanh()
+    return {3: t * _sigmoid_derivative(o)}, o * _tanh_derivative(t)
 
 
 gated_rules(lstm_cell_p, lstm_cell_partials, blocks=(4, None))
@@ -216,15 +245,15 @@ gru_cell_p = P.primitive("gru_cell", _gru_cell_impl)
 def gru_cell_partials(input_gates, hidden_gates, hx):
     """h' = (h - n) z + n, with r = sigmoid(r_in + r_h), z = sigmoid(z_in + z_h) and
     n = tanh(n_in + r n_h): by the input's gate blocks, the hidden state's, and by h."""
-    input_r, input_z, input_n = _gate_blocks(input_gates, 3)
-    hidden_r, hidden_z, hidden_n = _gate_blocks(hidden_gates, 3)
-    r = ops.sigmoid(ops.add(hidden_r, input_r))
-    z = ops.sigmoid(ops.add(hidden_z, input_z))
-    n = ops.tanh(ops.add(input_n, ops.mul(hidden_n, r)))
-    by_z = ops.mul(ops.sub(hx, n), _sigmoid_derivative(z))
-    by_n = ops.mul(ops.sub(1, z), _tanh_derivative(n))  # d h' / d n_in
-    by_r = ops.mul(ops.mul(by_n, hidden_n), _sigmoid_derivative(r))
-    return {0: by_r, 1: by_z, 2: by_n}, {0: by_r, 1: by_z, 2: ops.mul(by_n, r)}, z
+    input_r, input_z, input_n = input_gates.chunk(3, -1)
+    hidden_r, hidden_z, hidden_n = hidden_gates.chunk(3, -1)
+    r = (hidden_r + input_r).sigmoid()
+    z = (hidden_z + input_z).sigmoid()
+    n = (input_n + hidden_n * r).tanh()
+    by_z = (hx - n) * _sigmoid_derivative(z)
+    by_n = (1 - z) * _tanh_derivative(n)  # d h' / d n_in
+    by_r = by_n * hidden_n * _sigmoid_derivative(r)
+    return {0: by_r, 1: by_z, 2: by_n}, {0: by_r, 1: by_z, 2: by_n * r}, z
 
 
 gated_rules(gru_cell_p, gru_cell_partials, blocks=(3, 3, None))

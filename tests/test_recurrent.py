@@ -174,6 +174,23 @@ def test_grad_of_an_lstm_or_gru_matches_finite_differences(name):
     torch.testing.assert_close(ours, numeric, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_per_sample_hessians_and_nested_vmaps_match_torch_func_in_float64(name):
+    """The cells' backward formulas under vmap (batch dims in front) and under grad (through
+    the doors), nested."""
+    module = _module(name, torch.float64)
+    xs = torch.randn(3, 4, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(14))
+    params = _params(module)
+
+    def loss(api):
+        return lambda x: api.functional_call(module, params, (x,))[0].sin().sum()
+    hessians = mf.vmap(mf.hessian(loss(mf)))(xs)
+    grads = mf.vmap(mf.vmap(mf.grad(loss(mf))))(torch.stack([xs, xs.cos()]))
+    for i, x in enumerate(xs):
+        torch.testing.assert_close(hessians[i], tf.hessian(loss(tf))(x))
+        torch.testing.assert_close(grads[1, i], tf.grad(loss(tf))(x.cos()))
+
+
 def test_the_lstm_cell_is_two_primitives_on_the_tape():
     """Per step: the step's slice of the input's projection, the hidden state's linear layer,
     their sum and the two cell primitives; no chunk of the gates, no pointwise ops of its
