@@ -63,7 +63,7 @@ from .fast_code import register_fresh
 from .forward import add_tangents, jvp_rules, linear_jvp, sub_tangents
 from .tensor import as_tensor, call_with_tensors, unwrap_tree
 from .tracing import trace_call_of, traced_value
-from .values import Value, bind, bottom_tensor
+from .values import NUMBERS, Value, bind, bottom_tensor
 
 aten = torch.ops.aten
 shape_of = ops.shape_of
@@ -3939,119 +3939,163 @@ def _pointwise_loss(op, x, target, reduction, weight, elementwise_loss):
     return _weighted_reduce(ops.mul(loss, weight), weight, reduction, op)
 
 
-# NOTE [mse_loss: torch's kernel and its backward]
+# NOTE [Pointwise losses: torch's kernel and its backward]
 # mean((x - t)^2) written with ops is three ops (sub, mul, mean), and its vjp six more (the
-# mean's division and expand, the square's two products and their sum). It is the loss of
-# every regression, and MAML takes its gradient under vmap, where each of those ops is a bind
-# at every level. So it is a pair of primitives, as torch.func runs it: mse_loss (torch's
-# kernel) and mse_loss_backward (torch's backward kernel, 2 (x - t) ct, over the element count
-# for 'mean'), with the formulas of PyTorch's derivatives.yaml. The backward kernel is linear
-# in ct and in x - t: its own derivatives are written with ops, so higher orders follow. Under
-# vmap the batch rides along with reduction='none', and each example's mean or sum follows
-# (as torch.func batches it). A weight, a target of another shape (torch broadcasts it, and
-# warns) or of another dtype take the ops (_pointwise_loss).
-def _mse_loss_impl(x, target, *, reduction):
-    return torch._C._nn.mse_loss(x, target, _REDUCTIONS.index(reduction))
+# mean's division and expand, the square's two products and their sum); smooth_l1 and huber
+# are twice that (a where between a square and a line). mse is the loss of every regression,
+# and MAML takes its gradient under vmap, where each of those ops is a bind at every level.
+# So each is a pair of primitives, as torch.func runs it: the loss (torch's kernel) and its
+# backward (torch's backward kernel: the loss's slope at x - t times ct, over the element
+# count for 'mean'), with the formulas of PyTorch's derivatives.yaml, which need one more
+# fact per loss, its second derivative at d = x - t (``curvature``; 2 for mse):
+#   the loss's vjp: backward(ct, x, t) for x, and backward(ct, t, x) for t (the slope is odd
+#   in d: its negation, bit for bit); its jvp: the reduction of backward(x_dot, x, t) +
+#   backward(t_dot, t, x), each with reduction 'none';
+#   the backward's own derivatives: it is linear in ct (the reduction of backward(g, x, t)
+#   with 'none'), and in x and t its derivative is g ct curvature(d) (over the element count
+#   for 'mean'), written with ops, so higher orders follow.
+# Under vmap the batch rides along with reduction='none', and each example's mean or sum
+# follows (as torch.func batches it). A weight, a target of another shape (torch broadcasts
+# it, and warns) or of another dtype take the ops (_pointwise_loss).
+def _loss_scale(x, reduction):
+    """The constant of a pointwise loss's derivative: 1 over the element count for 'mean'."""
+    return 1.0 / max(math.prod(shape_of(x)), 1) if reduction == "mean" else 1.0
 
 
-def _mse_loss_backward_impl(ct, x, target, *, reduction):
-    return aten.mse_loss_backward(ct, x, target, _REDUCTIONS.index(reduction))
+def pointwise_loss_kernels(name, kernel, backward_kernel, curvature):
+    """The primitives (loss, loss_backward) of a pointwise loss and their rules, from torch's
+    ``kernel(x, t, reduction, **static)`` and ``backward_kernel(ct, x, t, reduction,
+    **static)`` (reduction as torch's enum) and ``curvature(d, **static)``, the loss's second
+    derivative at d = x - t: a number, or ops on d (NOTE [Pointwise losses: torch's kernel and
+    its backward])."""
+    forward_p = P.primitive(name, lambda x, target, *, reduction, **static: kernel(
+        x, target, _REDUCTIONS.index(reduction), **static))
+    backward_p = P.primitive(f"{name}_backward", lambda ct, x, target, *, reduction, **static:
+                             backward_kernel(ct, x, target, _REDUCTIONS.index(reduction),
+                                             **static))
+
+    def each_slope_times(v, x, target, static):
+        """The slope at x - t, times v, per element (the backward with reduction 'none')."""
+        return bind(backward_p, v, x, target, reduction="none", **static)
+
+    def curvature_times(v, x, target, reduction, static):
+        """v times the second derivative at x - t (over the element count for 'mean')."""
+        factor = curvature(ops.sub(x, target), **static)
+        if isinstance(factor, NUMBERS):
+            return ops.mul(v, factor * _loss_scale(x, reduction))
+        return ops.mul(ops.mul(v, factor), _loss_scale(x, reduction))
+
+    def forward_vjp(x, target, *, reduction, **static):
+        def backward(ct):
+            return (bind(backward_p, ct, x, target, reduction=reduction, **static)
+                    if wants_cotangent(0, x) else None,
+                    bind(backward_p, ct, target, x, reduction=reduction, **static)
+                    if wants_cotangent(1, target) else None)
+        return bind(forward_p, x, target, reduction=reduction, **static), backward
+
+    def forward_jvp(primals, tangents, *, reduction, **static):
+        (x, target), (x_dot, target_dot) = primals, tangents
+        out_dot = None
+        if x_dot is not None:
+            out_dot = each_slope_times(x_dot, x, target, static)
+        if target_dot is not None:
+            out_dot = add_tangents(out_dot, each_slope_times(target_dot, target, x, static))
+        return (bind(forward_p, x, target, reduction=reduction, **static),
+                _reduce(out_dot, reduction, name))
+
+    def forward_batch(values, bdims, *, reduction, **static):
+        x, target = to_front(values, bdims, expand_unbatched=True)
+        loss = bind(forward_p, x, target, reduction="none", **static)
+        example_dims = tuple(range(1, len(shape_of(loss))))
+        if reduction == "none" or not example_dims:  # (the mean or sum of one number is itself)
+            return loss, 0
+        reduce = ops.mean if reduction == "mean" else ops.sum
+        return reduce(loss, example_dims), 0
+
+    def backward_vjp(ct, x, target, *, reduction, **static):
+        def backward(g):
+            ct_ct = ct_x = ct_target = None
+            if wants_cotangent(0, ct):
+                ct_ct = _reduce(each_slope_times(g, x, target, static), reduction,
+                                f"{name}_backward")
+            if wants_cotangent(1, x) or wants_cotangent(2, target):
+                ct_x = curvature_times(ops.mul(g, ct), x, target, reduction, static)
+                ct_target = ops.neg(ct_x) if wants_cotangent(2, target) else None
+                ct_x = ct_x if wants_cotangent(1, x) else None
+            return ct_ct, ct_x, ct_target
+        return bind(backward_p, ct, x, target, reduction=reduction, **static), backward
+
+    def backward_jvp(primals, tangents, *, reduction, **static):
+        (ct, x, target), (ct_dot, x_dot, target_dot) = primals, tangents
+        out_dot = None
+        if ct_dot is not None:
+            out_dot = bind(backward_p, ct_dot, x, target, reduction=reduction, **static)
+        difference_dot = sub_tangents(x_dot, target_dot)
+        if difference_dot is not None:
+            out_dot = add_tangents(out_dot, curvature_times(ops.mul(difference_dot, ct), x,
+                                                            target, reduction, static))
+        return bind(backward_p, ct, x, target, reduction=reduction, **static), out_dot
+
+    def backward_batch(values, bdims, *, reduction, **static):
+        ct, x, target = to_front(values, bdims, expand_unbatched=True)
+        x_shape = shape_of(x)
+        if reduction != "none":  # each example's cotangent, spread over its elements
+            ct = ops.reshape(ct, x_shape[0], *[1] * (len(x_shape) - 1))
+            if reduction == "mean":
+                ct = ops.div(ct, max(math.prod(x_shape[1:]), 1))
+            ct = ops.expand(ct, *x_shape)
+        return bind(backward_p, ct, x, target, reduction="none", **static), 0
+
+    vjp_rules[forward_p], jvp_rules[forward_p] = forward_vjp, forward_jvp
+    batching_rules[forward_p] = forward_batch
+    vjp_rules[backward_p], jvp_rules[backward_p] = backward_vjp, backward_jvp
+    batching_rules[backward_p] = backward_batch
+    return forward_p, backward_p
 
 
-mse_loss_p = P.primitive("mse_loss", _mse_loss_impl)
-mse_loss_backward_p = P.primitive("mse_loss_backward", _mse_loss_backward_impl)
+mse_loss_p, mse_loss_backward_p = pointwise_loss_kernels(
+    "mse_loss", torch._C._nn.mse_loss, aten.mse_loss_backward, lambda d: 2.0)
 
 
-def _mse_scale(x, reduction):
-    """The constant of mse's derivative: 2, over the element count for 'mean'."""
-    return 2.0 / max(math.prod(shape_of(x)), 1) if reduction == "mean" else 2.0
+def _inside(d, width, *, boundary_inside):
+    """|d| < width (or <=), a nan inside: as torch's kernels test the linear pieces
+    (d < -width, d > width)."""
+    outside = ops.ge(ops.abs(d), width) if not boundary_inside else ops.gt(ops.abs(d), width)
+    return ops.where(outside, 0.0, 1.0)
 
 
-def mse_loss_vjp(x, target, *, reduction):
-    def backward(ct):
-        # derivatives.yaml: self: mse_loss_backward(grad, self, target), target: the same with
-        # self and target swapped (its negation, bit for bit)
-        return (bind(mse_loss_backward_p, ct, x, target, reduction=reduction)
-                if wants_cotangent(0, x) else None,
-                bind(mse_loss_backward_p, ct, target, x, reduction=reduction)
-                if wants_cotangent(1, target) else None)
-    return bind(mse_loss_p, x, target, reduction=reduction), backward
-vjp_rules[mse_loss_p] = mse_loss_vjp
+def _smooth_l1_curvature(d, *, beta):
+    """1 / beta where |d| < beta (at |d| = beta, the line's 0, as derivatives.yaml's
+    smooth_l1_loss_double_backward); 0 for beta 0 (|d|)."""
+    if beta == 0:
+        return 0.0
+    return ops.div(_inside(d, beta, boundary_inside=False), beta)
 
 
-def _twice_the_difference(x, target):
-    """2 (x - t): mse's derivative in x, per element, before the reduction."""
-    return ops.mul(ops.sub(x, target), 2.0)
+def _huber_curvature(d, *, delta):
+    """1 where |d| <= delta (at |d| = delta the quadratic's, as torch.func's Hessian of
+    huber_loss gives)."""
+    return _inside(d, delta, boundary_inside=True)
 
 
-def mse_loss_jvp(primals, tangents, *, reduction):
-    (x, target), (x_dot, target_dot) = primals, tangents
-    out = bind(mse_loss_p, x, target, reduction=reduction)
-    # derivatives.yaml: apply_loss_reduction(2 (x - t) (x_dot - t_dot), reduction)
-    out_dot = ops.mul(_twice_the_difference(x, target), sub_tangents(x_dot, target_dot))
-    return out, _reduce(out_dot, reduction, "mse_loss")
-jvp_rules[mse_loss_p] = mse_loss_jvp
+smooth_l1_loss_p, smooth_l1_loss_backward_p = pointwise_loss_kernels(
+    "smooth_l1_loss", torch._C._nn.smooth_l1_loss, aten.smooth_l1_loss_backward,
+    _smooth_l1_curvature)
+huber_loss_p, huber_loss_backward_p = pointwise_loss_kernels(
+    "huber_loss", torch._C._nn.huber_loss, aten.huber_loss_backward, _huber_curvature)
 
 
-def mse_loss_batch(values, bdims, *, reduction):
-    x, target = to_front(values, bdims, expand_unbatched=True)
-    loss = bind(mse_loss_p, x, target, reduction="none")
-    example_dims = tuple(range(1, len(shape_of(loss))))
-    if reduction == "none" or not example_dims:  # (the mean or sum of one number is itself)
-        return loss, 0
-    reduce = ops.mean if reduction == "mean" else ops.sum
-    return reduce(loss, example_dims), 0
-batching_rules[mse_loss_p] = mse_loss_batch
-
-
-def mse_loss_backward_vjp(ct, x, target, *, reduction):
-    def backward(g):
-        # linear in ct and in x - t (derivatives.yaml's mse_loss_double_backward and
-        # mse_loss_double_backward_grad_output)
-        ct_ct = ct_x = ct_target = None
-        if wants_cotangent(0, ct):
-            ct_ct = _reduce(ops.mul(_twice_the_difference(x, target), g), reduction,
-                            "mse_loss_backward")
-        if wants_cotangent(1, x) or wants_cotangent(2, target):
-            ct_x = ops.mul(ops.mul(g, ct), _mse_scale(x, reduction))
-            ct_target = ops.neg(ct_x) if wants_cotangent(2, target) else None
-            ct_x = ct_x if wants_cotangent(1, x) else None
-        return ct_ct, ct_x, ct_target
-    return bind(mse_loss_backward_p, ct, x, target, reduction=reduction), backward
-vjp_rules[mse_loss_backward_p] = mse_loss_backward_vjp
-
-
-def mse_loss_backward_jvp(primals, tangents, *, reduction):
-    (ct, x, target), (ct_dot, x_dot, target_dot) = primals, tangents
-    out = bind(mse_loss_backward_p, ct, x, target, reduction=reduction)
-    out_dot = None
-    if ct_dot is not None:
-        out_dot = bind(mse_loss_backward_p, ct_dot, x, target, reduction=reduction)
-    difference_dot = sub_tangents(x_dot, target_dot)
-    if difference_dot is not None:
-        out_dot = add_tangents(out_dot, ops.mul(ops.mul(difference_dot, ct),
-                                                _mse_scale(x, reduction)))
-    return out, out_dot
-jvp_rules[mse_loss_backward_p] = mse_loss_backward_jvp
-
-
-def mse_loss_backward_batch(values, bdims, *, reduction):
-    ct, x, target = to_front(values, bdims, expand_unbatched=True)
-    x_shape = shape_of(x)
-    if reduction != "none":  # each example's cotangent, spread over its elements
-        ct = ops.reshape(ct, x_shape[0], *[1] * (len(x_shape) - 1))
-        if reduction == "mean":
-            ct = ops.div(ct, max(math.prod(x_shape[1:]), 1))
-        ct = ops.expand(ct, *x_shape)
-    return bind(mse_loss_backward_p, ct, x, target, reduction="none"), 0
-batching_rules[mse_loss_backward_p] = mse_loss_backward_batch
+def _loss_kernel_applies(x, target, reduction, weight):
+    """Whether a pointwise loss is its kernel pair: no weight, tensors of one floating (not
+    complex) dtype and one shape."""
+    return (weight is None and reduction in _REDUCTIONS and _is_tensor(x) and _is_tensor(target)
+            and shape_of(x) == shape_of(target) and x.dtype == target.dtype
+            and x.dtype.is_floating_point)
 
 
 def _mse_loss(x, target, reduction, weight):
-    if (weight is None and reduction in _REDUCTIONS and _is_tensor(x) and _is_tensor(target)
-            and shape_of(x) == shape_of(target) and x.dtype == target.dtype
-            and x.dtype.is_floating_point):
-        # NOTE [mse_loss: torch's kernel and its backward]
+    if _loss_kernel_applies(x, target, reduction, weight):
+        # NOTE [Pointwise losses: torch's kernel and its backward]
         return bind(mse_loss_p, x, target, reduction=reduction)
     return _pointwise_loss("mse_loss", x, target, reduction, weight, ops.square)
 
@@ -4104,8 +4148,14 @@ def _huber(delta):
 def smooth_l1_loss(x, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
     if beta < 0:
         raise TransformUsageError(f"smooth_l1_loss(..., beta={beta}): expected beta >= 0.")
-    return _pointwise_loss("smooth_l1_loss", x, target,
-                           _reduction(size_average, reduce, reduction), None, _smooth_l1(beta))
+    return _smooth_l1_loss(x, target, _reduction(size_average, reduce, reduction), beta)
+
+
+def _smooth_l1_loss(x, target, reduction, beta):
+    if _loss_kernel_applies(x, target, reduction, None):
+        # NOTE [Pointwise losses: torch's kernel and its backward]
+        return bind(smooth_l1_loss_p, x, target, reduction=reduction, beta=float(beta))
+    return _pointwise_loss("smooth_l1_loss", x, target, reduction, None, _smooth_l1(beta))
 
 
 @torch_api.register(F.huber_loss)
@@ -4114,6 +4164,9 @@ def huber_loss(x, target, reduction="mean", delta=1.0, weight=None):
         raise InvalidOptionError(
             f"huber_loss(..., delta={delta}): huber_loss does not support non-positive values "
             "for delta. (as in torch). Fix: pass delta > 0.")
+    if _loss_kernel_applies(x, target, reduction, weight):
+        # NOTE [Pointwise losses: torch's kernel and its backward]
+        return bind(huber_loss_p, x, target, reduction=reduction, delta=float(delta))
     loss = _pointwise_loss("huber_loss", x, target, "none", None, _huber(delta))
     if weight is not None:
         loss = ops.mul(loss, weight)  # torch's weighted huber loss averages over elements
@@ -4126,11 +4179,11 @@ aten_api.register(aten.l1_loss.default)(
     lambda x, target, reduction=1: _pointwise_loss("l1_loss", x, target, _REDUCTIONS[reduction],
                                                    None, ops.abs))
 aten_api.register(aten.smooth_l1_loss.default)(
-    lambda x, target, reduction=1, beta=1.0: _pointwise_loss(
-        "smooth_l1_loss", x, target, _REDUCTIONS[reduction], None, _smooth_l1(beta)))
+    lambda x, target, reduction=1, beta=1.0: _smooth_l1_loss(x, target, _REDUCTIONS[reduction],
+                                                             beta))
 aten_api.register(aten.huber_loss.default)(
-    lambda x, target, reduction=1, delta=1.0: _pointwise_loss(
-        "huber_loss", x, target, _REDUCTIONS[reduction], None, _huber(delta)))
+    lambda x, target, reduction=1, delta=1.0: huber_loss(x, target, _REDUCTIONS[reduction],
+                                                         delta))
 
 
 @torch_api.register(F.kl_div)

@@ -289,6 +289,14 @@ CASES = [
          lambda g: (normal(g, 3, 4), normal(g, 3, 4)), diff=(0, 1), hessian=True),
     case("smooth_l1_loss_beta0", lambda x, t: F.smooth_l1_loss(x, t, beta=0.0, reduction="none"),
          lambda g: (normal(g, 3, 4), normal(g, 3, 4)), diff=(0, 1)),
+    case("smooth_l1_loss_sum", lambda x, t: F.smooth_l1_loss(x, t, beta=1.5, reduction="sum"),
+         lambda g: (normal(g, 3, 4), normal(g, 3, 4)), diff=(0, 1), hessian=True),
+    case("smooth_l1_loss_broadcast", lambda x, t: F.smooth_l1_loss(x, t),
+         lambda g: (normal(g, 3, 4), normal(g, 1, 4)), diff=(0, 1), hessian=True),
+    case("huber_loss", lambda x, t: F.huber_loss(x, t, delta=0.8),
+         lambda g: (normal(g, 3, 4), normal(g, 3, 4)), diff=(0, 1), hessian=True),
+    case("huber_loss_none", lambda x, t: F.huber_loss(x, t, delta=1.2, reduction="none"),
+         lambda g: (normal(g, 3, 4), normal(g, 3, 4)), diff=(0, 1), hessian=True),
     case("huber_loss_weight", lambda x, t, w: F.huber_loss(x, t, delta=0.8, weight=w),
          lambda g: (normal(g, 3, 4), normal(g, 3, 4), positive(g, 3, 4)), diff=(0, 1),
          hessian=True),
@@ -489,6 +497,8 @@ ORACLES = {
     ("prelu_shared", "vmap_jacrev"): (_Looping, "torch.func's prelu backward fails under vmap"),
     ("grid_sample_3d", "vmap_dim1"): (_Looping, "an internal assert of torch.func"),
     ("huber_loss_weight", "jvp_grad"): (_OurReverseMode, "huber_loss_backward has no jvp"),
+    ("huber_loss", "jvp_grad"): (_OurReverseMode, "huber_loss_backward has no jvp"),
+    ("huber_loss_none", "jvp_grad"): (_OurReverseMode, "huber_loss_backward has no jvp"),
     ("multi_margin_loss", "grad_grad"): (_OurForwardMode, "torch has no double backward"),
     ("multilabel_margin_loss", "grad_grad"): (_OurForwardMode, "torch has no double backward"),
     ("pdist", "grad_grad"): (_OurForwardMode, "torch has no double backward"),
@@ -1029,6 +1039,10 @@ _SAMPLES = {
     "binary_cross_entropy": ((torch.rand(3, 4, dtype=DTYPE), torch.rand(1, 4, dtype=DTYPE)),
                              {}),
     "mse_loss_backward": ((_T(3, 4), _T(3, 4), _T(3, 4)), dict(reduction="none")),
+    "smooth_l1_loss": ((_T(3, 4), _T(3, 4)), dict(reduction="sum", beta=0.5)),
+    "smooth_l1_loss_backward": ((_T(), _T(3, 4), _T(3, 4)), dict(reduction="mean", beta=0.5)),
+    "huber_loss": ((_T(3, 4), _T(3, 4)), dict(reduction="none", delta=0.5)),
+    "huber_loss_backward": ((_T(3, 4), _T(3, 4), _T(3, 4)), dict(reduction="none", delta=2.0)),
     "ctc_loss": ((_T(6, 2, 4).log_softmax(-1), torch.tensor([[1, 2, 3], [2, 2, 0]]),
                   torch.tensor([6, 5]), torch.tensor([3, 2])), dict(blank=0, zero_infinity=False)),
     "ctc_loss_backward": ((_T(2), _T(6, 2, 4).log_softmax(-1), torch.tensor([1, 2, 3, 2, 2]),
@@ -1168,9 +1182,9 @@ def test_max_pooling_of_no_examples_has_an_empty_gradient(pool):
 
 
 def test_mse_loss_is_one_kernel_and_its_backward_under_vmap_of_grad(monkeypatch):
-    """NOTE [mse_loss: torch's kernel and its backward] in core/nn.py: MAML's inner loss, per
-    task, calls torch's mse_loss kernel once forward and its backward kernel once; a weight
-    still takes the ops, and both agree with torch.func."""
+    """NOTE [Pointwise losses: torch's kernel and its backward] in core/nn.py: MAML's inner
+    loss, per task, calls torch's mse_loss kernel once forward and its backward kernel once; a
+    weight still takes the ops, and both agree with torch.func."""
     calls = []
 
     def counting(prim):
