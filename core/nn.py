@@ -3170,8 +3170,10 @@ def _kernels_serve(x, normalized_shape, weight, bias):
                for p in (weight, bias))
 
 
-def _layer_norm(x, normalized_shape, weight, bias, eps):
-    """layer_norm's output, mean and rstd (the statistics as native_layer_norm gives them)."""
+def _layer_norm(x, normalized_shape, weight, bias, eps, *, statistics=True):
+    """layer_norm's output, mean and rstd (the statistics as native_layer_norm gives them);
+    without ``statistics``, the output alone where the kernels serve (F.layer_norm: the
+    statistics would be one more primitive and two slices under every level)."""
     _refuse_complex("layer_norm", x, weight, bias)
     normalized_shape = _ntuple(normalized_shape, 1, "normalized_shape", "layer_norm") \
         if isinstance(normalized_shape, int) else tuple(int(s) for s in normalized_shape)
@@ -3188,12 +3190,12 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
         return _layer_norm_formula(x, dims, weight, bias, eps)
     out = _bind_affine(layer_norm_p, (x,), weight, bias, normalized_shape=normalized_shape,
                        eps=eps)
-    return (out, *_ln_statistics(x, normalized_shape, eps))
+    return (out, *_ln_statistics(x, normalized_shape, eps)) if statistics else (out,)
 
 
 @torch_api.register(F.layer_norm)
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    return _layer_norm(x, normalized_shape, weight, bias, eps)[0]
+    return _layer_norm(x, normalized_shape, weight, bias, eps, statistics=False)[0]
 
 
 torch_api.register(torch.layer_norm)(
