@@ -2762,6 +2762,36 @@ def _torch_batch_norm(x, weight, bias, running_mean, running_var, training, mome
     return batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
 
 
+# NOTE [Instance norm is batch norm of one example]
+# torch's instance_norm (aten/src/ATen/native/Normalization.cpp) folds the examples into the
+# channels, (N, C, ...) -> (1, N C, ...), repeats the weight and bias N times, and calls
+# batch_norm in training mode. Reached as that composite, each of its steps crossed the aten
+# door (and native_batch_norm there made its saved statistics too): grad took 1.7 times
+# torch.func's time. At the front door it is the same fold, the same repeat and the engine's
+# batch norm, so the kernels and the bits are torch's. With running statistics (their update
+# averages the folded ones over the examples) or use_input_stats=False, torch's composite
+# runs, as before; an input of fewer than 3 dims also keeps it, for torch's own error.
+@torch_api.register(F.instance_norm)
+def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
+                  use_input_stats=True, momentum=0.1, eps=1e-5):
+    shape = shape_of(x)
+    if (not use_input_stats or running_mean is not None or running_var is not None
+            or len(shape) < 3):
+        return NotImplemented
+    if math.prod(shape[2:]) == 1:
+        raise TransformUsageError(
+            f"instance_norm(input, ...): Expected more than 1 spatial element when training, "
+            f"got input size {tuple(shape)} (as in torch: each example's channel is normalized "
+            "over its own spatial elements). Fix: give inputs with more than one spatial "
+            "element, or use batch_norm to normalize over the batch.")
+    examples, channels = shape[0], shape[1]
+    folded = ops.reshape(x, 1, examples * channels, *shape[2:])
+    weight, bias = (None if v is None else structural.repeat(v, examples)
+                    for v in (weight, bias))
+    out = _batch_norm("instance_norm", folded, weight, bias, None, None, True, momentum, eps)
+    return ops.reshape(out, *shape)
+
+
 def _saved_stats(x, training, eps):
     """native_batch_norm's second and third outputs: the batch statistics in training mode,
     empty tensors in eval mode (on CPU). torch declares them not differentiable (their

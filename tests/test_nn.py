@@ -168,6 +168,10 @@ CASES = [
          lambda g: (normal(g, 4, 3, 2), normal(g, 3)), diff=(0, 1)),
     case("instance_norm", lambda x, w, b: F.instance_norm(x, weight=w, bias=b),
          lambda g: (normal(g, 2, 3, 4, 4), normal(g, 3), normal(g, 3)), diff=(0, 1, 2)),
+    case("instance_norm_1d_no_affine", lambda x: F.instance_norm(x, eps=1e-3),
+         lambda g: (normal(g, 3, 2, 5),), hessian=True),
+    case("instance_norm_3d_weight", lambda x, w: F.instance_norm(x, weight=w),
+         lambda g: (normal(g, 2, 2, 3, 2, 3), normal(g, 2)), diff=(0, 1), hessian=True),
     case("layer_norm", lambda x, w, b: F.layer_norm(x, (5,), w, b),
          lambda g: (normal(g, 3, 4, 5), normal(g, 5), normal(g, 5)), diff=(0, 1, 2),
          hessian=True),
@@ -2029,3 +2033,10 @@ def test_binary_cross_entropy_refuses_what_is_not_a_probability(bad, transform):
                        match=f"all elements of {word} should be between 0 and 1 .*Fix:"):
         run(x_bad, t_bad)
     torch.testing.assert_close(mf.grad(f)(x, t), tf.grad(f)(x, t))
+
+
+def test_instance_norm_of_one_spatial_element_is_refused_as_torch_does():
+    """NOTE [Instance norm is batch norm of one example]: the error speaks of the input as
+    given, not of its fold into one example."""
+    with pytest.raises(mf.TransformError, match=r"more than 1 spatial element .* \(2, 3, 1\)"):
+        mf.grad(lambda x: F.instance_norm(x).sum())(torch.randn(2, 3, 1))
