@@ -9,7 +9,7 @@ from .batching import Batched, BatchedValue, batching_rules, capture_fallbacks
 from .custom import custom_vjp
 # families of primitives: importing each registers its primitives, rules and doors
 from . import complex_numbers, elementwise, fft, indexing, linalg, nn, structural  # noqa: F401
-from . import recurrent  # noqa: F401  (nn.LSTM on the CPU)
+from . import einsum, recurrent  # noqa: F401  (torch.einsum; recurrent layers)
 from . import randomness  # noqa: F401  (torch.rand & co under vmap)
 from . import autograd_function  # noqa: F401  (torch.autograd.Function under the transforms)
 from .autograd_function import AutogradFunctionError
