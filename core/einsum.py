@@ -14,10 +14,10 @@ torch.einsum itself, and whose rules are einsums again:
 - vmap: a letter that the equation does not use names the batch dim, in every batched
   operand and first in the output; torch's kernel contracts the rest as before.
 JAX writes jnp.einsum as a sequence of dot_general contractions, each with its own rules;
-here the kernel keeps torch's choice of contraction order. Forms outside these rules keep
-torch's composite, as before: an ellipsis, an index repeated within one operand (a
-diagonal), a dim of size 1 that broadcasts against a larger one, the sublist format, mixed
-or complex dtypes.
+here the kernel keeps torch's choice of contraction order. An ellipsis becomes letters of
+its own. Forms outside these rules keep torch's composite, as before: an index repeated
+within one operand (a diagonal), a dim of size 1 that broadcasts against a larger one (in
+the ellipsis too), the sublist format, mixed or complex dtypes.
 """
 import collections
 import string
@@ -45,12 +45,19 @@ def explicit_equation(equation, shapes):
     """The equation with its output written out ('ij,jk' -> 'ij,jk->ik'), or None where the
     rules here do not apply (NOTE [einsum is one primitive])."""
     equation = equation.replace(" ", "")
-    if "." in equation or equation.count("->") > 1:
+    if equation.count("->") > 1:
         return None
-    lhs, _, out = equation.partition("->")
+    lhs, arrow, out = equation.partition("->")
     inputs = lhs.split(",")
+    if len(inputs) != len(shapes):
+        return None
+    ellipsis = ""
+    if "..." in equation:  # its dims get letters of their own, right-aligned as torch does
+        inputs, out, ellipsis = _name_the_ellipsis(inputs, out, shapes)
+        if inputs is None:
+            return None
     letters = set(string.ascii_letters)
-    if len(inputs) != len(shapes) or not set("".join(inputs) + out) <= letters:
+    if not set("".join(inputs) + out) <= letters:
         return None
     sizes = {}
     for subscripts, shape in zip(inputs, shapes):
@@ -59,12 +66,34 @@ def explicit_equation(equation, shapes):
         for letter, size in zip(subscripts, shape):
             if sizes.setdefault(letter, size) != size:
                 return None
-    if "->" not in equation:  # torch's implicit output: the letters used once, A-Z then a-z
+    if not arrow:  # torch's implicit output: the ellipsis, then the letters used once, A-Z
+        # then a-z
         counts = collections.Counter("".join(inputs))
-        out = "".join(sorted(letter for letter, count in counts.items() if count == 1))
+        out = ellipsis + "".join(sorted(letter for letter, count in counts.items()
+                                        if count == 1 and letter not in ellipsis))
     if len(set(out)) != len(out) or not set(out) <= set(sizes):
         return None
     return f"{','.join(inputs)}->{out}"
+
+
+def _name_the_ellipsis(inputs, out, shapes):
+    """The subscripts with each '...' written as letters the equation does not use, one per
+    dim it covers, right-aligned across the operands (their sizes must then agree: a
+    broadcast is left to torch's composite); (None, None, None) if it cannot be."""
+    dims = []
+    for subscripts, shape in zip(inputs, shapes):
+        if subscripts.count("...") > 1 or (subscripts.count("...") == 0 and "." in subscripts):
+            return None, None, None
+        dims.append(len(shape) - len(subscripts.replace("...", "")) if "..." in subscripts
+                    else 0)
+    used = set("".join(inputs) + out)
+    free = [letter for letter in string.ascii_letters if letter not in used]
+    if min(dims) < 0 or max(dims) > len(free) or out.count("...") > 1:
+        return None, None, None
+    ellipsis = "".join(free[:max(dims)])
+    named = [s.replace("...", ellipsis[len(ellipsis) - n:] if n else "")
+             for s, n in zip(inputs, dims)]
+    return named, out.replace("...", ellipsis), ellipsis
 
 
 @torch_api.register(torch.einsum)
