@@ -1713,7 +1713,13 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
             counts = ops.where(ops.eq(counts, 0), 1.0, counts)
             scale = ops.div(scale, ops.unsqueeze(counts, 1))
         weight = bind(scale_grad_p, weight, scale)
-    return bind(index_p, weight, indices, dims=(0,))
+    # the rows of weight: NOTE [index_select and index_add: torch's kernels for one index
+    # along one dim] (torch's embedding is index_select of the flattened indices too)
+    index_shape = ops.shape_of(indices)
+    if len(index_shape) == 1:
+        return bind(index_select_p, weight, indices, dim=0)
+    rows_read = bind(index_select_p, weight, ops.reshape(indices, -1), dim=0)
+    return ops.reshape(rows_read, *index_shape, ops.shape_of(weight)[1])
 
 
 # NOTE [embedding with max_norm renormalizes the weight in place]
