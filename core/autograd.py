@@ -156,6 +156,41 @@ class BackwardStep:
         return f"BackwardStep({what}, contributions to {[c[0] for c in self.contributions]})"
 
 
+def _add_slice_in_place(entry, ct, gradients, owned):
+    """NOTE [Slices' cotangents are added in place]
+    A slice's vjp pads its cotangent with zeros to its input's shape, and the pass adds the
+    pads up: ``for x_t in x`` over T steps (an RNN's loop, an unbind) made T full-size pads
+    and T full-size sums, time and memory quadratic in T (grad of an LSTM over 800 steps
+    took 3 times torch.func's, whose unbind backward is one stack). So in a pass that keeps
+    no steps (the transforms' passes; the stepper's keeps each partial sum), a plain
+    cotangent of a basic slice (ints and slices) is added into the slice of one buffer that
+    the pass made for the input (zeros, or a copy of what the input had got so far): the
+    same sums, each the size of its slice. The buffer is the input's gradient from then on;
+    once another contribution replaces it, a later slice starts a new one. Returns whether
+    the contribution was made here."""
+    name = entry.inputs[0]
+    if name is None:
+        return True  # (an input that wants no cotangent)
+    index = entry.params["index"]
+    if not all(type(item) is int or type(item) is slice for item in index):
+        return False
+    shape, dtype, device = entry.args[0].metadata()
+    if ct.dtype != dtype or dtype.is_complex:
+        return False
+    buffer = owned.get(name)
+    if buffer is None:
+        previous = gradients.get(name)
+        if previous is None:
+            buffer = torch.zeros(shape, dtype=dtype, device=device)
+        elif type(previous) is torch.Tensor:
+            buffer = previous.clone()
+        else:
+            return False
+        gradients[name] = owned[name] = buffer
+    buffer[index] += ct
+    return True
+
+
 class Tape:
     """The entries an Autograd level recorded, and the steps of its last backward pass.
 
@@ -236,6 +271,8 @@ class Tape:
         gradients = dict(seeds)
         steps = [BackwardStep(None, None, None, [(n, ct, ct) for n, ct in seeds.items()])]
         entries, hooks = self.entries, self.hooks
+        slices_in_place = not record_steps and not check_nan
+        owned = {}  # name -> the gradient buffer this pass made for it, that slices add into
         for index in range(len(entries) - 1, -1, -1):
             entry = entries[index]
             output = entry.output
@@ -246,6 +283,9 @@ class Tape:
                 ct = ops.in_value_dtype(ct, entry.out_dtype)
             if hooks:
                 ct = gradients[output] = self._hooked(output, ct)
+            if (slices_in_place and entry.prim is P.getitem_p and type(ct) is torch.Tensor
+                    and _add_slice_in_place(entry, ct, gradients, owned)):
+                continue
             _needs_stack.append(entry.inputs)
             try:
                 input_cts = entry.backward(ct)
@@ -266,6 +306,8 @@ class Tape:
                 previous = gradients.get(name)
                 total = input_ct if previous is None else ops.add(previous, input_ct)
                 gradients[name] = total
+                if owned:
+                    owned.pop(name, None)
                 if record_steps:
                     contributions.append((name, input_ct, total))
             if record_steps:
