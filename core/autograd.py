@@ -162,12 +162,13 @@ def _add_slice_in_place(entry, ct, gradients, owned):
     pads up: ``for x_t in x`` over T steps (an RNN's loop, an unbind) made T full-size pads
     and T full-size sums, time and memory quadratic in T (grad of an LSTM over 800 steps
     took 3 times torch.func's, whose unbind backward is one stack). So in a pass that keeps
-    no steps (the transforms' passes; the stepper's keeps each partial sum), a plain
-    cotangent of a basic slice (ints and slices) is added into the slice of one buffer that
-    the pass made for the input (zeros, or a copy of what the input had got so far): the
-    same sums, each the size of its slice. The buffer is the input's gradient from then on;
-    once another contribution replaces it, a later slice starts a new one. Returns whether
-    the contribution was made here."""
+    no steps (the transforms' passes; the stepper's keeps each partial sum), a cotangent of a
+    basic slice (ints and slices) that is a plain tensor, or a vmap level's value over one
+    (per-sample gradients), is added into the slice of one buffer that the pass made for the
+    input (zeros, or a copy of what the input had got so far; under vmap with the batch dim
+    in front): the same sums, each the size of its slice. The buffer is the input's gradient
+    from then on; once another contribution replaces it, a later slice starts a new one.
+    Returns whether the contribution was made here."""
     name = entry.inputs[0]
     if name is None:
         return True  # (an input that wants no cotangent)
@@ -175,20 +176,53 @@ def _add_slice_in_place(entry, ct, gradients, owned):
     if not all(type(item) is int or type(item) is slice for item in index):
         return False
     shape, dtype, device = entry.args[0].metadata()
+    level = None
+    if type(ct) is not torch.Tensor:
+        if not (isinstance(ct, Value) and _batched_over_a_tensor(ct)):
+            return False
+        level, ct = ct.dispatcher, ct.payload.movedim(ct.bdim, 0)
     if ct.dtype != dtype or dtype.is_complex:
         return False
     buffer = owned.get(name)
-    if buffer is None:
-        previous = gradients.get(name)
-        if previous is None:
-            buffer = torch.zeros(shape, dtype=dtype, device=device)
-        elif type(previous) is torch.Tensor:
-            buffer = previous.clone()
-        else:
+    if buffer is None or (level is not None and type(buffer) is torch.Tensor):
+        previous = gradients.get(name) if buffer is None else buffer
+        batch = None if level is None else ct.shape[0]
+        payload = _buffer_from(previous, shape, dtype, device, batch)
+        if payload is None:
             return False
+        buffer = payload if level is None else _batched_value(level, payload)
         gradients[name] = owned[name] = buffer
-    buffer[index] += ct
+    if type(buffer) is torch.Tensor:
+        buffer[index] += ct
+    else:  # the batch dim in front; a plain ct is the same for every example
+        buffer.payload[(slice(None),) + index] += ct
     return True
+
+
+def _batched_over_a_tensor(value):
+    return (getattr(value.dispatcher, "transform_name", None) == "vmap"
+            and type(value.payload) is torch.Tensor)
+
+
+def _batched_value(level, payload):
+    """A value of vmap level ``level`` with its batch dim in front of ``payload``."""
+    return level.wrap_input(payload, 0)
+
+
+def _buffer_from(previous, shape, dtype, device, batch):
+    """A buffer to add slices into: zeros, or a copy of ``previous`` (the input's gradient so
+    far); with ``batch``, the examples in front (a plain previous is every example's).
+    None where ``previous`` is of another kind (a value of another level)."""
+    if previous is None:
+        full = shape if batch is None else (batch, *shape)
+        return torch.zeros(full, dtype=dtype, device=device)
+    if type(previous) is torch.Tensor:
+        if batch is None:
+            return previous.clone()
+        return previous.unsqueeze(0).expand(batch, *previous.shape).clone()
+    if batch is not None and _batched_over_a_tensor(previous):
+        return previous.payload.movedim(previous.bdim, 0).clone()
+    return None
 
 
 class Tape:
@@ -283,7 +317,7 @@ class Tape:
                 ct = ops.in_value_dtype(ct, entry.out_dtype)
             if hooks:
                 ct = gradients[output] = self._hooked(output, ct)
-            if (slices_in_place and entry.prim is P.getitem_p and type(ct) is torch.Tensor
+            if (slices_in_place and entry.prim is P.getitem_p
                     and _add_slice_in_place(entry, ct, gradients, owned)):
                 continue
             _needs_stack.append(entry.inputs)

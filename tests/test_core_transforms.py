@@ -1050,14 +1050,20 @@ def test_slices_added_in_place_give_torch_funcs_gradients(name):
 
 
 def test_a_loop_over_steps_pads_no_cotangent(monkeypatch):
-    """The slices' cotangents go into one buffer: no zero-padded copy of x per step."""
+    """The slices' cotangents go into one buffer: no zero-padded copy of x per step, with and
+    without vmap."""
     from minifunctorch.core import primitives
     pads = []
     impl = primitives.scatter_index_p.impl
     monkeypatch.setattr(primitives.scatter_index_p, "impl",
                         lambda *args, **params: pads.append(params["shape"]) or impl(
                             *args, **params))
+    steps = _slicing_programs()["steps"]
     x = torch.randn(50, 4, dtype=torch.float64)
-    grad = mf.grad(_slicing_programs()["steps"])(x)
+    grad = mf.grad(steps)(x)
     assert pads == [], pads
-    torch.testing.assert_close(grad, tf.grad(_slicing_programs()["steps"])(x))
+    torch.testing.assert_close(grad, tf.grad(steps)(x))
+    xs = torch.randn(3, 50, 4, dtype=torch.float64)  # per-sample: under vmap too
+    per_sample = mf.vmap(mf.grad(steps))(xs)
+    assert pads == [], pads
+    torch.testing.assert_close(per_sample, tf.vmap(tf.grad(steps))(xs))
