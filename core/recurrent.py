@@ -21,12 +21,13 @@ import torch.nn.functional as F
 from torch._decomp.decompositions import (_rnn_helper, gather_params, one_layer_lstm,
                                           rnn_relu_input, rnn_tanh_input)
 
-from . import aten_api, torch_api
+from . import aten_api, ops, torch_api
 from . import primitives as P
 from .autograd import vjp_rules, wants_cotangent
 from .batching import Batched, BatchedValue, batching_rules, same_shape_batch, to_front
 from .errors import UnsupportedOperationError
 from .forward import jvp_rules
+from .nn import linear
 from .tensor import as_tensor, call_with_tensors, unwrap_all
 from .values import bind, map_tensors, top_dispatcher
 
@@ -338,45 +339,43 @@ torch_api.register(torch.lstm)(_rnn_at_the_front_door("lstm", _lstm_layers))
 # (RNN.cpp: the hidden state's linear layer, plus the input's). Shapes other than torch's
 # (batch, features) pairs keep torch's own path, which checks them and says what is wrong.
 def _cell_shapes_fit(input, states, weight_ih, weight_hh):
-    batch = input.shape[0] if input.dim() == 2 else None
-    return (batch is not None and input.shape[1] == weight_ih.shape[1]
-            and all(s.dim() == 2 and s.shape[0] == batch for s in states)
-            and states[0].shape[1] == weight_hh.shape[1])
+    input_shape = ops.shape_of(input)
+    if len(input_shape) != 2 or input_shape[1] != ops.shape_of(weight_ih)[1]:
+        return False
+    state_shapes = [ops.shape_of(s) for s in states]
+    return (all(len(s) == 2 and s[0] == input_shape[0] for s in state_shapes)
+            and state_shapes[0][1] == ops.shape_of(weight_hh)[1])
+
+
+def _gates(input, hx, weight_ih, weight_hh, bias_ih, bias_hh):
+    """The hidden state's linear layer plus the input's (RNN.cpp's order)."""
+    return ops.add(linear(hx, weight_hh, bias_hh), linear(input, weight_ih, bias_ih))
 
 
 @torch_api.register(torch.lstm_cell)
 def lstm_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     if len(hx) != 2 or not _cell_shapes_fit(input, hx, weight_ih, weight_hh):
         return NotImplemented
-
-    def step(input, hx, cx, weight_ih, weight_hh, bias_ih, bias_hh):
-        return _lstm_step(F.linear(hx, weight_hh, bias_hh) + F.linear(input, weight_ih, bias_ih),
-                          cx)
-    return call_with_tensors(step, input, *hx, weight_ih, weight_hh, bias_ih, bias_hh)
+    gates = _gates(input, hx[0], weight_ih, weight_hh, bias_ih, bias_hh)
+    cy = bind(lstm_cell_p, gates, hx[1])
+    return bind(lstm_hidden_p, gates, cy), cy
 
 
 @torch_api.register(torch.gru_cell)
 def gru_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     if not _cell_shapes_fit(input, (hx,), weight_ih, weight_hh):
         return NotImplemented
-
-    def step(input, hx, weight_ih, weight_hh, bias_ih, bias_hh):
-        return _gru_step(F.linear(input, weight_ih, bias_ih), F.linear(hx, weight_hh, bias_hh),
-                         hx)
-    return call_with_tensors(step, input, hx, weight_ih, weight_hh, bias_ih, bias_hh)
+    return bind(gru_cell_p, linear(input, weight_ih, bias_ih), linear(hx, weight_hh, bias_hh),
+                hx)
 
 
 def _rnn_cell(name, nonlinearity):
     def rnn_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
         if not _cell_shapes_fit(input, (hx,), weight_ih, weight_hh):
             return NotImplemented
-
-        def step(input, hx, weight_ih, weight_hh, bias_ih, bias_hh):
-            return nonlinearity(F.linear(hx, weight_hh, bias_hh)
-                                + F.linear(input, weight_ih, bias_ih))
-        return call_with_tensors(step, input, hx, weight_ih, weight_hh, bias_ih, bias_hh)
+        return nonlinearity(_gates(input, hx, weight_ih, weight_hh, bias_ih, bias_hh))
     torch_api.register(getattr(torch, name))(rnn_cell)
 
 
-_rnn_cell("rnn_tanh_cell", torch.tanh)
-_rnn_cell("rnn_relu_cell", torch.relu)
+_rnn_cell("rnn_tanh_cell", ops.tanh)
+_rnn_cell("rnn_relu_cell", ops.relu)
