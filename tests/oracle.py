@@ -203,7 +203,9 @@ def check_under_transform(case, transform):
 
 
 # --- finite differences ------------------------------------------------------------------------
-def _central_differences(f, args, argnum, eps=1e-6):
+def central_differences(f, args, argnum, eps=1e-6):
+    """The gradient of the scalar ``f(*args)`` with respect to ``args[argnum]``, by central
+    differences (float64 arguments)."""
     x = args[argnum]
     gradient = torch.zeros_like(x)
     flat = gradient.view(-1)
@@ -224,6 +226,6 @@ def check_finite_differences(case):
     scalarized = _scalarized(case, args, seed=17)
     ours = mf.grad(scalarized, argnums=case.diff)(*args)
     for argnum, g in zip(case.diff, ours):
-        expected = _central_differences(scalarized, args, argnum)
+        expected = central_differences(scalarized, args, argnum)
         torch.testing.assert_close(g, expected, rtol=1e-4, atol=1e-5,
                                    msg=lambda m: f"{case.name}, argument {argnum}: {m}")
