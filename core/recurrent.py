@@ -1,5 +1,6 @@
-"""Recurrent layers: nn.LSTM, nn.GRU and nn.RNN, run as torch's decompositions at the front door,
-and the LSTM's cell as two primitives.
+"""Recurrent layers: nn.LSTM, nn.GRU and nn.RNN as torch's decompositions at the front door,
+their cells as primitives (the LSTM's two, the GRU's one), and the single steps of
+nn.LSTMCell, nn.GRUCell and nn.RNNCell.
 
 NOTE [LSTM's CPU kernel]
 ``nn.LSTM`` calls ``torch.lstm``, a composite that torch lowers, on a CPU with oneDNN, to one
@@ -338,13 +339,15 @@ torch_api.register(torch.lstm)(_rnn_at_the_front_door("lstm", _lstm_layers))
 # the steps above (gates from both linear layers, then the cell primitives), in torch's order
 # (RNN.cpp: the hidden state's linear layer, plus the input's). Shapes other than torch's
 # (batch, features) pairs keep torch's own path, which checks them and says what is wrong.
-def _cell_shapes_fit(input, states, weight_ih, weight_hh):
-    input_shape = ops.shape_of(input)
-    if len(input_shape) != 2 or input_shape[1] != ops.shape_of(weight_ih)[1]:
+def _cell_shapes_fit(input, states, weight_ih, weight_hh, gates):
+    """Whether the step has torch's shapes: a (batch, features) input, (batch, hidden)
+    states, and ``gates`` blocks of ``hidden`` rows in each weight."""
+    input_shape, ih_shape, hh_shape = (ops.shape_of(v) for v in (input, weight_ih, weight_hh))
+    if len(input_shape) != 2 or len(ih_shape) != 2 or len(hh_shape) != 2:
         return False
-    state_shapes = [ops.shape_of(s) for s in states]
-    return (all(len(s) == 2 and s[0] == input_shape[0] for s in state_shapes)
-            and state_shapes[0][1] == ops.shape_of(weight_hh)[1])
+    hidden = hh_shape[1]
+    return (input_shape[1] == ih_shape[1] and ih_shape[0] == hh_shape[0] == gates * hidden
+            and all(ops.shape_of(s) == (input_shape[0], hidden) for s in states))
 
 
 def _gates(input, hx, weight_ih, weight_hh, bias_ih, bias_hh):
@@ -354,7 +357,7 @@ def _gates(input, hx, weight_ih, weight_hh, bias_ih, bias_hh):
 
 @torch_api.register(torch.lstm_cell)
 def lstm_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
-    if len(hx) != 2 or not _cell_shapes_fit(input, hx, weight_ih, weight_hh):
+    if len(hx) != 2 or not _cell_shapes_fit(input, hx, weight_ih, weight_hh, 4):
         return NotImplemented
     gates = _gates(input, hx[0], weight_ih, weight_hh, bias_ih, bias_hh)
     cy = bind(lstm_cell_p, gates, hx[1])
@@ -363,7 +366,7 @@ def lstm_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
 
 @torch_api.register(torch.gru_cell)
 def gru_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
-    if not _cell_shapes_fit(input, (hx,), weight_ih, weight_hh):
+    if not _cell_shapes_fit(input, (hx,), weight_ih, weight_hh, 3):
         return NotImplemented
     return bind(gru_cell_p, linear(input, weight_ih, bias_ih), linear(hx, weight_hh, bias_hh),
                 hx)
@@ -371,7 +374,7 @@ def gru_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
 
 def _rnn_cell(name, nonlinearity):
     def rnn_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
-        if not _cell_shapes_fit(input, (hx,), weight_ih, weight_hh):
+        if not _cell_shapes_fit(input, (hx,), weight_ih, weight_hh, 1):
             return NotImplemented
         return nonlinearity(_gates(input, hx, weight_ih, weight_hh, bias_ih, bias_hh))
     torch_api.register(getattr(torch, name))(rnn_cell)

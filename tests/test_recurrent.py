@@ -267,14 +267,16 @@ def test_hessian_of_a_loop_of_cells_matches_torch_func_in_float64(name):
     xs = torch.randn(3, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
     params = _params(cell)
     ours = mf.hessian(lambda xs: _unrolled(mf, cell, params, xs) ** 2)(xs)
-    torch.testing.assert_close(ours, tf.hessian(lambda xs: _unrolled(tf, cell, params, xs) ** 2)(xs))
+    theirs = tf.hessian(lambda xs: _unrolled(tf, cell, params, xs) ** 2)(xs)
+    torch.testing.assert_close(ours, theirs)
 
 
 @pytest.mark.parametrize("name", ["lstm_cell", "gru_cell"])
 def test_per_sample_gradients_of_unbatched_cells_match_a_loop(name):
     """Each example is one sequence of 1-D steps (the module adds and removes the batch dim)."""
     cell = _cell(name)
-    xs = torch.randn(3, 4, 3, generator=torch.Generator().manual_seed(13))  # (examples, steps, features)
+    # (examples, steps, features)
+    xs = torch.randn(3, 4, 3, generator=torch.Generator().manual_seed(13))
     params = _params(cell)
 
     def loss(api):
@@ -291,3 +293,5 @@ def test_a_cell_of_mismatched_shapes_gets_torchs_error():
     h = torch.zeros(3, 4)
     with pytest.raises(RuntimeError, match="batch size"):
         mf.grad(lambda x: cell(x, (h, h))[0].sum())(torch.randn(2, 3))
+    with pytest.raises(RuntimeError, match="inconsistent hidden_size"):  # a cell state too wide
+        mf.grad(lambda x: cell(x, (h, torch.zeros(3, 5)))[0].sum())(torch.randn(3, 3))
