@@ -184,10 +184,13 @@ def _add_slice_in_place(entry, ct, gradients, owned):
     if ct.dtype != dtype or dtype.is_complex:
         return False
     buffer = owned.get(name)
+    if (buffer is not None and type(buffer) is not torch.Tensor and level is not None
+            and buffer.dispatcher is not level):
+        return False  # (batched by another vmap level: the pad's path sums the two)
     if buffer is None or (level is not None and type(buffer) is torch.Tensor):
         previous = gradients.get(name) if buffer is None else buffer
         batch = None if level is None else ct.shape[0]
-        payload = _buffer_from(previous, shape, dtype, device, batch)
+        payload = _buffer_from(previous, shape, dtype, device, batch, level)
         if payload is None:
             return False
         buffer = payload if level is None else _batched_value(level, payload)
@@ -209,10 +212,11 @@ def _batched_value(level, payload):
     return level.wrap_input(payload, 0)
 
 
-def _buffer_from(previous, shape, dtype, device, batch):
+def _buffer_from(previous, shape, dtype, device, batch, level):
     """A buffer to add slices into: zeros, or a copy of ``previous`` (the input's gradient so
-    far); with ``batch``, the examples in front (a plain previous is every example's).
-    None where ``previous`` is of another kind (a value of another level)."""
+    far); with ``batch``, the examples of vmap level ``level`` in front (a plain previous is
+    every example's). None where ``previous`` is of another kind (a value of another
+    level)."""
     if previous is None:
         full = shape if batch is None else (batch, *shape)
         return torch.zeros(full, dtype=dtype, device=device)
@@ -220,7 +224,8 @@ def _buffer_from(previous, shape, dtype, device, batch):
         if batch is None:
             return previous.clone()
         return previous.unsqueeze(0).expand(batch, *previous.shape).clone()
-    if batch is not None and _batched_over_a_tensor(previous):
+    if (batch is not None and isinstance(previous, Value) and _batched_over_a_tensor(previous)
+            and previous.dispatcher is level):
         return previous.payload.movedim(previous.bdim, 0).clone()
     return None
 

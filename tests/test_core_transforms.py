@@ -1067,3 +1067,19 @@ def test_a_loop_over_steps_pads_no_cotangent(monkeypatch):
     per_sample = mf.vmap(mf.grad(steps))(xs)
     assert pads == [], pads
     torch.testing.assert_close(per_sample, tf.vmap(tf.grad(steps))(xs))
+
+
+def test_slices_under_two_vmaps_match_torch_func():
+    """Cotangents of slices batched by different vmap levels (the inner example's and the
+    outer's) meet in one input's gradient."""
+    def f(x, w):
+        return sum((x[i] * w[i]).sin().sum() for i in range(x.shape[0])) + (x[0] * w).sum()
+    x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ws = torch.randn(2, 5, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    ours = mf.vmap(mf.vmap(mf.grad(f), in_dims=(None, 0)), in_dims=(None, 0))(x, ws)
+    theirs = tf.vmap(tf.vmap(tf.grad(f), in_dims=(None, 0)), in_dims=(None, 0))(x, ws)
+    torch.testing.assert_close(ours, theirs)
+    xs = ws[:, 0]
+    ours = mf.vmap(mf.vmap(mf.grad(f), in_dims=(0, None)), in_dims=(None, 0))(xs, ws[0])
+    theirs = tf.vmap(tf.vmap(tf.grad(f), in_dims=(0, None)), in_dims=(None, 0))(xs, ws[0])
+    torch.testing.assert_close(ours, theirs)
