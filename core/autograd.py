@@ -861,7 +861,7 @@ vjp_rules[P.where_p] = where_vjp
 
 
 # --- reductions --------------------------------------------------------------------------------
-def _expand_back(ct, x_shape, dim, keepdim):
+def expand_back(ct, x_shape, dim, keepdim):
     """Put reduced dims back (size 1) and broadcast ``ct`` to ``x_shape``."""
     if not keepdim and dim != tuple(range(len(dim))):
         # expand can only add leading dims: put inner reduced dims back as size 1 first
@@ -872,7 +872,7 @@ def _expand_back(ct, x_shape, dim, keepdim):
 def sum_vjp(x, *, dim, keepdim):
     x_shape = ops.shape_of(x)
     return (bind(P.sum_p, x, dim=dim, keepdim=keepdim),
-            lambda ct: (_expand_back(ct, x_shape, dim, keepdim),))
+            lambda ct: (expand_back(ct, x_shape, dim, keepdim),))
 vjp_rules[P.sum_p] = sum_vjp
 
 
@@ -880,7 +880,7 @@ def mean_vjp(x, *, dim, keepdim):
     x_shape = ops.shape_of(x)
     count = math.prod(x_shape[d] for d in dim)
     return (bind(P.mean_p, x, dim=dim, keepdim=keepdim),
-            lambda ct: (_expand_back(ops.div(ct, count), x_shape, dim, keepdim),))
+            lambda ct: (expand_back(ops.div(ct, count), x_shape, dim, keepdim),))
 vjp_rules[P.mean_p] = mean_vjp
 
 

@@ -26,7 +26,7 @@ import torch
 
 from . import ops, torch_api
 from . import primitives as P
-from .autograd import vjp_rules, wants_cotangent
+from .autograd import expand_back, vjp_rules, wants_cotangent
 from .batching import batching_rules, move_bdim
 from .errors import UnsupportedOperationError
 from .forward import add_tangents, jvp_rules
@@ -114,17 +114,6 @@ def einsum(*args):
     return bind(einsum_p, *operands, equation=explicit)
 
 
-def _expand_summed(ct, kept, subscripts, shape):
-    """``ct`` over the letters ``kept`` (in the order of ``subscripts``), expanded along the
-    letters of ``subscripts`` it lacks: the vjp of a sum over them."""
-    if kept == subscripts:
-        return ct
-    for position, letter in enumerate(subscripts):
-        if letter not in kept:
-            ct = ops.unsqueeze(ct, position)
-    return ops.expand(ct, *shape)
-
-
 def einsum_vjp(*operands, equation):
     inputs, out = _subscripts(equation)
 
@@ -140,7 +129,8 @@ def einsum_vjp(*operands, equation):
             kept = "".join(letter for letter in subscripts if letter in present)
             ct_x = bind(einsum_p, ct, *others,
                         equation=f"{','.join([out, *other_subscripts])}->{kept}")
-            cts.append(_expand_summed(ct_x, kept, subscripts, ops.shape_of(x)))
+            summed = tuple(d for d, letter in enumerate(subscripts) if letter not in kept)
+            cts.append(expand_back(ct_x, ops.shape_of(x), summed, keepdim=False))
         return tuple(cts)
     return bind(einsum_p, *operands, equation=equation), backward
 
