@@ -176,6 +176,8 @@ def _add_slice_in_place(entry, ct, gradients, owned):
     if not all(type(item) is int or type(item) is slice for item in index):
         return False
     shape, dtype, device = entry.args[0].metadata()
+    if _keeps_every_element(entry.out_shape, shape):
+        return False  # (its vjp is a reshape: no buffer to add into)
     level = None
     if type(ct) is not torch.Tensor:
         if not (isinstance(ct, Value) and _batched_over_a_tensor(ct)):
@@ -200,6 +202,13 @@ def _add_slice_in_place(entry, ct, gradients, owned):
     else:  # the batch dim in front; a plain ct is the same for every example
         buffer.payload[(slice(None),) + index] += ct
     return True
+
+
+def _keeps_every_element(out_shape, x_shape) -> bool:
+    """Whether a basic index whose result has ``out_shape`` keeps every element of a tensor
+    of ``x_shape``: ints and slices (whose steps are positive) then keep them in their order,
+    and the index is a reshape."""
+    return math.prod(out_shape) == math.prod(x_shape)
 
 
 def _batched_over_a_tensor(value):
@@ -1042,8 +1051,12 @@ vjp_rules[P.cat_p] = cat_vjp
 
 def getitem_vjp(x, *, index):
     x_shape = ops.shape_of(x)
-    return (bind(P.getitem_p, x, index=index),
-            lambda ct: (bind(P.scatter_index_p, ct, index=index, shape=x_shape),))
+    out = bind(P.getitem_p, x, index=index)
+    if _keeps_every_element(ops.shape_of(out), x_shape):
+        # (x[None], x[0] of a dim of one, x[:]: the elements in their order, so the cotangent
+        # is ct reshaped, a view, where a scatter would fill zeros and copy every element in)
+        return out, lambda ct: (ops.reshape(ct, *x_shape),)
+    return out, lambda ct: (bind(P.scatter_index_p, ct, index=index, shape=x_shape),)
 vjp_rules[P.getitem_p] = getitem_vjp
 
 

@@ -16,14 +16,18 @@ bit-exact with torch.func:
   (NOTE [Group norm: the forward kernel as a primitive]);
 - max pooling (adaptive and fractional max pooling too): its kernel gives the values, and the
   indices it computes in the same pass are a non-differentiable primitive through which every
-  derivative goes (a gather of the tangent, a scatter-add of the cotangent).
+  derivative goes (a gather of the tangent, a scatter-add of the cotangent);
+- grid_sample and its backward kernel, split in two (the input's cotangent and the grid's),
+  where at most one level differentiates it (NOTE [grid_sample: torch's kernels for one
+  derivative, gathers for more]).
 Everything else is written with ``ops`` at the front door, readable, and every transform
 handles it for free: constant padding (a primitive: its transpose is a crop), circular
 padding and cropping reflect or replicate padding (gathers); RMS norm; the losses (nll_loss
 and cross_entropy with weights, ignore_index and label smoothing, and the rest, replacing
-ops.py's simpler entries); scaled_dot_product_attention without dropout or a mask; grid_sample,
-unfold and fold (gathers and scatters); pixel shuffle, glu, prelu, bilinear, pdist,
-max_unpool. multi_head_attention_forward runs torch's own Python body at the front door.
+ops.py's simpler entries); scaled_dot_product_attention without dropout or a mask;
+grid_sample under two derivatives, unfold and fold (gathers and scatters); pixel shuffle,
+glu, prelu, bilinear, pdist, max_unpool. multi_head_attention_forward runs torch's own
+Python body at the front door.
 
 Each op opens both doors: the torch functions users call (``F.conv2d``, ``F.max_pool2d``,
 ``F.cross_entropy``; front, torch_api.py) and the aten ops torch lowers to
@@ -4491,10 +4495,19 @@ def _cubic_coefficients(t):
 
 
 def _grid_sample(x, grid, mode, padding_mode, align_corners):
+    """grid_sample: torch's kernel where at most one level differentiates it, else gathers
+    (NOTE [grid_sample: torch's kernels for one derivative, gathers for more])."""
+    _check_grid_sample(x, grid, mode)
+    if _kernel_suffices(x, grid):
+        return bind(grid_sampler_p, x, grid, mode=mode, padding_mode=padding_mode,
+                    align_corners=align_corners)
+    return _grid_sample_gathers(x, grid, mode, padding_mode, align_corners)
+
+
+def _check_grid_sample(x, grid, mode):
     _refuse_complex("grid_sample", x, grid)
     spatial = len(shape_of(x)) - 2
-    n, c, *in_sizes = shape_of(x)
-    out_sizes = shape_of(grid)[1:-1]
+    n = shape_of(x)[0]
     if spatial not in (2, 3) or len(shape_of(grid)) != spatial + 2 or \
             shape_of(grid)[-1] != spatial or shape_of(grid)[0] != n:
         raise TransformUsageError(
@@ -4505,6 +4518,13 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
     if mode == "bicubic" and spatial != 2:
         raise TransformUsageError("grid_sample(..., mode='bicubic'): only 4-D inputs, as in "
                                   "torch. Fix: use mode='bilinear'.")
+
+
+def _grid_sample_gathers(x, grid, mode, padding_mode, align_corners):
+    """grid_sample as gathers weighed by ops of the grid (NOTE [grid_sample is gathers])."""
+    spatial = len(shape_of(x)) - 2
+    n, c, *in_sizes = shape_of(x)
+    out_sizes = shape_of(grid)[1:-1]
     flat_x = ops.reshape(x, n, c, math.prod(in_sizes))
     points = math.prod(out_sizes)
     # the grid's last dim is (x, y[, z]): coordinate k indexes spatial dim spatial - 1 - k
@@ -4567,6 +4587,164 @@ def _product(choices):
 
 _GRID_MODES = ("bilinear", "nearest", "bicubic")
 _GRID_PADDINGS = ("zeros", "border", "reflection")
+
+
+# NOTE [grid_sample: torch's kernels for one derivative, gathers for more]
+# As gathers (NOTE [grid_sample is gathers]) grad of grid_sample took five times torch.func's
+# time: a dozen ops per corner, each recorded and pulled back. torch's kernel computes the
+# output in one pass, and its backward kernel both cotangents, but that backward kernel has
+# no derivative of its own, so the gathers stay for whatever differentiates twice. Which it
+# is is known at the forward: the values' levels are all there, and a level made later (a
+# grad around a vjp_fn) sees the saved input and grid as constants. So ``grid_sampler`` is a
+# primitive, torch's kernel, where at most one level differentiates the op (one grad or jvp
+# level, or torch's autograd of an input that requires grad; any number of vmaps): its
+# cotangents are torch's backward kernel, as torch.func's, two primitives (the input's and
+# the grid's), and its tangent is the kernel applied to the input's tangent plus the grid's
+# partials times the grid's tangent (torch has no forward-mode formula: torch.func's jvp
+# and hessian of grid_sample fail). The grid's partials, d out[n, c, p] / d grid[n, p, k],
+# are the grid backward kernel of a cotangent of ones with each channel its own example.
+# The two backward primitives are linear in their cotangent, the only argument a later level
+# can differentiate, which gives their rules. Anywhere else (hessian, grad of grad, jit's
+# programs, which may be replayed under other levels) the gathers run.
+def _kernel_suffices(x, grid) -> bool:
+    """Whether at most one level may differentiate an op of x and grid, both real floats of
+    one dtype: vmap levels any number, one grad or jvp level, or torch's autograd."""
+    if x.dtype != grid.dtype or x.dtype not in (torch.float32, torch.float64):
+        return False
+    differentiating = set()
+    for value in (x, grid):
+        while isinstance(value, Value):
+            name = value.dispatcher.transform_name
+            if name in ("grad", "jvp"):
+                differentiating.add(value.dispatcher)
+            elif name != "vmap":
+                return False
+            value = value.payload
+        if value.requires_grad and torch.is_grad_enabled():
+            differentiating.add(None)
+    return len(differentiating) <= 1 and 0 not in shape_of(x)[2:]
+
+
+_GRID_KERNELS = {2: (aten.grid_sampler_2d.default, aten.grid_sampler_2d_backward.default),
+                 3: (aten.grid_sampler_3d.default, aten.grid_sampler_3d_backward.default)}
+
+
+def _grid_sampler_impl(x, grid, *, mode, padding_mode, align_corners):
+    forward, _ = _GRID_KERNELS[x.dim() - 2]
+    return forward(x, grid, _GRID_MODES.index(mode), _GRID_PADDINGS.index(padding_mode),
+                   align_corners)
+
+
+def _grid_sampler_backward_impl(which):
+    """The cotangent of grid_sample's input (which=0) or grid (1) from torch's kernel."""
+    def impl(ct, x, grid, *, mode, padding_mode, align_corners):
+        _, backward = _GRID_KERNELS[x.dim() - 2]
+        return backward(ct, x, grid, _GRID_MODES.index(mode), _GRID_PADDINGS.index(padding_mode),
+                        align_corners, [which == 0, which == 1])[which]
+    return impl
+
+
+grid_sampler_p = P.primitive("grid_sampler", _grid_sampler_impl)
+grid_sampler_input_backward_p = P.primitive("grid_sampler_input_backward",
+                                            _grid_sampler_backward_impl(0))
+grid_sampler_grid_backward_p = P.primitive("grid_sampler_grid_backward",
+                                           _grid_sampler_backward_impl(1))
+
+
+def _grid_partials(x, grid, params):
+    """d out[n, c, *p] / d grid[n, *p, k], shaped (N, C, *out, d): the grid backward kernel
+    of a cotangent of ones, each channel its own example."""
+    n, c, *in_sizes = shape_of(x)
+    grid_shape = shape_of(grid)
+    examples = ops.reshape(x, n * c, 1, *in_sizes)
+    grids = ops.reshape(ops.expand(ops.unsqueeze(grid, 1), n, c, *grid_shape[1:]),
+                        n * c, *grid_shape[1:])
+    ones = ops.ones_like(ops.getitem(grids, (Ellipsis, 0)))  # (N C, *out)
+    partials = bind(grid_sampler_grid_backward_p, ops.unsqueeze(ones, 1), examples, grids,
+                    **params)
+    return ops.reshape(partials, n, c, *grid_shape[1:])
+
+
+def grid_sampler_vjp(x, grid, **params):
+    def backward(ct):
+        return (bind(grid_sampler_input_backward_p, ct, x, grid, **params)
+                if wants_cotangent(0, x) else None,
+                bind(grid_sampler_grid_backward_p, ct, x, grid, **params)
+                if wants_cotangent(1, grid) else None)
+    return bind(grid_sampler_p, x, grid, **params), backward
+
+
+vjp_rules[grid_sampler_p] = grid_sampler_vjp
+
+
+def grid_sampler_jvp(primals, tangents, **params):
+    (x, grid), (x_dot, grid_dot) = primals, tangents
+    out_dot = None
+    if x_dot is not None:  # linear in the input
+        out_dot = bind(grid_sampler_p, x_dot, grid, **params)
+    if grid_dot is not None:
+        along = ops.mul(_grid_partials(x, grid, params), ops.unsqueeze(grid_dot, 1))
+        out_dot = add_tangents(out_dot, ops.sum(along, len(shape_of(along)) - 1))
+    return bind(grid_sampler_p, x, grid, **params), out_dot
+
+
+jvp_rules[grid_sampler_p] = grid_sampler_jvp
+
+
+def _refuse_constant_operands(prim, x, grid):
+    assert not (wants_cotangent(1, x) or wants_cotangent(2, grid)), (
+        f"{prim.name}: its input and grid are constants of every level above the one that "
+        "took torch's kernel (NOTE [grid_sample: torch's kernels for one derivative, gathers "
+        "for more])")
+
+
+def grid_sampler_input_backward_vjp(ct, x, grid, **params):
+    def backward(g):  # the transpose of the transpose of the linear map x -> out
+        _refuse_constant_operands(grid_sampler_input_backward_p, x, grid)
+        return bind(grid_sampler_p, g, grid, **params), None, None
+    return bind(grid_sampler_input_backward_p, ct, x, grid, **params), backward
+
+
+def grid_sampler_grid_backward_vjp(ct, x, grid, **params):
+    def backward(g):  # ct -> sum over the grid's dims k of d out / d grid[k] times g[k]
+        _refuse_constant_operands(grid_sampler_grid_backward_p, x, grid)
+        along = ops.mul(_grid_partials(x, grid, params), ops.unsqueeze(g, 1))
+        return ops.sum(along, len(shape_of(along)) - 1), None, None
+    return bind(grid_sampler_grid_backward_p, ct, x, grid, **params), backward
+
+
+vjp_rules[grid_sampler_input_backward_p] = grid_sampler_input_backward_vjp
+vjp_rules[grid_sampler_grid_backward_p] = grid_sampler_grid_backward_vjp
+
+
+def _linear_in_cotangent(prim):
+    """The jvp rule of a backward primitive, linear in its cotangent (the only argument a
+    level can vary: NOTE [grid_sample: torch's kernels for one derivative, gathers for
+    more])."""
+    def jvp(primals, tangents, **params):
+        (ct, x, grid), (ct_dot, x_dot, grid_dot) = primals, tangents
+        assert x_dot is None and grid_dot is None, (
+            f"{prim.name}: its input and grid are constants of every level above the one "
+            "that took torch's kernel")
+        return (bind(prim, ct, x, grid, **params),
+                None if ct_dot is None else bind(prim, ct_dot, x, grid, **params))
+    return jvp
+
+
+def _grid_sampler_batch(prim):
+    """Each of N examples is sampled alone: the batch joins N."""
+    def rule(values, bdims, **params):
+        moved = to_front(values, bdims, expand_unbatched=True)
+        lead = shape_of(moved[0])[:2]
+        out = bind(prim, *[_fold_leading(v, len(shape_of(v)) - 2) for v in moved], **params)
+        return _unfold_leading(out, lead), 0
+    return rule
+
+
+for _prim in (grid_sampler_p, grid_sampler_input_backward_p, grid_sampler_grid_backward_p):
+    batching_rules[_prim] = _grid_sampler_batch(_prim)
+for _prim in (grid_sampler_input_backward_p, grid_sampler_grid_backward_p):
+    jvp_rules[_prim] = _linear_in_cotangent(_prim)
 
 
 @torch_api.register(F.grid_sample)

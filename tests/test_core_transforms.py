@@ -1069,6 +1069,36 @@ def test_a_loop_over_steps_pads_no_cotangent(monkeypatch):
     torch.testing.assert_close(per_sample, tf.vmap(tf.grad(steps))(xs))
 
 
+def test_an_index_that_keeps_every_element_has_a_reshape_for_its_cotangent(monkeypatch):
+    """x[None], x[0] of a dim of one, x[:] keep every element in its order: the cotangent is
+    the incoming one reshaped, with no zeros filled and copied into (neither scatter_index's
+    nor a buffer of NOTE [Slices' cotangents are added in place])."""
+    from minifunctorch.core import autograd, primitives
+    pads, buffers = [], []
+    impl = primitives.scatter_index_p.impl
+    monkeypatch.setattr(primitives.scatter_index_p, "impl",
+                        lambda *args, **params: pads.append(params["shape"]) or impl(
+                            *args, **params))
+    buffer_from = autograd._buffer_from
+    monkeypatch.setattr(autograd, "_buffer_from",
+                        lambda previous, shape, *args: buffers.append(shape) or buffer_from(
+                            previous, shape, *args))
+
+    def f(x):  # x: (1, 3, 4)
+        y = x[None] * 2.0
+        z = y[0][0, :, None] + x[:, 1:2][0]  # (3, 1, 4) + (1, 4); x[:, 1:2] pads
+        return (z.sin() * x[:][0, ..., :]).sum() + x[0:1, ::1].exp().sum()
+    x = torch.randn(1, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(mf.grad(f)(x), tf.grad(f)(x))
+    assert pads == [] and buffers == [(1, 3, 4)], (pads, buffers)  # (x[:, 1:2] drops some)
+    xs = torch.randn(2, 1, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(mf.vmap(mf.grad(f))(xs), tf.vmap(tf.grad(f))(xs))
+    assert pads == [] and buffers == [(1, 3, 4)] * 2, (pads, buffers)
+    torch.testing.assert_close(mf.hessian(f)(x), tf.hessian(f)(x))
+    first = lambda x: x[None, 0]  # noqa: E731
+    torch.testing.assert_close(mf.jacrev(first)(x), tf.jacrev(first)(x))
+
+
 def test_slices_under_two_vmaps_match_torch_func():
     """Cotangents of slices batched by different vmap levels (the inner example's and the
     outer's) meet in one input's gradient."""

@@ -1047,6 +1047,15 @@ _SAMPLES = {
     "smooth_l1_loss_backward": ((_T(), _T(3, 4), _T(3, 4)), dict(reduction="mean", beta=0.5)),
     "huber_loss": ((_T(3, 4), _T(3, 4)), dict(reduction="none", delta=0.5)),
     "huber_loss_backward": ((_T(3, 4), _T(3, 4), _T(3, 4)), dict(reduction="none", delta=2.0)),
+    "grid_sampler": ((_T(2, 3, 4, 5), _T(2, 3, 2, 2).tanh()),
+                     dict(mode="bilinear", padding_mode="zeros", align_corners=False)),
+    "grid_sampler_input_backward": ((_T(2, 3, 3, 2), _T(2, 3, 4, 5), _T(2, 3, 2, 2).tanh()),
+                                    dict(mode="bicubic", padding_mode="border",
+                                         align_corners=True)),
+    "grid_sampler_grid_backward": ((_T(2, 3, 2, 2, 2), _T(2, 3, 4, 5, 3),
+                                    _T(2, 2, 2, 2, 3).tanh()),
+                                   dict(mode="nearest", padding_mode="reflection",
+                                        align_corners=False)),
     "ctc_loss": ((_T(6, 2, 4).log_softmax(-1), torch.tensor([[1, 2, 3], [2, 2, 0]]),
                   torch.tensor([6, 5]), torch.tensor([3, 2])), dict(blank=0, zero_infinity=False)),
     "ctc_loss_backward": ((_T(2), _T(6, 2, 4).log_softmax(-1), torch.tensor([1, 2, 3, 2, 2]),
@@ -1214,6 +1223,117 @@ def test_mse_loss_is_one_kernel_and_its_backward_under_vmap_of_grad(monkeypatch)
     assert calls == [], calls
     assert_same(weighted, torch.func.grad(
         lambda w, x, t: ((x @ w.T - t) ** 2 * weight).sum() / weight.sum())(w, xs[0], ts[0]))
+
+
+# --- grid_sample: torch's kernels for one derivative, gathers for more ---------------------------
+def _count_grid_kernels(monkeypatch):
+    """Calls of grid_sample's three kernel primitives, by name."""
+    calls = {}
+    for prim in (mf_nn.grid_sampler_p, mf_nn.grid_sampler_input_backward_p,
+                 mf_nn.grid_sampler_grid_backward_p):
+        def counting(*args, _impl=prim.impl, _name=prim.name, **params):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _impl(*args, **params)
+        monkeypatch.setattr(prim, "impl", counting)
+    return calls
+
+
+def _grid_sample_inputs(seed=0, spatial=2):
+    g = torch.Generator().manual_seed(seed)
+    x = normal(g, 2, 3, *(5, 4, 3)[:spatial])
+    return x, grid(g, 2, *(3, 2, 2)[:spatial], spatial) * 1.2
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_grid_sample_takes_torchs_kernels_under_one_derivative(mode, monkeypatch):
+    """NOTE [grid_sample: torch's kernels for one derivative, gathers for more]: grad,
+    per-sample gradients and jacrev call torch's forward and backward kernels, one call each
+    for every example (the batch joins N), and equal torch.func's: bit for bit but for
+    bicubic's grid cotangent, which torch's kernel rounds differently when it computes the
+    input's alongside (torch asks for both at once, the engine for each alone)."""
+    calls = _count_grid_kernels(monkeypatch)
+    x, g_ = _grid_sample_inputs()
+    xs = torch.stack([x, 2 * x, x.flip(-1)])
+
+    def f(x, g_):
+        return F.grid_sample(x, g_, mode=mode, padding_mode="border", align_corners=False)
+
+    def loss(x, g_):
+        return f(x, g_).sin().sum()
+    for transform in (lambda api: api.grad(loss, (0, 1))(x, g_),
+                      lambda api: api.vmap(api.grad(loss, (0, 1)), (0, None))(xs, g_),
+                      lambda api: api.jacrev(f, (0, 1))(x, g_)):
+        calls.clear()
+        ours = transform(mf)
+        assert calls == {"grid_sampler": 1, "grid_sampler_input_backward": 1,
+                         "grid_sampler_grid_backward": 1}
+        x_ct, grid_ct = transform(tf)
+        assert torch.equal(ours[0], x_ct)
+        torch.testing.assert_close(ours[1], grid_ct, rtol=1e-13, atol=1e-13)
+        assert mode == "bicubic" or torch.equal(ours[1], grid_ct)
+
+
+def test_grid_sample_jvp_is_the_kernel_and_the_grids_partials(monkeypatch):
+    """torch has no forward-mode formula for grid_sample: the tangent is the kernel applied to
+    the input's tangent plus the grid's partials (its backward kernel, channels as
+    examples) times the grid's tangent; checked against central differences."""
+    calls = _count_grid_kernels(monkeypatch)
+    for spatial in (2, 3):
+        x, g_ = _grid_sample_inputs(seed=spatial, spatial=spatial)
+        gen = torch.Generator().manual_seed(9)
+        x_dot, g_dot = normal(gen, *x.shape), normal(gen, *g_.shape)
+
+        def f(x, g_):
+            return F.grid_sample(x, g_, padding_mode="reflection", align_corners=True)
+        calls.clear()
+        out, out_dot = mf.jvp(f, (x, g_), (x_dot, g_dot))
+        assert calls == {"grid_sampler": 2, "grid_sampler_grid_backward": 1}
+        eps = 1e-6
+        expected = (f(x + eps * x_dot, g_ + eps * g_dot)
+                    - f(x - eps * x_dot, g_ - eps * g_dot)) / (2 * eps)
+        torch.testing.assert_close(out, f(x, g_), rtol=0, atol=0)
+        torch.testing.assert_close(out_dot, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_grid_sample_second_derivatives_take_the_gathers(monkeypatch):
+    """Two levels that differentiate (hessian, grad of grad, torch's autograd under grad)
+    take the gathers, whose derivatives are taken again; torch.func's hessian fails (no
+    forward-mode formula), so jacrev of jacrev is the oracle's."""
+    calls = _count_grid_kernels(monkeypatch)
+    x, g_ = _grid_sample_inputs(seed=3)
+
+    def loss(g_):
+        return F.grid_sample(x, g_, mode="bicubic", align_corners=False).square().sum()
+    hessian = mf.hessian(loss)(g_)
+    assert calls == {}
+    torch.testing.assert_close(hessian, tf.jacrev(tf.jacrev(loss))(g_))
+    # torch's autograd of a grid that requires grad, around grad: a MAML-like outer step
+    g_leaf = g_.clone().requires_grad_()
+    inner = mf.grad(loss)(g_leaf)
+    assert calls == {}
+    outer = torch.autograd.grad(inner.square().sum(), g_leaf)[0]
+    torch.testing.assert_close(outer, mf.grad(lambda v: mf.grad(loss)(v).square().sum())(g_))
+
+
+def test_grid_sample_vjp_fn_is_differentiated_in_its_cotangent():
+    """A level made after the forward (grad or jvp around vjp_fn) sees the input and the grid
+    as constants: the backward kernels are linear in the cotangent, with the forward kernel
+    and the grid's partials as their transposes."""
+    x, g_ = _grid_sample_inputs(seed=5)
+
+    def f(x, g_):
+        return F.grid_sample(x, g_, mode="bilinear", padding_mode="zeros", align_corners=True)
+    ct = torch.randn(2, 3, 3, 2, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
+    results = []
+    for api in (mf, tf):
+        _, vjp_fn = api.vjp(f, x, g_)
+        results.append(api.grad(lambda c: sum(t.sin().sum() for t in vjp_fn(c)))(ct))
+    torch.testing.assert_close(*results)
+    _, vjp_fn = mf.vjp(f, x, g_)
+    ct_dot = ct.flip(0)
+    tangents = mf.jvp(vjp_fn, (ct,), (ct_dot,))[1]
+    for tangent, expected in zip(tangents, vjp_fn(ct_dot)):
+        torch.testing.assert_close(tangent, expected)
 
 
 # --- small convolutions on a CPU: torch's one-example kernels ----------------------------------
