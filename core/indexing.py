@@ -1642,9 +1642,10 @@ def refuse_outside(op, values, low, high, error, words, *, why, fix):
 def _check_range(values, *, low, high, op, error, words, why, fix):
     if not values.numel() or values.device.type == "meta":  # (a trace infers shapes on meta)
         return values
-    inside = (values >= low) & (values <= high)
-    if not bool(inside.all()):
-        value = values[~inside].reshape(-1)[0].item()
+    # (the least and greatest value in one pass and two reads: a NaN is neither >= nor <=)
+    least, greatest = torch.aminmax(values)
+    if not (least.item() >= low and greatest.item() <= high):
+        value = values[~((values >= low) & (values <= high))].reshape(-1)[0].item()
         raise getattr(errors, error)(
             f"{op}: {words.format(value=value)} (as in torch: {why.format(value=value)}). "
             f"Fix: {fix}.")
