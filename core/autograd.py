@@ -820,10 +820,6 @@ vjp_rules[P.sub_p] = sub_vjp
 
 
 def mul_vjp(x, y):
-    if x is y:  # x * x (square): one contribution doubled, the bits of the two added
-        return ops.mul(x, x), lambda ct: (
-            ops.mul(ops.mul(ct, conj(x)), 2) if wants_cotangent(0, x) else None, None)
-
     def backward(ct):
         return (sum_to_size(ops.mul(ct, conj(y)), ops.shape_of(x)) if wants_cotangent(0, x) else None,
                 sum_to_size(ops.mul(ct, conj(x)), ops.shape_of(y)) if wants_cotangent(1, y) else None)

@@ -268,8 +268,6 @@ jvp_rules[P.sub_p] = sub_jvp
 def mul_jvp(primals, tangents):
     (x, y), (x_dot, y_dot) = primals, tangents
     out = ops.mul(x, y)
-    if x is y and x_dot is not None:  # x * x (square): the two terms are one, doubled
-        return out, ops.mul(scale_tangent(x_dot, x), 2)
     out_dot = add_tangents(scale_tangent(x_dot, y), scale_tangent(y_dot, x))
     return out, broadcast_tangent(out_dot, ops.shape_of(out))
 jvp_rules[P.mul_p] = mul_jvp
