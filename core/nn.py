@@ -19,12 +19,15 @@ bit-exact with torch.func:
   derivative goes (a gather of the tangent, a scatter-add of the cotangent);
 - grid_sample and its backward kernel, split in two (the input's cotangent and the grid's),
   where at most one level differentiates it (NOTE [grid_sample: torch's kernels for one
-  derivative, gathers for more]).
+  derivative, gathers for more]);
+- attention on a CPU: the flash kernel, its log-sum-exp, and its backward kernel split in
+  three, where one grad level alone differentiates it (NOTE [Attention: torch's flash
+  kernels for one derivative]).
 Everything else is written with ``ops`` at the front door, readable, and every transform
 handles it for free: constant padding (a primitive: its transpose is a crop), circular
 padding and cropping reflect or replicate padding (gathers); RMS norm; the losses (nll_loss
 and cross_entropy with weights, ignore_index and label smoothing, and the rest, replacing
-ops.py's simpler entries); scaled_dot_product_attention without dropout or a mask;
+ops.py's simpler entries); scaled_dot_product_attention without dropout or a mask (else);
 grid_sample under two derivatives, unfold and fold (gathers and scatters); pixel shuffle,
 glu, prelu, bilinear, pdist, max_unpool. multi_head_attention_forward runs torch's own
 Python body at the front door.
@@ -67,7 +70,7 @@ from .fast_code import register_fresh
 from .forward import add_tangents, jvp_rules, linear_jvp, sub_tangents
 from .tensor import as_tensor, call_with_tensors, unwrap_tree
 from .tracing import trace_call_of, traced_value
-from .values import NUMBERS, Value, bind, bottom_tensor
+from .values import NUMBERS, Value, batched_by_vmap, bind, bottom_tensor
 
 aten = torch.ops.aten
 shape_of = ops.shape_of
@@ -122,6 +125,17 @@ def _fold_leading(x, keep):
 def _unfold_leading(x, lead):
     """The inverse of ``_fold_leading``: ``(B * prod(lead), *rest)`` -> ``(*lead, *rest)``."""
     return ops.reshape(x, *lead, *shape_of(x)[1:])
+
+
+def _fold_examples(prim):
+    """Batching of a primitive whose kernel computes each of the first dim's entries alone
+    (the batch joins it)."""
+    def rule(values, bdims, **params):
+        moved = to_front(values, bdims, expand_unbatched=True)
+        lead = shape_of(moved[0])[:2]
+        out = bind(prim, *[_fold_leading(v, len(shape_of(v)) - 2) for v in moved], **params)
+        return _unfold_leading(out, lead), 0
+    return rule
 
 
 def _fold_leading_at(x, bdim, keep):
@@ -4606,23 +4620,31 @@ _GRID_PADDINGS = ("zeros", "border", "reflection")
 # The two backward primitives are linear in their cotangent, the only argument a later level
 # can differentiate, which gives their rules. Anywhere else (hessian, grad of grad, jit's
 # programs, which may be replayed under other levels) the gathers run.
-def _kernel_suffices(x, grid) -> bool:
-    """Whether at most one level may differentiate an op of x and grid, both real floats of
-    one dtype: vmap levels any number, one grad or jvp level, or torch's autograd."""
-    if x.dtype != grid.dtype or x.dtype not in (torch.float32, torch.float64):
-        return False
+def at_most_one_derivative(*values, forward_mode=True) -> bool:
+    """Whether at most one level may differentiate an op of ``values``: any number of vmap
+    levels, and one grad level (or one jvp level, with ``forward_mode``) or torch's autograd
+    of a plain tensor that requires grad. A level made later sees the op's arguments as
+    constants (NOTE [grid_sample: torch's kernels for one derivative, gathers for more])."""
+    kinds = ("grad", "jvp") if forward_mode else ("grad",)
     differentiating = set()
-    for value in (x, grid):
+    for value in values:
         while isinstance(value, Value):
             name = value.dispatcher.transform_name
-            if name in ("grad", "jvp"):
+            if name in kinds:
                 differentiating.add(value.dispatcher)
             elif name != "vmap":
                 return False
             value = value.payload
         if value.requires_grad and torch.is_grad_enabled():
             differentiating.add(None)
-    return len(differentiating) <= 1 and 0 not in shape_of(x)[2:]
+    return len(differentiating) <= 1
+
+
+def _kernel_suffices(x, grid) -> bool:
+    """Whether torch's kernel computes grid_sample here: real floats of one dtype, a
+    non-empty input, and at most one level to differentiate it."""
+    return (x.dtype == grid.dtype and x.dtype in (torch.float32, torch.float64)
+            and 0 not in shape_of(x)[2:] and at_most_one_derivative(x, grid))
 
 
 _GRID_KERNELS = {2: (aten.grid_sampler_2d.default, aten.grid_sampler_2d_backward.default),
@@ -4731,18 +4753,8 @@ def _linear_in_cotangent(prim):
     return jvp
 
 
-def _grid_sampler_batch(prim):
-    """Each of N examples is sampled alone: the batch joins N."""
-    def rule(values, bdims, **params):
-        moved = to_front(values, bdims, expand_unbatched=True)
-        lead = shape_of(moved[0])[:2]
-        out = bind(prim, *[_fold_leading(v, len(shape_of(v)) - 2) for v in moved], **params)
-        return _unfold_leading(out, lead), 0
-    return rule
-
-
 for _prim in (grid_sampler_p, grid_sampler_input_backward_p, grid_sampler_grid_backward_p):
-    batching_rules[_prim] = _grid_sampler_batch(_prim)
+    batching_rules[_prim] = _fold_examples(_prim)  # (each of N examples is sampled alone)
 for _prim in (grid_sampler_input_backward_p, grid_sampler_grid_backward_p):
     jvp_rules[_prim] = _linear_in_cotangent(_prim)
 
@@ -4852,8 +4864,10 @@ aten_api.register(aten.col2im.default)(
 # 4 heads of 128 tokens (torch.func runs the fused flash kernel and its backward kernel).
 # Without dropout, a mask or grouped heads it is softmax(q k^T scale) v, causal or not, and
 # a causal mask leaves every row an element; so it is written with the engine's matmul and
-# softmax, whose rules give every derivative, batching and forward mode. Any other call
-# returns NotImplemented and takes torch's decomposition (dropout's draws among them).
+# softmax, whose rules give every derivative, batching and forward mode (under one grad
+# level, torch's kernels: NOTE [Attention: torch's flash kernels for one derivative]). Any
+# other call returns NotImplemented and takes torch's decomposition (dropout's draws among
+# them).
 @torch_api.register(F.scaled_dot_product_attention)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
@@ -4862,6 +4876,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q_shape, k_shape = shape_of(query), shape_of(key)
     if len(q_shape) < 2 or len(k_shape) < 2 or 0 in (q_shape[-2], k_shape[-2], q_shape[-1]):
         return NotImplemented  # (torch's checks and empty results)
+    if _flash_applies(query, key, value, is_causal):
+        return bind(attention_p, query, key, value, is_causal=bool(is_causal),
+                    scale=None if scale is None else float(scale))
     scale = 1.0 / math.sqrt(q_shape[-1]) if scale is None else float(scale)
     scores = ops.mul(ops.matmul(query, ops.transpose(key, -2, -1)), scale)
     if is_causal:
@@ -4869,6 +4886,165 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              device=query.device).tril()
         scores = ops.where(allowed, scores, -math.inf)
     return ops.matmul(ops.softmax(scores, -1), value)
+
+
+# NOTE [Attention: torch's flash kernels for one derivative]
+# On a CPU torch runs attention of (N, H, L, E) tensors as one fused kernel, flash attention,
+# which also returns the log-sum-exp of each row of scores, and its backward as another that
+# reads them: torch.func's grad runs those two. The three ops above are a dozen binds with
+# their backward, and took 1.2 to 1.4 times torch.func's time for grad of attention and of
+# the layers around it. So where torch would take the kernel (4-D real tensors of one dtype
+# and one head size, every query and key batched alike, no mask, dropout or grouped heads, a
+# causal mask on a square only), no vmap batches it, and at most one grad level (or torch's
+# autograd) differentiates it, attention is a primitive, the kernel, as grid_sample is (NOTE
+# [grid_sample: torch's kernels for one derivative, gathers for more]). Its log-sum-exp is
+# a second primitive that takes the kernel's kept output (NOTE [Kernels with two outputs]),
+# and the backward kernel's three outputs are three primitives the same way. A forward-mode
+# level, or a second derivative, takes the three ops, and so does vmap: folding its batch into
+# the kernel's first dim copies q, k, v and the cotangent at every bind (they come out of
+# transposes), and per-sample gradients of a 4-head layer took 1.6 times torch.func's time,
+# against 0.9 with the three ops (a vmap made later, as jacrev's over vjp_fn, batches only
+# the cotangent, which folds as a view). The backward primitives are linear in
+# their cotangent, whose transpose is the forward's linearization, written with ops
+# (``_attention_tangent``), which is also the primitive's own jvp. torch's kernels for a
+# GPU are others (flash and memory-efficient attention, with other outputs): there the
+# three ops run.
+def _flash_applies(query, key, value, is_causal) -> bool:
+    q_shape, k_shape, v_shape = shape_of(query), shape_of(key), shape_of(value)
+    bottom = bottom_tensor(query)
+    return (len(q_shape) == len(k_shape) == len(v_shape) == 4
+            and q_shape[:2] == k_shape[:2] == v_shape[:2] and k_shape[2] == v_shape[2]
+            and q_shape[3] == k_shape[3] == v_shape[3]
+            and (not is_causal or q_shape[2] == k_shape[2])
+            and query.dtype == key.dtype == value.dtype
+            and query.dtype in (torch.float32, torch.float64)
+            and bottom.device.type == "cpu" and bottom_tensor(key).device.type == "cpu"
+            and bottom_tensor(value).device.type == "cpu"
+            and not any(batched_by_vmap(t) for t in (query, key, value))
+            and at_most_one_derivative(query, key, value, forward_mode=False))
+
+
+_kept_logsumexp = _KeptOutput()
+_kept_attention_grads = _KeptOutput()
+
+
+def _attention_impl(q, k, v, *, is_causal, scale):
+    out, logsumexp = aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, is_causal, scale=scale)
+    _kept_logsumexp.keep(q, (is_causal, scale), logsumexp)
+    return out
+
+
+def _attention_logsumexp_impl(q, k, v, *, is_causal, scale):
+    kept = _kept_logsumexp.take(q, (is_causal, scale))
+    if kept is not None:
+        return kept
+    return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal,
+                                                            scale=scale)[1]
+
+
+def _attention_backward_impl(which):
+    """The cotangent of attention's query (which=0), key (1) or value (2) from torch's
+    backward kernel, which computes all three: the first asked keeps the other two."""
+    def impl(ct, q, k, v, out, logsumexp, *, is_causal, scale):
+        key = (is_causal, scale, tuple(q.shape), tuple(k.shape))
+        kept = _kept_attention_grads.take(ct, key)
+        if kept is None:
+            kept = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                ct, q, k, v, out, logsumexp, 0.0, is_causal, scale=scale)
+            _kept_attention_grads.keep(ct, key, kept)
+        return kept[which]
+    return impl
+
+
+attention_p = P.primitive("attention", _attention_impl)
+attention_logsumexp_p = P.primitive("attention_logsumexp", _attention_logsumexp_impl,
+                                    differentiable=False)
+attention_backward_query_p, attention_backward_key_p, attention_backward_value_p = (
+    P.primitive(f"attention_backward_{name}", _attention_backward_impl(which))
+    for which, name in enumerate(("query", "key", "value")))
+attention_backward_ps = (attention_backward_query_p, attention_backward_key_p,
+                         attention_backward_value_p)
+
+
+def _attention_tangent(q, k, v, q_dot, k_dot, v_dot, *, is_causal, scale):
+    """The tangent of softmax(q k^T scale) v for the tangents of q, k and v (None: zero)."""
+    scale = 1.0 / math.sqrt(shape_of(q)[-1]) if scale is None else scale
+    scores = ops.mul(ops.matmul(q, ops.transpose(k, -2, -1)), scale)
+    if is_causal:
+        allowed = torch.ones(shape_of(q)[-2], shape_of(k)[-2], dtype=torch.bool,
+                             device=bottom_tensor(q).device).tril()
+        scores = ops.where(allowed, scores, -math.inf)
+    weights = ops.softmax(scores, -1)
+    scores_dot = None
+    if q_dot is not None:
+        scores_dot = ops.matmul(q_dot, ops.transpose(k, -2, -1))
+    if k_dot is not None:
+        scores_dot = add_tangents(scores_dot, ops.matmul(q, ops.transpose(k_dot, -2, -1)))
+    out_dot = None
+    if scores_dot is not None:  # softmax's jvp: w (s_dot - sum(w s_dot))
+        scores_dot = ops.mul(scores_dot, scale)
+        centered = ops.sub(scores_dot, ops.sum(ops.mul(weights, scores_dot), -1, keepdim=True))
+        out_dot = ops.matmul(ops.mul(weights, centered), v)
+    if v_dot is not None:
+        out_dot = add_tangents(out_dot, ops.matmul(weights, v_dot))
+    return out_dot
+
+
+def attention_vjp(q, k, v, **params):
+    out = bind(attention_p, q, k, v, **params)
+    logsumexp = bind(attention_logsumexp_p, q, k, v, **params)  # the kernel's, kept
+
+    def backward(ct):
+        return tuple(bind(prim, ct, q, k, v, out, logsumexp, **params)
+                     if wants_cotangent(position, arg) else None
+                     for position, (prim, arg) in enumerate(zip(attention_backward_ps,
+                                                                (q, k, v))))
+    return out, backward
+
+
+def attention_jvp(primals, tangents, **params):
+    return bind(attention_p, *primals, **params), _attention_tangent(*primals, *tangents,
+                                                                     **params)
+
+
+vjp_rules[attention_p] = attention_vjp
+jvp_rules[attention_p] = attention_jvp
+
+
+def _attention_backward_rules(which, prim):
+    """Rules of a backward primitive, linear in its cotangent: its jvp is itself on the
+    cotangent's tangent, its vjp the forward's linearization along the argument ``which``."""
+    def vjp(ct, q, k, v, out, logsumexp, **params):
+        def backward(g):
+            assert not any(wants_cotangent(position, arg) for position, arg
+                           in enumerate((q, k, v, out), start=1)), (
+                f"{prim.name}: its other arguments are constants of every level above the "
+                "one that took torch's kernel (NOTE [Attention: torch's flash kernels for one "
+                "derivative])")
+            directions = [None, None, None]
+            directions[which] = g
+            return (_attention_tangent(q, k, v, *directions, **params),
+                    None, None, None, None, None)
+        return bind(prim, ct, q, k, v, out, logsumexp, **params), backward
+
+    def jvp(primals, tangents, **params):
+        assert all(t is None for t in tangents[1:]), (
+            f"{prim.name}: its arguments but the cotangent are constants of every level above "
+            "the one that took torch's kernel")
+        ct_dot = tangents[0]
+        return (bind(prim, *primals, **params),
+                None if ct_dot is None else bind(prim, ct_dot, *primals[1:], **params))
+    vjp_rules[prim] = vjp
+    jvp_rules[prim] = jvp
+
+
+for _which, _prim in enumerate(attention_backward_ps):
+    _attention_backward_rules(_which, _prim)
+
+
+for _prim in (attention_p, attention_logsumexp_p, *attention_backward_ps):
+    batching_rules[_prim] = _fold_examples(_prim)
 
 
 # NOTE [Multi-head attention: torch's Python body, at the front door]

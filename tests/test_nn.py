@@ -1047,6 +1047,14 @@ _SAMPLES = {
     "smooth_l1_loss_backward": ((_T(), _T(3, 4), _T(3, 4)), dict(reduction="mean", beta=0.5)),
     "huber_loss": ((_T(3, 4), _T(3, 4)), dict(reduction="none", delta=0.5)),
     "huber_loss_backward": ((_T(3, 4), _T(3, 4), _T(3, 4)), dict(reduction="none", delta=2.0)),
+    "attention": ((_T(2, 3, 5, 4), _T(2, 3, 6, 4), _T(2, 3, 6, 4)),
+                  dict(is_causal=False, scale=None)),
+    "attention_logsumexp": ((_T(2, 3, 5, 4), _T(2, 3, 5, 4), _T(2, 3, 5, 4)),
+                            dict(is_causal=True, scale=0.5)),
+    **{f"attention_backward_{name}": ((_T(2, 3, 5, 4), _T(2, 3, 5, 4), _T(2, 3, 6, 4),
+                                       _T(2, 3, 6, 4), _T(2, 3, 5, 4), _T(2, 3, 5)),
+                                      dict(is_causal=False, scale=None))
+       for name in ("query", "key", "value")},
     "grid_sampler": ((_T(2, 3, 4, 5), _T(2, 3, 2, 2).tanh()),
                      dict(mode="bilinear", padding_mode="zeros", align_corners=False)),
     "grid_sampler_input_backward": ((_T(2, 3, 3, 2), _T(2, 3, 4, 5), _T(2, 3, 2, 2).tanh()),
@@ -1333,6 +1341,101 @@ def test_grid_sample_vjp_fn_is_differentiated_in_its_cotangent():
     ct_dot = ct.flip(0)
     tangents = mf.jvp(vjp_fn, (ct,), (ct_dot,))[1]
     for tangent, expected in zip(tangents, vjp_fn(ct_dot)):
+        torch.testing.assert_close(tangent, expected)
+
+
+# --- attention: torch's flash kernels for one derivative -----------------------------------------
+def _count_attention_kernels(monkeypatch):
+    calls = {}
+    for prim in (mf_nn.attention_p, mf_nn.attention_logsumexp_p, *mf_nn.attention_backward_ps):
+        def counting(*args, _impl=prim.impl, _name=prim.name, **params):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _impl(*args, **params)
+        monkeypatch.setattr(prim, "impl", counting)
+    return calls
+
+
+def _attention_inputs(seed, length=5):
+    g = torch.Generator().manual_seed(seed)
+    return normal(g, 2, 3, 6, 4), normal(g, 2, 3, length, 4), normal(g, 2, 3, length, 4)
+
+
+@pytest.mark.parametrize("is_causal, scale", [(False, None), (True, 0.3)])
+def test_attention_takes_torchs_flash_kernels_under_grad(is_causal, scale, monkeypatch):
+    """NOTE [Attention: torch's flash kernels for one derivative]: grad runs the forward
+    kernel once (its log-sum-exp kept) and the backward kernel once (its three outputs
+    kept), as torch.func does, with torch.func's bits."""
+    calls = _count_attention_kernels(monkeypatch)
+    q, k, v = _attention_inputs(0, length=6 if is_causal else 5)
+
+    def loss(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
+                                              scale=scale).sin().sum()
+    ours = mf.grad(loss, (0, 1, 2))(q, k, v)
+    assert calls == {"attention": 1, "attention_logsumexp": 1, "attention_backward_query": 1,
+                     "attention_backward_key": 1, "attention_backward_value": 1}
+    for a, b in zip(ours, tf.grad(loss, (0, 1, 2))(q, k, v)):
+        assert torch.equal(a, b)
+    calls.clear()  # a model's own layer, through its Python body
+    layer = nn.MultiheadAttention(12, 3, batch_first=True).to(DTYPE)
+    params = {name: p.detach() for name, p in layer.named_parameters()}
+    x = q.reshape(2, 6, 12)
+
+    def layer_loss(params):
+        return tf.functional_call(layer, params, (x, x, x), {"need_weights": False})[0].sum()
+    ours = mf.grad(layer_loss)(params)
+    assert calls["attention"] == 1 and calls["attention_backward_query"] == 1
+    theirs = tf.grad(layer_loss)(params)
+    for name in params:
+        torch.testing.assert_close(ours[name], theirs[name])
+
+
+def test_attention_keeps_its_three_ops_elsewhere(monkeypatch):
+    """vmap, forward mode and second derivatives run softmax(q k^T scale) v as ops; torch's
+    fused kernels have no forward-mode formula nor a double backward (torch.func's math
+    path is the oracle there)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    calls = _count_attention_kernels(monkeypatch)
+    q, k, v = _attention_inputs(1)
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+    def loss(q, k, v):
+        return f(q, k, v).sin().sum()
+    qs = torch.stack([q, q.cos()])
+    for transform in (lambda api: api.vmap(api.grad(loss), (0, None, None))(qs, k, v),
+                      lambda api: api.jvp(f, (q, k, v), (q.flip(0), k.cos(), v.sin()))[1],
+                      lambda api: api.hessian(loss, 1)(q, k, v)):
+        ours = transform(mf)
+        assert calls == {}
+        with sdpa_kernel(SDPBackend.MATH):
+            torch.testing.assert_close(ours, transform(tf))
+
+
+def test_attention_vjp_fn_is_differentiated_in_its_cotangent(monkeypatch):
+    """A level made after the forward sees q, k and v as constants: jacrev's vmap folds the
+    cotangent into the backward kernel, and grad or jvp of vjp_fn take the forward's
+    linearization (torch's backward kernel has no derivative: its math path is the oracle)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    calls = _count_attention_kernels(monkeypatch)
+    q, k, v = _attention_inputs(2)
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, scale=0.7)
+    torch.testing.assert_close(mf.jacrev(f, (0, 1, 2))(q, k, v),
+                               tf.jacrev(f, (0, 1, 2))(q, k, v))
+    assert calls["attention_backward_key"] == 1
+    ct = torch.randn(2, 3, 6, 4, generator=torch.Generator().manual_seed(3), dtype=DTYPE)
+
+    def second(api):
+        _, vjp_fn = api.vjp(f, q, k, v)
+        return api.grad(lambda c: sum(t.sin().sum() for t in vjp_fn(c)))(ct)
+    ours = second(mf)
+    with sdpa_kernel(SDPBackend.MATH):
+        torch.testing.assert_close(ours, second(tf))
+    _, vjp_fn = mf.vjp(f, q, k, v)
+    for tangent, expected in zip(mf.jvp(vjp_fn, (ct,), (ct.flip(0),))[1], vjp_fn(ct.flip(0))):
         torch.testing.assert_close(tangent, expected)
 
 
