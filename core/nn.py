@@ -55,6 +55,7 @@ import weakref
 import torch
 import torch._decomp
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 
 from . import aten_api, elementwise, indexing, kernels, ops, structural, torch_api
 from . import primitives as P
@@ -4876,7 +4877,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q_shape, k_shape = shape_of(query), shape_of(key)
     if len(q_shape) < 2 or len(k_shape) < 2 or 0 in (q_shape[-2], k_shape[-2], q_shape[-1]):
         return NotImplemented  # (torch's checks and empty results)
-    if _flash_applies(query, key, value, is_causal):
+    if _flash_applies(query, key, value, is_causal, scale):
         return bind(attention_p, query, key, value, is_causal=bool(is_causal),
                     scale=None if scale is None else float(scale))
     scale = 1.0 / math.sqrt(q_shape[-1]) if scale is None else float(scale)
@@ -4895,8 +4896,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 # their backward, and took 1.2 to 1.4 times torch.func's time for grad of attention and of
 # the layers around it. So where torch would take the kernel (4-D real tensors of one dtype
 # and one head size, every query and key batched alike, no mask, dropout or grouped heads, a
-# causal mask on a square only), no vmap batches it, and at most one grad level (or torch's
-# autograd) differentiates it, attention is a primitive, the kernel, as grid_sample is (NOTE
+# causal mask on a square only: torch's own choice, on the tensors below), no vmap batches
+# it, and at most one grad level (or torch's autograd) differentiates it, attention is a
+# primitive, the kernel, as grid_sample is (NOTE
 # [grid_sample: torch's kernels for one derivative, gathers for more]). Its log-sum-exp is
 # a second primitive that takes the kernel's kept output (NOTE [Kernels with two outputs]),
 # and the backward kernel's three outputs are three primitives the same way. A forward-mode
@@ -4909,19 +4911,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 # (``_attention_tangent``), which is also the primitive's own jvp. torch's kernels for a
 # GPU are others (flash and memory-efficient attention, with other outputs): there the
 # three ops run.
-def _flash_applies(query, key, value, is_causal) -> bool:
-    q_shape, k_shape, v_shape = shape_of(query), shape_of(key), shape_of(value)
-    bottom = bottom_tensor(query)
-    return (len(q_shape) == len(k_shape) == len(v_shape) == 4
-            and q_shape[:2] == k_shape[:2] == v_shape[:2] and k_shape[2] == v_shape[2]
-            and q_shape[3] == k_shape[3] == v_shape[3]
-            and (not is_causal or q_shape[2] == k_shape[2])
-            and query.dtype == key.dtype == value.dtype
-            and query.dtype in (torch.float32, torch.float64)
-            and bottom.device.type == "cpu" and bottom_tensor(key).device.type == "cpu"
-            and bottom_tensor(value).device.type == "cpu"
-            and not any(batched_by_vmap(t) for t in (query, key, value))
-            and at_most_one_derivative(query, key, value, forward_mode=False))
+def _flash_applies(query, key, value, is_causal, scale) -> bool:
+    """Whether attention is torch's flash kernel here: no vmap, one grad level at most, and
+    the tensors below are those torch itself would hand to the kernel (its own choice, which
+    reads their layout and ``torch.nn.attention.sdpa_kernel``)."""
+    if (any(batched_by_vmap(t) for t in (query, key, value))
+            or not at_most_one_derivative(query, key, value, forward_mode=False)):
+        return False
+    bottoms = [bottom_tensor(t) for t in (query, key, value)]
+    if any(b.device.type != "cpu" or b.dim() != 4 or b.dtype not in (torch.float32,
+                                                                      torch.float64)
+           for b in bottoms) or (is_causal and bottoms[0].shape[2] != bottoms[1].shape[2]):
+        return False
+    return torch._fused_sdp_choice(*bottoms, None, 0.0, is_causal, scale=scale) == _FLASH
+
+
+_FLASH = int(SDPBackend.FLASH_ATTENTION)
 
 
 _kept_logsumexp = _KeptOutput()

@@ -1411,6 +1411,13 @@ def test_attention_keeps_its_three_ops_elsewhere(monkeypatch):
         assert calls == {}
         with sdpa_kernel(SDPBackend.MATH):
             torch.testing.assert_close(ours, transform(tf))
+    # where torch itself would not take the kernel: a last dim not contiguous in memory, and
+    # the math path asked for by name
+    q_t = q.transpose(-1, -2).contiguous().transpose(-1, -2)
+    torch.testing.assert_close(mf.grad(loss)(q_t, k, v), tf.grad(loss)(q_t, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        torch.testing.assert_close(mf.grad(loss)(q, k, v), tf.grad(loss)(q, k, v))
+    assert calls == {}
 
 
 def test_attention_vjp_fn_is_differentiated_in_its_cotangent(monkeypatch):
