@@ -4933,15 +4933,21 @@ _kept_logsumexp = _KeptOutput()
 _kept_attention_grads = _KeptOutput()
 
 
+def _same_data(*tensors):
+    """A key that tells tensors apart by what they hold: two live tensors with the same
+    shape, strides, data pointer and version are views of the same numbers."""
+    return tuple((tuple(t.shape), t.stride(), t.data_ptr(), t._version) for t in tensors)
+
+
 def _attention_impl(q, k, v, *, is_causal, scale):
     out, logsumexp = aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, is_causal, scale=scale)
-    _kept_logsumexp.keep(q, (is_causal, scale), logsumexp)
+    _kept_logsumexp.keep(q, (is_causal, scale, _same_data(k, v)), logsumexp)
     return out
 
 
 def _attention_logsumexp_impl(q, k, v, *, is_causal, scale):
-    kept = _kept_logsumexp.take(q, (is_causal, scale))
+    kept = _kept_logsumexp.take(q, (is_causal, scale, _same_data(k, v)))
     if kept is not None:
         return kept
     return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal,
@@ -4950,9 +4956,10 @@ def _attention_logsumexp_impl(q, k, v, *, is_causal, scale):
 
 def _attention_backward_impl(which):
     """The cotangent of attention's query (which=0), key (1) or value (2) from torch's
-    backward kernel, which computes all three: the first asked keeps the other two."""
+    backward kernel, which computes all three: the first asked keeps the other two (for
+    this cotangent of this attention: one cotangent may reach two, as add's does)."""
     def impl(ct, q, k, v, out, logsumexp, *, is_causal, scale):
-        key = (is_causal, scale, tuple(q.shape), tuple(k.shape))
+        key = (is_causal, scale, _same_data(q, k, v, out, logsumexp))
         kept = _kept_attention_grads.take(ct, key)
         if kept is None:
             kept = aten._scaled_dot_product_flash_attention_for_cpu_backward(

@@ -1390,6 +1390,21 @@ def test_attention_takes_torchs_flash_kernels_under_grad(is_causal, scale, monke
         torch.testing.assert_close(ours[name], theirs[name])
 
 
+def test_two_attentions_that_one_cotangent_reaches():
+    """add passes its cotangent on unchanged to both terms: the backward kernel's kept
+    outputs belong to one attention, not to the cotangent alone; two attentions that share
+    their queries keep their own log-sum-exp."""
+    q, k, v = _attention_inputs(4)
+    k2, v2 = k.flip(0), v.cos()
+
+    def loss(q, k, v, k2, v2):
+        return (F.scaled_dot_product_attention(q, k, v)
+                + F.scaled_dot_product_attention(q, k2, v2)).sin().sum()
+    ours = mf.grad(loss, (0, 1, 2, 3, 4))(q, k, v, k2, v2)
+    for a, b in zip(ours, tf.grad(loss, (0, 1, 2, 3, 4))(q, k, v, k2, v2)):
+        torch.testing.assert_close(a, b)
+
+
 def test_attention_keeps_its_three_ops_elsewhere(monkeypatch):
     """vmap, forward mode and second derivatives run softmax(q k^T scale) v as ops; torch's
     fused kernels have no forward-mode formula nor a double backward (torch.func's math
