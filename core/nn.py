@@ -4621,7 +4621,7 @@ _GRID_PADDINGS = ("zeros", "border", "reflection")
 # The two backward primitives are linear in their cotangent, the only argument a later level
 # can differentiate, which gives their rules. Anywhere else (hessian, grad of grad, jit's
 # programs, which may be replayed under other levels) the gathers run.
-def at_most_one_derivative(*values, forward_mode=True) -> bool:
+def _at_most_one_derivative(*values, forward_mode=True) -> bool:
     """Whether at most one level may differentiate an op of ``values``: any number of vmap
     levels, and one grad level (or one jvp level, with ``forward_mode``) or torch's autograd
     of a plain tensor that requires grad. A level made later sees the op's arguments as
@@ -4645,7 +4645,7 @@ def _kernel_suffices(x, grid) -> bool:
     """Whether torch's kernel computes grid_sample here: real floats of one dtype, a
     non-empty input, and at most one level to differentiate it."""
     return (x.dtype == grid.dtype and x.dtype in (torch.float32, torch.float64)
-            and 0 not in shape_of(x)[2:] and at_most_one_derivative(x, grid))
+            and 0 not in shape_of(x)[2:] and _at_most_one_derivative(x, grid))
 
 
 _GRID_KERNELS = {2: (aten.grid_sampler_2d.default, aten.grid_sampler_2d_backward.default),
@@ -4916,7 +4916,7 @@ def _flash_applies(query, key, value, is_causal, scale) -> bool:
     the tensors below are those torch itself would hand to the kernel (its own choice, which
     reads their layout and ``torch.nn.attention.sdpa_kernel``)."""
     if (any(batched_by_vmap(t) for t in (query, key, value))
-            or not at_most_one_derivative(query, key, value, forward_mode=False)):
+            or not _at_most_one_derivative(query, key, value, forward_mode=False)):
         return False
     bottoms = [bottom_tensor(t) for t in (query, key, value)]
     if any(b.device.type != "cpu" or b.dim() != 4 or b.dtype not in (torch.float32,
