@@ -1234,16 +1234,20 @@ def test_mse_loss_is_one_kernel_and_its_backward_under_vmap_of_grad(monkeypatch)
 
 
 # --- grid_sample: torch's kernels for one derivative, gathers for more ---------------------------
-def _count_grid_kernels(monkeypatch):
-    """Calls of grid_sample's three kernel primitives, by name."""
+def _count_kernels(monkeypatch, prims):
+    """Calls of the kernel primitives ``prims``, by name."""
     calls = {}
-    for prim in (mf_nn.grid_sampler_p, mf_nn.grid_sampler_input_backward_p,
-                 mf_nn.grid_sampler_grid_backward_p):
+    for prim in prims:
         def counting(*args, _impl=prim.impl, _name=prim.name, **params):
             calls[_name] = calls.get(_name, 0) + 1
             return _impl(*args, **params)
         monkeypatch.setattr(prim, "impl", counting)
     return calls
+
+
+def _count_grid_kernels(monkeypatch):
+    return _count_kernels(monkeypatch, (mf_nn.grid_sampler_p, mf_nn.grid_sampler_input_backward_p,
+                                        mf_nn.grid_sampler_grid_backward_p))
 
 
 def _grid_sample_inputs(seed=0, spatial=2):
@@ -1346,13 +1350,8 @@ def test_grid_sample_vjp_fn_is_differentiated_in_its_cotangent():
 
 # --- attention: torch's flash kernels for one derivative -----------------------------------------
 def _count_attention_kernels(monkeypatch):
-    calls = {}
-    for prim in (mf_nn.attention_p, mf_nn.attention_logsumexp_p, *mf_nn.attention_backward_ps):
-        def counting(*args, _impl=prim.impl, _name=prim.name, **params):
-            calls[_name] = calls.get(_name, 0) + 1
-            return _impl(*args, **params)
-        monkeypatch.setattr(prim, "impl", counting)
-    return calls
+    return _count_kernels(monkeypatch, (mf_nn.attention_p, mf_nn.attention_logsumexp_p,
+                                        *mf_nn.attention_backward_ps))
 
 
 def _attention_inputs(seed, length=5):
