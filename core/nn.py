@@ -2240,12 +2240,16 @@ def _bn_eval(x, weight, bias, running_mean, running_var, *, eps):
                                   eps)[0]
 
 
-def _bn_stats(x, *, eps):
+def _bn_stats_pair(x, eps):
+    """(mean, invstd) of a plain tensor: the forward kernel's, kept, or computed again."""
     kept = _kept_statistics.take(x, eps)
     if kept is not None:
-        return torch.stack(kept)
-    _, mean, invstd = torch.native_batch_norm(x, None, None, None, None, True, 0.0, eps)
-    return torch.stack([mean, invstd])
+        return kept
+    return torch.native_batch_norm(x, None, None, None, None, True, 0.0, eps)[1:]
+
+
+def _bn_stats(x, *, eps):
+    return torch.stack(_bn_stats_pair(x, eps))
 
 
 def _bn_backward_arguments(x, weight, stat0, stat1, training):
@@ -2286,11 +2290,20 @@ def _reduced_dims(x):
 
 def _mean_and_rstd(stats):
     """The two statistics that a *_stats primitive (batch, layer or group norm) stacks, or
-    the two halves of their cotangent, stacked the same way."""
+    the two halves of their cotangent, stacked the same way.
+
+    NOTE [Statistics of a plain tensor: the kernel's pair]
+    A primitive has one output, so the *_stats primitives stack the two statistics, and the
+    rules split them again: a stack and two selects, three binds, each a few microseconds of
+    a norm's grad (a tenth of layer norm's). On a plain tensor (the backward pass of a first
+    derivative) no level records the statistics, so the rules take the kernel's pair as it
+    is (``_*_stats_pair``); a level's value still goes through the primitive."""
     return ops.getitem(stats, 0), ops.getitem(stats, 1)
 
 
 def _bn_statistics(x, eps):
+    if type(x) is torch.Tensor:  # NOTE [Statistics of a plain tensor: the kernel's pair]
+        return _bn_stats_pair(x, eps)
     return _mean_and_rstd(bind(batch_norm_stats_p, x, eps=eps))
 
 
@@ -2956,11 +2969,16 @@ def _ln_forward(x, *affine_args, normalized_shape, eps, affine):
     return out
 
 
-def _ln_stats(x, *, normalized_shape, eps):
+def _ln_stats_pair(x, normalized_shape, eps):
+    """(mean, rstd) of a plain tensor: the forward kernel's, kept, or computed again."""
     kept = _kept_ln_statistics.take(x, (normalized_shape, eps))
     if kept is None:
         kept = torch.native_layer_norm(x, list(normalized_shape), None, None, eps)[1:]
-    return torch.stack(kept)
+    return kept
+
+
+def _ln_stats(x, *, normalized_shape, eps):
+    return torch.stack(_ln_stats_pair(x, normalized_shape, eps))
 
 
 def _ln_saved(mean, rstd):
@@ -3001,6 +3019,8 @@ def _trailing_dims(x, normalized_shape):
 
 
 def _ln_statistics(x, normalized_shape, eps):
+    if type(x) is torch.Tensor:  # NOTE [Statistics of a plain tensor: the kernel's pair]
+        return _ln_stats_pair(x, normalized_shape, eps)
     return _mean_and_rstd(bind(layer_norm_stats_p, x, normalized_shape=normalized_shape,
                                eps=eps))
 
@@ -3310,12 +3330,17 @@ def _gn_forward(x, *affine_args, num_groups, eps, affine):
     return out
 
 
-def _gn_stats(x, *, num_groups, eps):
+def _gn_stats_pair(x, num_groups, eps):
+    """(mean, rstd) of a plain tensor: the forward kernel's, kept, or computed again."""
     kept = _kept_gn_statistics.take(x, (num_groups, eps))
     if kept is None:
         kept = torch.native_group_norm(x.contiguous(), None, None, *_gn_sizes(x), num_groups,
                                        eps)[1:]
-    return torch.stack(kept)
+    return kept
+
+
+def _gn_stats(x, *, num_groups, eps):
+    return torch.stack(_gn_stats_pair(x, num_groups, eps))
 
 
 group_norm_p = P.primitive("group_norm", _gn_forward)
@@ -3324,6 +3349,8 @@ register_fresh(group_norm_p, group_norm_stats_p)
 
 
 def _gn_statistics(x, num_groups, eps):
+    if type(x) is torch.Tensor:  # NOTE [Statistics of a plain tensor: the kernel's pair]
+        return _gn_stats_pair(x, num_groups, eps)
     return _mean_and_rstd(bind(group_norm_stats_p, x, num_groups=num_groups, eps=eps))
 
 
@@ -3500,8 +3527,10 @@ def _group_norm_formula(x, num_groups, weight, bias, eps):
     return out, ops.reshape(mean, n, num_groups), ops.reshape(rstd, n, num_groups)
 
 
-def _group_norm(x, num_groups, weight, bias, eps):
-    """group_norm's output, mean and rstd (the statistics as native_group_norm gives them)."""
+def _group_norm(x, num_groups, weight, bias, eps, *, statistics=True):
+    """group_norm's output, mean and rstd (the statistics as native_group_norm gives them);
+    without ``statistics``, the output alone where the kernels serve (F.group_norm, as
+    F.layer_norm)."""
     _refuse_complex("group_norm", x, weight, bias)
     shape = shape_of(x)
     if len(shape) < 2:
@@ -3519,12 +3548,12 @@ def _group_norm(x, num_groups, weight, bias, eps):
     if not _kernels_serve(x, (shape[1],), weight, bias):
         return _group_norm_formula(x, num_groups, weight, bias, eps)
     out = _bind_affine(group_norm_p, (x,), weight, bias, num_groups=num_groups, eps=eps)
-    return (out, *_gn_statistics(x, num_groups, eps))
+    return (out, *_gn_statistics(x, num_groups, eps)) if statistics else (out,)
 
 
 @torch_api.register(F.group_norm)
 def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
-    return _group_norm(x, int(num_groups), weight, bias, eps)[0]
+    return _group_norm(x, int(num_groups), weight, bias, eps, statistics=False)[0]
 
 
 torch_api.register(torch.group_norm)(

@@ -1233,6 +1233,31 @@ def test_mse_loss_is_one_kernel_and_its_backward_under_vmap_of_grad(monkeypatch)
         lambda w, x, t: ((x @ w.T - t) ** 2 * weight).sum() / weight.sum())(w, xs[0], ts[0]))
 
 
+# --- NOTE [Statistics of a plain tensor: the kernel's pair] -------------------------------------
+@pytest.mark.parametrize("norm", ["batch", "layer", "group"])
+def test_norm_statistics_of_a_plain_tensor_are_the_kernels_pair(norm, monkeypatch):
+    """Under grad of plain tensors the rules take the forward kernel's mean and rstd as they
+    are (no stacking primitive, no split); under vmap they go through the primitive; both
+    give torch.func's gradients."""
+    prim, f = {
+        "batch": (mf_nn.batch_norm_stats_p,
+                  lambda x: F.batch_norm(x, None, None, training=True)),
+        "layer": (mf_nn.layer_norm_stats_p, lambda x: F.layer_norm(x, (4, 5))),
+        "group": (mf_nn.group_norm_stats_p, lambda x: F.group_norm(x, 2)),
+    }[norm]
+    calls = _count_kernels(monkeypatch, (prim,))
+    g = torch.Generator().manual_seed(6)
+    x = normal(g, 3, 4, 5)
+
+    def loss(x):
+        return f(x).sin().sum()
+    torch.testing.assert_close(mf.grad(loss)(x), tf.grad(loss)(x))
+    assert calls == {}
+    xs = torch.stack([x, x.cos()])
+    torch.testing.assert_close(mf.vmap(mf.grad(loss))(xs), tf.vmap(tf.grad(loss))(xs))
+    assert calls == {prim.name: 1}
+
+
 # --- grid_sample: torch's kernels for one derivative, gathers for more ---------------------------
 def _count_kernels(monkeypatch, prims):
     """Calls of the kernel primitives ``prims``, by name."""
