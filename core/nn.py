@@ -4743,23 +4743,25 @@ def grid_sampler_jvp(primals, tangents, **params):
 jvp_rules[grid_sampler_p] = grid_sampler_jvp
 
 
-def _refuse_constant_operands(prim, x, grid):
-    assert not (wants_cotangent(1, x) or wants_cotangent(2, grid)), (
-        f"{prim.name}: its input and grid are constants of every level above the one that "
-        "took torch's kernel (NOTE [grid_sample: torch's kernels for one derivative, gathers "
-        "for more])")
+def _refuse_constant_operands(prim, operands):
+    """A backward primitive's operands after the cotangent are constants of every level above
+    the one that took torch's kernel (NOTE [grid_sample: torch's kernels for one derivative,
+    gathers for more])."""
+    assert not any(wants_cotangent(position, operand)
+                   for position, operand in enumerate(operands, start=1)), (
+        f"{prim.name}: an operand other than the cotangent is differentiated")
 
 
 def grid_sampler_input_backward_vjp(ct, x, grid, **params):
     def backward(g):  # the transpose of the transpose of the linear map x -> out
-        _refuse_constant_operands(grid_sampler_input_backward_p, x, grid)
+        _refuse_constant_operands(grid_sampler_input_backward_p, (x, grid))
         return bind(grid_sampler_p, g, grid, **params), None, None
     return bind(grid_sampler_input_backward_p, ct, x, grid, **params), backward
 
 
 def grid_sampler_grid_backward_vjp(ct, x, grid, **params):
     def backward(g):  # ct -> sum over the grid's dims k of d out / d grid[k] times g[k]
-        _refuse_constant_operands(grid_sampler_grid_backward_p, x, grid)
+        _refuse_constant_operands(grid_sampler_grid_backward_p, (x, grid))
         along = ops.mul(_grid_partials(x, grid, params), ops.unsqueeze(g, 1))
         return ops.sum(along, len(shape_of(along)) - 1), None, None
     return bind(grid_sampler_grid_backward_p, ct, x, grid, **params), backward
@@ -4770,16 +4772,15 @@ vjp_rules[grid_sampler_grid_backward_p] = grid_sampler_grid_backward_vjp
 
 
 def _linear_in_cotangent(prim):
-    """The jvp rule of a backward primitive, linear in its cotangent (the only argument a
-    level can vary: NOTE [grid_sample: torch's kernels for one derivative, gathers for
-    more])."""
+    """The jvp rule of a backward primitive, linear in its cotangent, its first argument
+    (the only one a level can vary: NOTE [grid_sample: torch's kernels for one derivative,
+    gathers for more])."""
     def jvp(primals, tangents, **params):
-        (ct, x, grid), (ct_dot, x_dot, grid_dot) = primals, tangents
-        assert x_dot is None and grid_dot is None, (
-            f"{prim.name}: its input and grid are constants of every level above the one "
-            "that took torch's kernel")
-        return (bind(prim, ct, x, grid, **params),
-                None if ct_dot is None else bind(prim, ct_dot, x, grid, **params))
+        ct_dot, *constant_dots = tangents
+        assert all(dot is None for dot in constant_dots), (
+            f"{prim.name}: an operand other than the cotangent has a tangent")
+        return (bind(prim, *primals, **params),
+                None if ct_dot is None else bind(prim, ct_dot, *primals[1:], **params))
     return jvp
 
 
@@ -4909,13 +4910,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if _flash_applies(query, key, value, is_causal, scale):
         return bind(attention_p, query, key, value, is_causal=bool(is_causal),
                     scale=None if scale is None else float(scale))
+    return ops.matmul(_attention_weights(query, key, is_causal, scale), value)
+
+
+def _attention_weights(query, key, is_causal, scale):
+    """softmax(q k^T scale), causal or not (scale None: 1 / sqrt(head size))."""
+    q_shape, k_shape = shape_of(query), shape_of(key)
     scale = 1.0 / math.sqrt(q_shape[-1]) if scale is None else float(scale)
     scores = ops.mul(ops.matmul(query, ops.transpose(key, -2, -1)), scale)
     if is_causal:
         allowed = torch.ones(q_shape[-2], k_shape[-2], dtype=torch.bool,
                              device=query.device).tril()
         scores = ops.where(allowed, scores, -math.inf)
-    return ops.matmul(ops.softmax(scores, -1), value)
+    return ops.softmax(scores, -1)
 
 
 # NOTE [Attention: torch's flash kernels for one derivative]
@@ -4964,8 +4971,8 @@ _kept_attention_grads = _KeptOutput()
 
 def _same_data(*tensors):
     """A key that tells tensors apart by what they hold: two live tensors with the same
-    shape, strides, data pointer and version are views of the same numbers."""
-    return tuple((tuple(t.shape), t.stride(), t.data_ptr(), t._version) for t in tensors)
+    geometry (shape, strides, data pointer and version) are views of the same numbers."""
+    return tuple(_KeptOutput._where(t)[1] for t in tensors)
 
 
 def _attention_impl(q, k, v, *, is_causal, scale):
@@ -5010,13 +5017,8 @@ attention_backward_ps = (attention_backward_query_p, attention_backward_key_p,
 
 def _attention_tangent(q, k, v, q_dot, k_dot, v_dot, *, is_causal, scale):
     """The tangent of softmax(q k^T scale) v for the tangents of q, k and v (None: zero)."""
+    weights = _attention_weights(q, k, is_causal, scale)
     scale = 1.0 / math.sqrt(shape_of(q)[-1]) if scale is None else scale
-    scores = ops.mul(ops.matmul(q, ops.transpose(k, -2, -1)), scale)
-    if is_causal:
-        allowed = torch.ones(shape_of(q)[-2], shape_of(k)[-2], dtype=torch.bool,
-                             device=bottom_tensor(q).device).tril()
-        scores = ops.where(allowed, scores, -math.inf)
-    weights = ops.softmax(scores, -1)
     scores_dot = None
     if q_dot is not None:
         scores_dot = ops.matmul(q_dot, ops.transpose(k, -2, -1))
@@ -5053,35 +5055,23 @@ vjp_rules[attention_p] = attention_vjp
 jvp_rules[attention_p] = attention_jvp
 
 
-def _attention_backward_rules(which, prim):
-    """Rules of a backward primitive, linear in its cotangent: its jvp is itself on the
-    cotangent's tangent, its vjp the forward's linearization along the argument ``which``."""
+def _attention_backward_vjp(which, prim):
+    """The vjp of a backward primitive, linear in its cotangent: the forward's linearization
+    along the argument ``which`` (its jvp: ``_linear_in_cotangent``)."""
     def vjp(ct, q, k, v, out, logsumexp, **params):
         def backward(g):
-            assert not any(wants_cotangent(position, arg) for position, arg
-                           in enumerate((q, k, v, out), start=1)), (
-                f"{prim.name}: its other arguments are constants of every level above the "
-                "one that took torch's kernel (NOTE [Attention: torch's flash kernels for one "
-                "derivative])")
+            _refuse_constant_operands(prim, (q, k, v, out))
             directions = [None, None, None]
             directions[which] = g
             return (_attention_tangent(q, k, v, *directions, **params),
                     None, None, None, None, None)
         return bind(prim, ct, q, k, v, out, logsumexp, **params), backward
-
-    def jvp(primals, tangents, **params):
-        assert all(t is None for t in tangents[1:]), (
-            f"{prim.name}: its arguments but the cotangent are constants of every level above "
-            "the one that took torch's kernel")
-        ct_dot = tangents[0]
-        return (bind(prim, *primals, **params),
-                None if ct_dot is None else bind(prim, ct_dot, *primals[1:], **params))
-    vjp_rules[prim] = vjp
-    jvp_rules[prim] = jvp
+    return vjp
 
 
 for _which, _prim in enumerate(attention_backward_ps):
-    _attention_backward_rules(_which, _prim)
+    vjp_rules[_prim] = _attention_backward_vjp(_which, _prim)
+    jvp_rules[_prim] = _linear_in_cotangent(_prim)
 
 
 for _prim in (attention_p, attention_logsumexp_p, *attention_backward_ps):

@@ -293,11 +293,16 @@ def _gru_layers(input, hx, params, has_biases, num_layers, dropout, train, bidir
 torch_api.register(torch.gru)(_rnn_at_the_front_door("gru", _gru_layers))
 
 
+def _lstm_cell_values(gates, cx):
+    """(h', c') from the gates and the cell state, engine values in and out."""
+    cy = bind(lstm_cell_p, gates, cx)
+    return bind(lstm_hidden_p, gates, cy), cy
+
+
 def _lstm_step(gates, cx):
     """(h', c') from the gates and the cell state, FuncTensors in and out."""
-    gates, cx = unwrap_all((gates, cx))
-    cy = bind(lstm_cell_p, gates, cx)
-    return as_tensor(bind(lstm_hidden_p, gates, cy)), as_tensor(cy)
+    hy, cy = _lstm_cell_values(*unwrap_all((gates, cx)))
+    return as_tensor(hy), as_tensor(cy)
 
 
 def _one_layer_lstm(input, hidden, params, has_biases, reverse=False):
@@ -359,9 +364,7 @@ def _gates(input, hx, weight_ih, weight_hh, bias_ih, bias_hh):
 def lstm_cell(input, hx, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     if len(hx) != 2 or not _cell_shapes_fit(input, hx, weight_ih, weight_hh, 4):
         return NotImplemented
-    gates = _gates(input, hx[0], weight_ih, weight_hh, bias_ih, bias_hh)
-    cy = bind(lstm_cell_p, gates, hx[1])
-    return bind(lstm_hidden_p, gates, cy), cy
+    return _lstm_cell_values(_gates(input, hx[0], weight_ih, weight_hh, bias_ih, bias_hh), hx[1])
 
 
 @torch_api.register(torch.gru_cell)
