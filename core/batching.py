@@ -677,7 +677,7 @@ _LARGE_OUTER_PRODUCT = 1 << 22
 def _large_outer_product(x, y):
     if not kernels.BATCHED_MATMUL_OUTER_PRODUCTS and x.device.type == "cpu":
         return False
-    shape = torch.broadcast_shapes(ops.shape_of(x)[:-2], ops.shape_of(y)[:-2])
+    shape = ops.broadcast_shapes(ops.shape_of(x)[:-2], ops.shape_of(y)[:-2])
     return math.prod(shape) * ops.shape_of(x)[-2] * ops.shape_of(y)[-1] >= _LARGE_OUTER_PRODUCT
 
 

@@ -128,6 +128,15 @@ REDUCTIONS = [
     unary("vector_norm_4_keepdim", lambda x: torch.linalg.vector_norm(x, 4, 0, keepdim=True)),
     unary("vector_norm_neg1", lambda x: torch.linalg.vector_norm(x, -1, 1), positive),
     unary("vector_norm_dtype", lambda x: torch.linalg.vector_norm(x, dtype=torch.float64)),
+    # NOTE [The Frobenius norm at the front door]; the other orders go through the back door
+    unary("matrix_norm_fro", torch.linalg.matrix_norm, hessian=True),
+    unary("matrix_norm_fro_dims_keepdim",
+          lambda x: torch.linalg.matrix_norm(x, dim=(1, 0), keepdim=True), shape=(3, 4, 2)),
+    unary("matrix_norm_1", lambda x: torch.linalg.matrix_norm(x, 1), distinct),
+    unary("linalg_norm_default", lambda x: torch.linalg.norm(x), shape=(2, 3, 4), hessian=True),
+    unary("linalg_norm_fro", lambda x: torch.linalg.norm(x, "fro")),
+    unary("linalg_norm_dims", lambda x: torch.linalg.norm(x, dim=(0, -1)), shape=(2, 3, 4)),
+    unary("linalg_norm_vector_dim", lambda x: torch.linalg.norm(x, 3, dim=1)),
     unary("linalg_norm", lambda x: torch.linalg.norm(x, dim=0)),
     unary("norm_0d", lambda x: torch.linalg.vector_norm(x, 3), shape=()),
     # the subgradients at zero
@@ -432,6 +441,7 @@ def test_var_mean_is_a_tuple():
     torch.narrow, torch.select, torch.stack, torch.movedim, torch.Tensor.repeat, torch.cumsum,
     torch.sort, torch.topk, torch.max, torch.Tensor.min, torch.argmax, torch.prod, torch.var,
     torch.std, torch.norm, torch.Tensor.norm, torch.linalg.vector_norm, torch.cumprod,
+    torch.linalg.matrix_norm, torch.linalg.norm,
     torch.Tensor.unfold, torch.median, torch.swapaxes, torch.unflatten, torch.tensor_split,
 ])
 def test_common_ops_take_the_front_door(function):
@@ -655,6 +665,10 @@ def test_prims_reduction_over_no_dims_keeps_the_tensor():
     (lambda x: x.movedim((0, 0), (1, 0)), r"movedim\(x, \[0, 0\], \[1, 0\]\)"),
     (lambda x: x.unflatten(1, (3, 2)), r"unflatten\(x, 1, \(3, 2\)\): unflatten: Provided "
      r"sizes \[3, 2\] don't multiply up to the size of dim 1 \(4\)"),
+    (lambda x: torch.linalg.vector_norm(x, dtype=torch.float32),
+     r"vector_norm\(\.\.\., dtype=torch\.float32\): linalg\.vector_norm: the dtype of the "
+     r"input \(torch\.float64\) should be convertible without narrowing"),
+    (lambda x: x.norm(dtype=torch.complex128), r"dtype should be real for real inputs"),
 ])
 def test_usage_errors(call, message):
     """Each is the engine's error (the call, then torch's words) and also the built-in
