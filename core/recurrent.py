@@ -119,12 +119,12 @@ for _name, _decomposition in (("rnn_tanh", rnn_tanh_input), ("rnn_relu", rnn_rel
 # cotangent by each partial (a gated argument's blocks side by side, a block that does not
 # enter is zero), and the jvp sums each partial times its tangent. The table and the rules'
 # arithmetic are written in torch calls, and run where their arguments are (``in_torch``):
-# on plain tensors (the backward pass of a first derivative) as torch's own calls, a fused
-# backward kernel in all but name; under vmap on the tensors below with every batch dim in
-# front, as the cells' own batching rule (same_shape_batch) runs them, since they read the
+# on plain tensors as torch's own calls; under vmap on the tensors below with every batch dim
+# in front, as the cells' own batching rule (same_shape_batch) runs them, since they read the
 # last dim only; on the values of grad and jvp levels (a second derivative) as FuncTensors,
 # whose calls those levels differentiate again, so Hessians follow. cuDNN fuses the same
-# steps (its backward kernels are the vjps here).
+# steps (its backward kernels are the vjps here). A first derivative's vjp keeps the
+# activations instead (NOTE [A cell's first derivative keeps its activations]).
 def in_torch(formula, *args):
     """``formula(*args)``, written in torch calls that read only the last dim (every leading
     dim is elementwise): directly on plain tensors (and None); on a vmap level's values with
@@ -151,11 +151,34 @@ def _sum(terms):
     return total
 
 
-def gated_rules(prim, partials, blocks):
+def _over_plain_tensors(args) -> bool:
+    """Whether every argument is a plain tensor (or None), or vmap values over one."""
+    for arg in args:
+        while type(arg) is BatchedValue:
+            arg = arg.payload
+        if arg is not None and type(arg) is not torch.Tensor:
+            return False
+    return True
+
+
+# NOTE [A cell's first derivative keeps its activations]
+# The partials recompute the gates' sigmoids and tanhs in the backward pass (the forward
+# kernel computed them already) and multiply them out element by element: an LSTM step's
+# backward was about twenty-five kernels where torch's autograd runs ten. So where a cell's
+# arguments are plain tensors, or vmap values over them (a first derivative, per sample or
+# not), its vjp runs the cell's formula itself (``saving``: torch's calls in torch's order,
+# so the output is the primitive's bits) and keeps the activations, and its backward is what
+# torch's autograd of that formula runs: sigmoid_backward and tanh_backward of the kept
+# activations (``cotangents``). Values of other levels (a second derivative, a jit trace)
+# take the partials, which those levels differentiate again.
+def gated_rules(prim, partials, blocks, first_derivative=None):
     """The vjp and jvp rules of a cell primitive from its partial derivatives. ``blocks[k]``
     is the number of gate blocks of argument k (None: elementwise); ``partials(*args)``, in
     torch calls, gives per argument its partial derivative, or for a gated one
-    {block: partial} (NOTE [The LSTM cell is two primitives])."""
+    {block: partial} (NOTE [The LSTM cell is two primitives]). ``first_derivative``:
+    (saving, cotangents), the vjp over plain tensors (NOTE [A cell's first derivative keeps
+    its activations]): ``saving(*args)`` is (output, kept), ``cotangents(wanted, ct, *kept)``
+    one cotangent per argument (None where not ``wanted``)."""
     def cotangents(wanted, ct, *args):
         result = []
         for want, n, partial in zip(wanted, blocks, partials(*args)):
@@ -171,6 +194,11 @@ def gated_rules(prim, partials, blocks):
 
     def vjp(*args):
         wanted = tuple(wants_cotangent(position, arg) for position, arg in enumerate(args))
+        if first_derivative is not None and _over_plain_tensors(args):
+            saving, kept_cotangents = first_derivative
+            out, kept = in_torch(saving, *args)
+            return out, lambda ct: in_torch(
+                functools.partial(kept_cotangents, wanted), ct, *kept)
         return bind(prim, *args), lambda ct: in_torch(
             functools.partial(cotangents, wanted), ct, *args)
 
@@ -214,6 +242,33 @@ lstm_cell_p = P.primitive("lstm_cell", _lstm_cell_impl)
 lstm_hidden_p = P.primitive("lstm_hidden", _lstm_hidden_impl)
 
 
+def _lstm_cell_saving(gates, cx):
+    in_gate, forget_gate, cell_gate, _ = gates.chunk(4, -1)
+    i, f, g = in_gate.sigmoid(), forget_gate.sigmoid(), cell_gate.tanh()
+    return f * cx + i * g, (i, f, g, cx)
+
+
+def _lstm_cell_cotangents(wanted, ct, i, f, g, cx):
+    gates_ct = None
+    if wanted[0]:  # the blocks i, f, g, and nothing for o
+        gates_ct = torch.cat([aten.sigmoid_backward(ct * g, i), aten.sigmoid_backward(ct * cx, f),
+                              aten.tanh_backward(ct * i, g), torch.zeros_like(ct)], -1)
+    return gates_ct, ct * f if wanted[1] else None
+
+
+def _lstm_hidden_saving(gates, cy):
+    o, t = gates.chunk(4, -1)[3].sigmoid(), cy.tanh()
+    return o * t, (o, t)
+
+
+def _lstm_hidden_cotangents(wanted, ct, o, t):
+    gates_ct = None
+    if wanted[0]:  # nothing for the blocks i, f, g; then o
+        zeros = ct.new_zeros((*ct.shape[:-1], 3 * ct.shape[-1]))
+        gates_ct = torch.cat([zeros, aten.sigmoid_backward(ct * t, o)], -1)
+    return gates_ct, aten.tanh_backward(ct * o, t) if wanted[1] else None
+
+
 def lstm_cell_partials(gates, cx):
     """c' = sigmoid(f) c + sigmoid(i) tanh(g): by the gates' blocks i, f, g, and by c."""
     in_gate, forget_gate, cell_gate, _ = gates.chunk(4, -1)
@@ -228,8 +283,10 @@ def lstm_hidden_partials(gates, cy):
     return {3: t * _sigmoid_derivative(o)}, o * _tanh_derivative(t)
 
 
-gated_rules(lstm_cell_p, lstm_cell_partials, blocks=(4, None))
-gated_rules(lstm_hidden_p, lstm_hidden_partials, blocks=(4, None))
+gated_rules(lstm_cell_p, lstm_cell_partials, blocks=(4, None),
+            first_derivative=(_lstm_cell_saving, _lstm_cell_cotangents))
+gated_rules(lstm_hidden_p, lstm_hidden_partials, blocks=(4, None),
+            first_derivative=(_lstm_hidden_saving, _lstm_hidden_cotangents))
 
 
 def _gru_cell_impl(input_gates, hidden_gates, hx):
@@ -242,6 +299,29 @@ def _gru_cell_impl(input_gates, hidden_gates, hx):
 
 
 gru_cell_p = P.primitive("gru_cell", _gru_cell_impl)
+
+
+def _gru_cell_saving(input_gates, hidden_gates, hx):
+    input_r, input_z, input_n = input_gates.chunk(3, -1)
+    hidden_r, hidden_z, hidden_n = hidden_gates.chunk(3, -1)
+    r = (hidden_r + input_r).sigmoid()
+    z = (hidden_z + input_z).sigmoid()
+    n = (input_n + hidden_n * r).tanh()
+    hx_minus_n = hx - n
+    return hx_minus_n * z + n, (r, z, n, hx_minus_n, hidden_n)
+
+
+def _gru_cell_cotangents(wanted, ct, r, z, n, hx_minus_n, hidden_n):
+    input_ct = hidden_ct = None
+    if wanted[0] or wanted[1]:
+        n_ct = aten.tanh_backward(ct - ct * z, n)  # (n enters h' twice: + n and (h - n) z)
+        r_ct = aten.sigmoid_backward(n_ct * hidden_n, r)
+        z_ct = aten.sigmoid_backward(ct * hx_minus_n, z)
+        if wanted[0]:
+            input_ct = torch.cat([r_ct, z_ct, n_ct], -1)
+        if wanted[1]:
+            hidden_ct = torch.cat([r_ct, z_ct, n_ct * r], -1)
+    return input_ct, hidden_ct, ct * z if wanted[2] else None
 
 
 def gru_cell_partials(input_gates, hidden_gates, hx):
@@ -258,7 +338,8 @@ def gru_cell_partials(input_gates, hidden_gates, hx):
     return {0: by_r, 1: by_z, 2: by_n}, {0: by_r, 1: by_z, 2: by_n * r}, z
 
 
-gated_rules(gru_cell_p, gru_cell_partials, blocks=(3, 3, None))
+gated_rules(gru_cell_p, gru_cell_partials, blocks=(3, 3, None),
+            first_derivative=(_gru_cell_saving, _gru_cell_cotangents))
 
 
 def _gru_step(input_gates, hidden_gates, hx):

@@ -211,6 +211,44 @@ def test_the_gru_cell_is_one_primitive_on_the_tape():
     assert not {"sigmoid", "tanh", "split", "mul"} & set(names[:-2]), names
 
 
+class _CountAten(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._overloadpacket.__name__
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name, activations", [("lstm", {"sigmoid": 3, "tanh": 2}),
+                                               ("gru", {"sigmoid": 2, "tanh": 1})])
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_a_cells_first_derivative_keeps_its_activations(name, activations, per_sample):
+    """NOTE [A cell's first derivative keeps its activations]: per step and layer, each
+    sigmoid and tanh of the forward runs once, and the backward pass runs torch's
+    sigmoid_backward and tanh_backward on them (not the partials, which compute them again)."""
+    module = _module(name)  # the GRU has two layers, and takes its batch first
+    xs = torch.randn(3, 2, 5, 3, generator=torch.Generator().manual_seed(9))
+    steps, layers = (5 if module.batch_first else 2), module.num_layers
+    params = _params(module)
+
+    def loss(api):
+        return lambda p, x: _weighted_sum(api.functional_call(module, p, (x,))[0])
+    transform = mf.vmap(mf.grad(loss(mf)), in_dims=(None, 0)) if per_sample else mf.grad(loss(mf))
+    with _CountAten() as counted:
+        ours = transform(params, xs if per_sample else xs[0])
+    for activation, per_step in activations.items():
+        assert counted.counts.get(activation) == per_step * steps * layers, counted.counts
+        assert counted.counts.get(f"{activation}_backward") == per_step * steps * layers, \
+            counted.counts
+    theirs = [tf.grad(loss(tf))(params, x) for x in (xs if per_sample else xs[:1])]
+    expected = {k: torch.stack([t[k] for t in theirs]) if per_sample else theirs[0][k]
+                for k in params}
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_an_lstm_under_vmap_of_jvp_matches_a_loop_of_torch_func_jvps_in_float64():
     module = _module("lstm_2_layers_bidirectional", torch.float64)
     xs = torch.randn(3, 4, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
