@@ -3753,15 +3753,29 @@ def _target_weights(target, weight, ignore_index, dtype):
 _REDUCTIONS = ("none", "mean", "sum")  # torch's enum order
 
 
+# The mean's denominator (the summed weights of the kept targets) is the forward kernel's
+# second output, which its backward kernel takes: without class weights it is kept for the
+# backward (NOTE [Kernels with two outputs]), keyed by the targets, where recomputing it
+# would cost five kernels (ne, where, a conversion, a sum and a scalar).
+_NLL_TOTAL_WEIGHT = _KeptOutput()
+
+
 def _nll_loss_impl(x, target, weight, *, reduction, ignore_index):
+    if reduction == "mean" and weight is None:  # (x is 1-D or 2-D: nll_loss_nd's own call)
+        loss, total = aten.nll_loss_forward(x, target, None, 1, ignore_index)
+        _NLL_TOTAL_WEIGHT.keep(target, (ignore_index, x.dtype), total)
+        return loss
     return torch._C._nn.nll_loss_nd(x, target, weight, _REDUCTIONS.index(reduction),
                                     ignore_index)
 
 
 def _nll_loss_backward_impl(ct, target, weight, *, input_shape, reduction, ignore_index):
-    # (the mean's denominator: the summed weights of the kept targets)
-    total = (ops.sum(_target_weights(target, weight, ignore_index, ct.dtype)[0])
-             if reduction == "mean" else ct.new_ones(()))
+    total = None
+    if reduction == "mean" and weight is None:
+        total = _NLL_TOTAL_WEIGHT.take(target, (ignore_index, ct.dtype))
+    if total is None:
+        total = (ops.sum(_target_weights(target, weight, ignore_index, ct.dtype)[0])
+                 if reduction == "mean" else ct.new_ones(()))
     return aten.nll_loss_backward(ct, ct.new_empty(input_shape), target, weight,
                                   _REDUCTIONS.index(reduction), ignore_index, total)
 

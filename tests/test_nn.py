@@ -1784,6 +1784,23 @@ def test_per_sample_nll_loss_gradients_are_one_kernel_call_each_way(rows, reduct
     assert _kernel_calls(per_sample, xs, targets, name="aten::scatter_add_") == 0
 
 
+def test_the_mean_nll_loss_backward_takes_the_forwards_total_weight():
+    """Without class weights, the mean's denominator is the forward kernel's second output,
+    kept for the backward kernel (NOTE [Kernels with two outputs]): nothing counts the kept
+    targets again. With class weights it is computed as before. Every result is torch.func's
+    bits."""
+    g = torch.Generator().manual_seed(0)
+    x, weight = normal(g, 6, 4), positive(g, 4)
+    target = torch.tensor([0, -100, 2, 3, -100, 1])
+    for w in (None, weight):
+        f = lambda x: F.cross_entropy(x, target, w)  # noqa: E731
+        assert_same(mf.grad(f)(x), tf.grad(f)(x))
+    without_weights = mf.grad(lambda x: F.cross_entropy(x, target))
+    assert _kernel_calls(without_weights, x, name="aten::ne") == 0
+    assert _kernel_calls(mf.grad(lambda x: F.cross_entropy(x, target, weight)), x,
+                         name="aten::ne") == 1
+
+
 def test_a_tape_shows_an_optional_array_left_out_as_none():
     """nll_loss without class weights and a convolution without a bias: one tape entry each,
     the absent array written None, as a program writes it."""
