@@ -855,3 +855,19 @@ def test_one_hot_under_vmap_and_jit(num_classes):
         mf.jit(lambda t: F.one_hot(t))(t)
     with pytest.raises(RuntimeError, match="only applicable to index tensor"):
         mf.vmap(lambda t: F.one_hot(t, 4))(t.float())
+
+
+def test_the_backward_of_index_select_adds_into_its_zeros_in_place():
+    """NOTE [index_select and index_add: torch's kernels for one index along one dim]: the
+    cotangent is added into a fresh tensor of zeros where it is a plain tensor (no copy of
+    the zeros, as torch.index_add would make), and bound as index_add under vmap; both are
+    torch.func's bits."""
+    weight, index = torch.randn(50, 8, dtype=DTYPE), torch.tensor([3, 0, 3, 49, 7])
+    f = lambda w: (F.embedding(index, w) ** 2).sum()  # noqa: E731
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ours = mf.grad(f)(weight)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert calls.get("aten::index_add_") == 1 and "aten::copy_" not in calls, calls
+    assert_same(ours, tf.grad(f)(weight))
+    weights = torch.randn(3, 50, 8, dtype=DTYPE)
+    assert_same(mf.vmap(mf.grad(f))(weights), tf.vmap(tf.grad(f))(weights))
