@@ -229,23 +229,21 @@ def _tanh_derivative(t):
     return 1 - t * t  # at t = tanh(x)
 
 
-def _lstm_cell_impl(gates, cx):
-    in_gate, forget_gate, cell_gate, _ = gates.chunk(4, -1)
-    return forget_gate.sigmoid() * cx + in_gate.sigmoid() * cell_gate.tanh()
-
-
-def _lstm_hidden_impl(gates, cy):
-    return gates.chunk(4, -1)[3].sigmoid() * cy.tanh()
-
-
-lstm_cell_p = P.primitive("lstm_cell", _lstm_cell_impl)
-lstm_hidden_p = P.primitive("lstm_hidden", _lstm_hidden_impl)
-
-
 def _lstm_cell_saving(gates, cx):
+    """c' and what its first derivative keeps (NOTE [A cell's first derivative keeps its
+    activations])."""
     in_gate, forget_gate, cell_gate, _ = gates.chunk(4, -1)
     i, f, g = in_gate.sigmoid(), forget_gate.sigmoid(), cell_gate.tanh()
     return f * cx + i * g, (i, f, g, cx)
+
+
+def _lstm_hidden_saving(gates, cy):
+    o, t = gates.chunk(4, -1)[3].sigmoid(), cy.tanh()
+    return o * t, (o, t)
+
+
+lstm_cell_p = P.primitive("lstm_cell", lambda gates, cx: _lstm_cell_saving(gates, cx)[0])
+lstm_hidden_p = P.primitive("lstm_hidden", lambda gates, cy: _lstm_hidden_saving(gates, cy)[0])
 
 
 def _lstm_cell_cotangents(wanted, ct, i, f, g, cx):
@@ -254,11 +252,6 @@ def _lstm_cell_cotangents(wanted, ct, i, f, g, cx):
         gates_ct = torch.cat([aten.sigmoid_backward(ct * g, i), aten.sigmoid_backward(ct * cx, f),
                               aten.tanh_backward(ct * i, g), torch.zeros_like(ct)], -1)
     return gates_ct, ct * f if wanted[1] else None
-
-
-def _lstm_hidden_saving(gates, cy):
-    o, t = gates.chunk(4, -1)[3].sigmoid(), cy.tanh()
-    return o * t, (o, t)
 
 
 def _lstm_hidden_cotangents(wanted, ct, o, t):
@@ -289,19 +282,8 @@ gated_rules(lstm_hidden_p, lstm_hidden_partials, blocks=(4, None),
             first_derivative=(_lstm_hidden_saving, _lstm_hidden_cotangents))
 
 
-def _gru_cell_impl(input_gates, hidden_gates, hx):
-    input_r, input_z, input_n = input_gates.chunk(3, -1)
-    hidden_r, hidden_z, hidden_n = hidden_gates.chunk(3, -1)
-    r = (hidden_r + input_r).sigmoid()
-    z = (hidden_z + input_z).sigmoid()
-    n = (input_n + hidden_n * r).tanh()
-    return (hx - n) * z + n
-
-
-gru_cell_p = P.primitive("gru_cell", _gru_cell_impl)
-
-
 def _gru_cell_saving(input_gates, hidden_gates, hx):
+    """h' (GRUCell's arithmetic in its order) and what its first derivative keeps."""
     input_r, input_z, input_n = input_gates.chunk(3, -1)
     hidden_r, hidden_z, hidden_n = hidden_gates.chunk(3, -1)
     r = (hidden_r + input_r).sigmoid()
@@ -309,6 +291,9 @@ def _gru_cell_saving(input_gates, hidden_gates, hx):
     n = (input_n + hidden_n * r).tanh()
     hx_minus_n = hx - n
     return hx_minus_n * z + n, (r, z, n, hx_minus_n, hidden_n)
+
+
+gru_cell_p = P.primitive("gru_cell", lambda *args: _gru_cell_saving(*args)[0])
 
 
 def _gru_cell_cotangents(wanted, ct, r, z, n, hx_minus_n, hidden_n):
