@@ -191,7 +191,7 @@ def div(x, y, *, rounding_mode=None):
 
 
 def pow(x, y): return bind(P.pow_p, x, y)
-def square(x): return bind(P.mul_p, x, x)
+def square(x): return bind(P.pow_p, x, 2)  # (torch.square is pow(x, 2): its bits and dtypes)
 def eq(x, y): return bind(P.eq_p, x, y)
 def ne(x, y): return bind(P.ne_p, x, y)
 def lt(x, y): return bind(P.lt_p, x, y)

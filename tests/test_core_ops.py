@@ -150,3 +150,23 @@ def test_a_reflected_operator_called_unbound_with_a_number_as_self_is_refused():
     # __rpow__'s body is pow(other, self) whatever self is: torch computes t ** 2 here
     torch.testing.assert_close(mf.vmap(lambda t: torch.Tensor.__rpow__(2.0, t))(xs),
                                torch.Tensor.__rpow__(2.0, xs))
+
+
+def test_square_is_torchs_pow_of_two():
+    """torch.square is pow(x, 2) in torch: its dtype for bools (int64), its bits for complex64
+    (x * x rounds differently there), and a backward of ct * (2 x): two kernels, where the
+    product x * x pulls back by two products and their sum (the fan-in chapter 1 shows)."""
+    flags = torch.tensor([True, False, True])
+    assert mf.vmap(torch.square)(flags[:, None]).dtype == torch.square(flags).dtype == torch.int64
+    z = torch.randn(64, 5, dtype=torch.complex64)
+    assert torch.equal(mf.vmap(torch.square)(z), tf.vmap(torch.square)(z))
+    x = torch.randn(64, 5)
+
+    def f(x):
+        return x.square().sum()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ours = mf.grad(f)(x)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert calls.get("aten::mul") == 2 and "aten::add" not in calls, calls
+    assert torch.equal(ours, tf.grad(f)(x))
+    assert torch.equal(mf.vmap(mf.grad(f))(x[:, None]), tf.vmap(tf.grad(f))(x[:, None]))
