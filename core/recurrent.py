@@ -229,16 +229,26 @@ def _tanh_derivative(t):
     return 1 - t * t  # at t = tanh(x)
 
 
+def _lstm_cell_activations(gates):
+    """sigmoid(i), sigmoid(f), tanh(g) of the gates' blocks i, f, g."""
+    in_gate, forget_gate, cell_gate, _ = gates.chunk(4, -1)
+    return in_gate.sigmoid(), forget_gate.sigmoid(), cell_gate.tanh()
+
+
+def _lstm_hidden_activations(gates, cy):
+    """sigmoid(o) of the gates' block o, and tanh(c')."""
+    return gates.chunk(4, -1)[3].sigmoid(), cy.tanh()
+
+
 def _lstm_cell_saving(gates, cx):
     """c' and what its first derivative keeps (NOTE [A cell's first derivative keeps its
     activations])."""
-    in_gate, forget_gate, cell_gate, _ = gates.chunk(4, -1)
-    i, f, g = in_gate.sigmoid(), forget_gate.sigmoid(), cell_gate.tanh()
+    i, f, g = _lstm_cell_activations(gates)
     return f * cx + i * g, (i, f, g, cx)
 
 
 def _lstm_hidden_saving(gates, cy):
-    o, t = gates.chunk(4, -1)[3].sigmoid(), cy.tanh()
+    o, t = _lstm_hidden_activations(gates, cy)
     return o * t, (o, t)
 
 
@@ -264,15 +274,14 @@ def _lstm_hidden_cotangents(wanted, ct, o, t):
 
 def lstm_cell_partials(gates, cx):
     """c' = sigmoid(f) c + sigmoid(i) tanh(g): by the gates' blocks i, f, g, and by c."""
-    in_gate, forget_gate, cell_gate, _ = gates.chunk(4, -1)
-    i, f, g = in_gate.sigmoid(), forget_gate.sigmoid(), cell_gate.tanh()
+    i, f, g = _lstm_cell_activations(gates)
     return ({0: g * _sigmoid_derivative(i), 1: cx * _sigmoid_derivative(f),
              2: i * _tanh_derivative(g)}, f)
 
 
 def lstm_hidden_partials(gates, cy):
     """h' = sigmoid(o) tanh(c'): by the gates' block o, and by c'."""
-    o, t = gates.chunk(4, -1)[3].sigmoid(), cy.tanh()
+    o, t = _lstm_hidden_activations(gates, cy)
     return {3: t * _sigmoid_derivative(o)}, o * _tanh_derivative(t)
 
 
@@ -282,13 +291,19 @@ gated_rules(lstm_hidden_p, lstm_hidden_partials, blocks=(4, None),
             first_derivative=(_lstm_hidden_saving, _lstm_hidden_cotangents))
 
 
-def _gru_cell_saving(input_gates, hidden_gates, hx):
-    """h' (GRUCell's arithmetic in its order) and what its first derivative keeps."""
+def _gru_cell_activations(input_gates, hidden_gates):
+    """r, z and n (GRUCell's arithmetic in its order), and the hidden state's block n."""
     input_r, input_z, input_n = input_gates.chunk(3, -1)
     hidden_r, hidden_z, hidden_n = hidden_gates.chunk(3, -1)
     r = (hidden_r + input_r).sigmoid()
     z = (hidden_z + input_z).sigmoid()
     n = (input_n + hidden_n * r).tanh()
+    return r, z, n, hidden_n
+
+
+def _gru_cell_saving(input_gates, hidden_gates, hx):
+    """h' and what its first derivative keeps."""
+    r, z, n, hidden_n = _gru_cell_activations(input_gates, hidden_gates)
     hx_minus_n = hx - n
     return hx_minus_n * z + n, (r, z, n, hx_minus_n, hidden_n)
 
@@ -312,11 +327,7 @@ def _gru_cell_cotangents(wanted, ct, r, z, n, hx_minus_n, hidden_n):
 def gru_cell_partials(input_gates, hidden_gates, hx):
     """h' = (h - n) z + n, with r = sigmoid(r_in + r_h), z = sigmoid(z_in + z_h) and
     n = tanh(n_in + r n_h): by the input's gate blocks, the hidden state's, and by h."""
-    input_r, input_z, input_n = input_gates.chunk(3, -1)
-    hidden_r, hidden_z, hidden_n = hidden_gates.chunk(3, -1)
-    r = (hidden_r + input_r).sigmoid()
-    z = (hidden_z + input_z).sigmoid()
-    n = (input_n + hidden_n * r).tanh()
+    r, z, n, hidden_n = _gru_cell_activations(input_gates, hidden_gates)
     by_z = (hx - n) * _sigmoid_derivative(z)
     by_n = (1 - z) * _tanh_derivative(n)  # d h' / d n_in
     by_r = by_n * hidden_n * _sigmoid_derivative(r)
