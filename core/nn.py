@@ -4731,6 +4731,13 @@ def _grid_partials(x, grid, params):
     return ops.reshape(partials, n, c, *grid_shape[1:])
 
 
+def _along_the_grid(x, grid, grid_dot, params):
+    """The change of grid_sample's output along a change ``grid_dot`` of its grid: the grid's
+    partials times it, summed over the grid's last dim."""
+    along = ops.mul(_grid_partials(x, grid, params), ops.unsqueeze(grid_dot, 1))
+    return ops.sum(along, len(shape_of(along)) - 1)
+
+
 def grid_sampler_vjp(x, grid, **params):
     def backward(ct):
         return (bind(grid_sampler_input_backward_p, ct, x, grid, **params)
@@ -4749,8 +4756,7 @@ def grid_sampler_jvp(primals, tangents, **params):
     if x_dot is not None:  # linear in the input
         out_dot = bind(grid_sampler_p, x_dot, grid, **params)
     if grid_dot is not None:
-        along = ops.mul(_grid_partials(x, grid, params), ops.unsqueeze(grid_dot, 1))
-        out_dot = add_tangents(out_dot, ops.sum(along, len(shape_of(along)) - 1))
+        out_dot = add_tangents(out_dot, _along_the_grid(x, grid, grid_dot, params))
     return bind(grid_sampler_p, x, grid, **params), out_dot
 
 
@@ -4776,8 +4782,7 @@ def grid_sampler_input_backward_vjp(ct, x, grid, **params):
 def grid_sampler_grid_backward_vjp(ct, x, grid, **params):
     def backward(g):  # ct -> sum over the grid's dims k of d out / d grid[k] times g[k]
         _refuse_constant_operands(grid_sampler_grid_backward_p, (x, grid))
-        along = ops.mul(_grid_partials(x, grid, params), ops.unsqueeze(g, 1))
-        return ops.sum(along, len(shape_of(along)) - 1), None, None
+        return _along_the_grid(x, grid, g, params), None, None
     return bind(grid_sampler_grid_backward_p, ct, x, grid, **params), backward
 
 
@@ -4927,11 +4932,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return ops.matmul(_attention_weights(query, key, is_causal, scale), value)
 
 
+def _attention_scale(query, scale):
+    """The scores' scale: ``scale``, or 1 / sqrt(head size) where it is None."""
+    return 1.0 / math.sqrt(shape_of(query)[-1]) if scale is None else float(scale)
+
+
 def _attention_weights(query, key, is_causal, scale):
     """softmax(q k^T scale), causal or not (scale None: 1 / sqrt(head size))."""
     q_shape, k_shape = shape_of(query), shape_of(key)
-    scale = 1.0 / math.sqrt(q_shape[-1]) if scale is None else float(scale)
-    scores = ops.mul(ops.matmul(query, ops.transpose(key, -2, -1)), scale)
+    scores = ops.mul(ops.matmul(query, ops.transpose(key, -2, -1)),
+                     _attention_scale(query, scale))
     if is_causal:
         allowed = torch.ones(q_shape[-2], k_shape[-2], dtype=torch.bool,
                              device=query.device).tril()
@@ -5032,7 +5042,6 @@ attention_backward_ps = (attention_backward_query_p, attention_backward_key_p,
 def _attention_tangent(q, k, v, q_dot, k_dot, v_dot, *, is_causal, scale):
     """The tangent of softmax(q k^T scale) v for the tangents of q, k and v (None: zero)."""
     weights = _attention_weights(q, k, is_causal, scale)
-    scale = 1.0 / math.sqrt(shape_of(q)[-1]) if scale is None else scale
     scores_dot = None
     if q_dot is not None:
         scores_dot = ops.matmul(q_dot, ops.transpose(k, -2, -1))
@@ -5040,7 +5049,7 @@ def _attention_tangent(q, k, v, q_dot, k_dot, v_dot, *, is_causal, scale):
         scores_dot = add_tangents(scores_dot, ops.matmul(q, ops.transpose(k_dot, -2, -1)))
     out_dot = None
     if scores_dot is not None:  # softmax's jvp: w (s_dot - sum(w s_dot))
-        scores_dot = ops.mul(scores_dot, scale)
+        scores_dot = ops.mul(scores_dot, _attention_scale(q, scale))
         centered = ops.sub(scores_dot, ops.sum(ops.mul(weights, scores_dot), -1, keepdim=True))
         out_dot = ops.matmul(ops.mul(weights, centered), v)
     if v_dot is not None:
