@@ -514,8 +514,9 @@ def _two_distinct_dims(x, dim):
 
 
 def _frobenius(x, dim, keepdim):
-    """vector_norm for the Frobenius cases above, or NotImplemented where torch should decide."""
-    if _rank(x) < 2 or not (x.dtype.is_floating_point or x.dtype.is_complex):
+    """The 2-norm of the elements over ``dim`` (two distinct dims; None: every dim) for the
+    cases above, or NotImplemented where torch should decide."""
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
         return NotImplemented
     if dim is not None and not _two_distinct_dims(x, dim):
         return NotImplemented
@@ -524,7 +525,8 @@ def _frobenius(x, dim, keepdim):
 
 @torch_api.register(torch.linalg.matrix_norm)
 def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None, out=None):
-    if not (isinstance(ord, str) and ord == "fro") or out is not None or dtype is not None:
+    if not (isinstance(ord, str) and ord == "fro") or dim is None or out is not None \
+            or dtype is not None:
         return NotImplemented
     return _frobenius(A, dim, keepdim)
 
@@ -534,13 +536,11 @@ def linalg_norm(A, ord=None, dim=None, keepdim=False, *, dtype=None, out=None):
     fro = ord is None or (isinstance(ord, str) and ord == "fro")
     if out is not None or not fro or isinstance(dim, int) or dtype is not None:
         return NotImplemented
-    if ord is None and dim is None:  # the 2-norm of every element, any rank (torch's words)
-        if not (A.dtype.is_floating_point or A.dtype.is_complex):
+    if ord is not None and dim is None:  # ord="fro" with no dim: a matrix, else torch raises
+        if _rank(A) != 2:
             return NotImplemented
-        return vector_norm(A, 2.0, None, keepdim)
-    if dim is None:  # ord="fro" with no dim: a matrix, else torch raises
-        return _frobenius(A, (-2, -1), keepdim) if _rank(A) == 2 else NotImplemented
-    return _frobenius(A, dim, keepdim)
+        dim = (-2, -1)
+    return _frobenius(A, dim, keepdim)  # (no ord and no dim: every element, any rank)
 
 
 @torch_api.register(torch.norm, torch.Tensor.norm)

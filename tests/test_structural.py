@@ -796,3 +796,11 @@ def test_reductions_of_all_elements_at_nan_as_torch_func(name, transform):
     for mine, torchs in zip(torch.utils._pytree.tree_leaves(ours),
                             torch.utils._pytree.tree_leaves(theirs)):
         torch.testing.assert_close(mine, torchs, equal_nan=True, rtol=0, atol=0)
+
+
+def test_matrix_norm_with_no_dims_is_torchs_error():
+    """NOTE [The Frobenius norm at the front door]: matrix_norm(A, dim=None) is declined, and
+    torch refuses it (a Frobenius norm of every element would answer where torch raises)."""
+    x = torch.randn(3, 4, dtype=DTYPE)
+    with pytest.raises(TypeError, match="linalg_matrix_norm"):
+        mf.grad(lambda x: torch.linalg.matrix_norm(x, dim=None))(x)
