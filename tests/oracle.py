@@ -195,6 +195,14 @@ def assert_same(ours, theirs):
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-8)
 
 
+def aten_calls(f):
+    """How many times ``f()`` ran each aten op (torch's profiler, by name: "aten::mul"), and
+    its result: the tests that say which kernels a rule runs count with it."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        result = f()
+    return {event.key: event.count for event in prof.key_averages()}, result
+
+
 def check_under_transform(case, transform):
     build = TRANSFORMS.get(transform, t_hessian)
     expected = build(tf, case)

@@ -38,6 +38,7 @@ from op_table import DTYPE, OpCase, distinct, indices, normal, positive
 from oracle import (
     TRANSFORMS,
     t_hessian as TRANSFORMS_HESSIAN,
+    aten_calls,
     assert_same,
     check_finite_differences,
     check_under_transform,
@@ -922,9 +923,7 @@ def test_layer_norm_without_weight_or_bias_traces():
 
 
 def _kernel_calls(fn, *args, name="aten::max_pool2d_with_indices"):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn(*args)
-    return sum(e.count for e in prof.key_averages() if e.key == name)
+    return aten_calls(lambda: fn(*args))[0].get(name, 0)
 
 
 @pytest.mark.parametrize("size", ["small", "channels-last"])
@@ -1488,9 +1487,8 @@ def test_attention_vjp_fn_is_differentiated_in_its_cotangent(monkeypatch):
 # --- small convolutions on a CPU: torch's one-example kernels ----------------------------------
 def _aten_ops_run(f):
     """The aten ops that ``f()`` calls (by torch's profiler), and its result."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        out = f()
-    return {event.key for event in prof.key_averages()}, out
+    calls, out = aten_calls(f)
+    return set(calls), out
 
 
 def _float32_close_to_float64(ours, exact):

@@ -17,7 +17,7 @@ import torch.func as tf
 import torch.nn as nn
 
 import minifunctorch.core as mf
-from oracle import central_differences
+from oracle import aten_calls, central_differences
 
 CONFIGS = {
     "lstm": (nn.LSTM, {}),
@@ -211,17 +211,6 @@ def test_the_gru_cell_is_one_primitive_on_the_tape():
     assert not {"sigmoid", "tanh", "split", "mul"} & set(names[:-2]), names
 
 
-class _CountAten(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._overloadpacket.__name__
-        self.counts[name] = self.counts.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("name, activations", [("lstm", {"sigmoid": 3, "tanh": 2}),
                                                ("gru", {"sigmoid": 2, "tanh": 1})])
 @pytest.mark.parametrize("per_sample", [False, True])
@@ -237,12 +226,10 @@ def test_a_cells_first_derivative_keeps_its_activations(name, activations, per_s
     def loss(api):
         return lambda p, x: _weighted_sum(api.functional_call(module, p, (x,))[0])
     transform = mf.vmap(mf.grad(loss(mf)), in_dims=(None, 0)) if per_sample else mf.grad(loss(mf))
-    with _CountAten() as counted:
-        ours = transform(params, xs if per_sample else xs[0])
+    calls, ours = aten_calls(lambda: transform(params, xs if per_sample else xs[0]))
     for activation, per_step in activations.items():
-        assert counted.counts.get(activation) == per_step * steps * layers, counted.counts
-        assert counted.counts.get(f"{activation}_backward") == per_step * steps * layers, \
-            counted.counts
+        assert calls.get(f"aten::{activation}") == per_step * steps * layers, calls
+        assert calls.get(f"aten::{activation}_backward") == per_step * steps * layers, calls
     theirs = [tf.grad(loss(tf))(params, x) for x in (xs if per_sample else xs[:1])]
     expected = {k: torch.stack([t[k] for t in theirs]) if per_sample else theirs[0][k]
                 for k in params}
