@@ -475,9 +475,7 @@ def _cpu_model() -> str:
 
 def _kernel_choices() -> str:
     from minifunctorch.core import kernels
-    return (f"wide-vector convolution kernels: {'yes' if kernels.WIDE_VECTORS else 'no'}; large "
-            f"outer products as a batched matmul: "
-            f"{'yes' if kernels.BATCHED_MATMUL_OUTER_PRODUCTS else 'no'}")
+    return f"wide-vector convolution kernels: {'yes' if kernels.WIDE_VECTORS else 'no'}"
 
 
 def _git_revision() -> str:

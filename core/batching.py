@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from . import diagonals, kernels, ops, passes, torch_api
+from . import diagonals, ops, passes, torch_api
 from . import tensor as tensor_module
 from . import primitives as P
 from .dispatch import Dispatcher, name_of, no_concrete_value
@@ -663,19 +663,17 @@ batching_rules[P.matmul_p] = matmul_batch
 # A per-example outer product ((B, m, 1) @ (B, 1, n): the weight gradient of a linear layer
 # under vmap(grad)) is a broadcast multiply: for small operands it costs a fraction of a
 # batched matmul's call (1.5 us against 4.7 us at (8, 40, 1), 55 against 81 us at
-# (256, 10, 128), one thread). A large one is bound by writing its result, and there the
-# batched matmul, which torch.func's batching rule always calls, writes it faster on some
-# CPUs: 11.3 against 12.8 ms at (256, 128, 784) on an Intel Xeon, and 3.0 against 5.3 ms at
-# (32, 512, 784). On AMD CPUs the multiply is the faster at every size: 7.3 against 10.8 ms
-# at (256, 128, 784) with AVX2, 4.1 against 9.6 ms with AVX-512. From 4M elements of result
-# on, the product is torch.func's batched matmul on a GPU and on an Intel CPU with 512-bit
-# vectors (NOTE [Kernel choices that depend on the CPU] in kernels.py), and the multiply on
-# other CPUs. Both compute one product per element, so the bits are the same either way.
+# (256, 10, 128), one thread). A large one is bound by writing its result, and on a CPU the
+# multiply writes it as fast as torch.func's batched matmul or faster, measured in the
+# program that makes it (S2's per-sample gradients; the table in NOTE [Kernel choices that
+# depend on the CPU], kernels.py): so on a CPU it is the multiply at every size. On a GPU,
+# from 4M elements of result on, it is torch.func's batched matmul. Both compute one product
+# per element, so the bits are the same either way.
 _LARGE_OUTER_PRODUCT = 1 << 22
 
 
 def _large_outer_product(x, y):
-    if not kernels.BATCHED_MATMUL_OUTER_PRODUCTS and x.device.type == "cpu":
+    if x.device.type == "cpu":
         return False
     shape = ops.broadcast_shapes(ops.shape_of(x)[:-2], ops.shape_of(y)[:-2])
     return math.prod(shape) * ops.shape_of(x)[-2] * ops.shape_of(y)[-1] >= _LARGE_OUTER_PRODUCT

@@ -14,7 +14,7 @@ import torch.func as tf
 import torch.nn.functional as F
 
 import minifunctorch.core as mf
-from minifunctorch.core import kernels
+from oracle import aten_calls
 
 # torch.func scripts its decompositions on first use (torch deprecates torch.jit.script), and
 # torch.func.linearize's constant folding warns inside torch.fx
@@ -976,25 +976,30 @@ def test_jacrev_with_chunk_size_one_pulls_back_row_by_row_without_vmap():
         mf.jacrev(f, chunk_size=2)(x, y)
 
 
-@pytest.mark.parametrize("matmul_faster", [False, True], ids=["amd-or-avx2", "intel-avx512"])
 @pytest.mark.parametrize("rows", [40, 4096])
-def test_a_per_example_outer_product_takes_the_cpus_faster_kernel(rows, matmul_faster,
-                                                                  monkeypatch):
-    """NOTE [Outer products: ...] in batching.py: a small per-example outer product is a
-    broadcast multiply; a large one (4M elements of result here) is a batched matmul on an
-    Intel CPU with 512-bit vectors and stays the multiply on others (NOTE [Kernel choices that
-    depend on the CPU]). Either way the result is torch.func's bit for bit: one product per
-    element."""
-    monkeypatch.setattr(kernels, "BATCHED_MATMUL_OUTER_PRODUCTS", matmul_faster)
+def test_a_per_example_outer_product_is_a_broadcast_multiply_on_a_cpu(rows):
+    """NOTE [Outer products: ...] in batching.py: on a CPU a per-example outer product is a
+    broadcast multiply, small or large (4M elements of result here), never a batched matmul
+    with an inner size of 1; the result is torch.func's bit for bit (one product per
+    element)."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(4, rows, generator=g), torch.randn(4, 256, generator=g)
     outer = lambda a, b: a.unsqueeze(1) @ b.unsqueeze(0)  # noqa: E731
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        ours = mf.vmap(outer)(a, b)
-    ran = {e.key for e in prof.key_averages()}
-    large = matmul_faster and rows == 4096
-    assert ("aten::bmm" in ran) == large and ("aten::mul" in ran) != large, ran
+    counts, ours = aten_calls(lambda: mf.vmap(outer)(a, b))
+    assert "aten::bmm" not in counts and "aten::mul" in counts, counts
     assert torch.equal(ours, tf.vmap(outer)(a, b))
+
+
+@pytest.mark.parametrize("rows", [40, 4096])
+def test_a_large_per_example_outer_product_off_the_cpu_is_a_batched_matmul(rows):
+    """Off the CPU (the meta device stands in for a GPU: the choice reads the device only),
+    a large outer product is torch.func's batched matmul and a small one the multiply."""
+    a, b = torch.empty(4, rows, device="meta"), torch.empty(4, 256, device="meta")
+    outer = lambda a, b: a.unsqueeze(1) @ b.unsqueeze(0)  # noqa: E731
+    counts, ours = aten_calls(lambda: mf.vmap(outer)(a, b))
+    large = rows == 4096
+    assert ("aten::bmm" in counts) == large and ("aten::mul" in counts) != large, counts
+    assert ours.shape == (4, rows, 256) and ours.device.type == "meta"
 
 
 def test_diag_of_a_matrix_is_a_copy_as_in_torch():
