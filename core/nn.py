@@ -5113,7 +5113,12 @@ for _prim in (attention_p, attention_logsumexp_p, *attention_backward_ps):
 # rebuilt from its code with a ``has_torch_function`` that answers False, so that its first
 # line lets the body run instead of dispatching again; its other names are those of
 # torch.nn.functional when the engine is imported. (torch.func needs no such step: its
-# transforms sit below Python, in the dispatcher.)
+# transforms sit below Python, in the dispatcher.) The body gets a FuncTensor per argument, so
+# self-attention's ``query is key is value`` is False there and it projects with three
+# linear layers where torch.func takes the packed path (one linear layer, a copy, three
+# selects): equal to float32 rounding, in three ops where the packed path makes eight, faster
+# here (grad of a 4-head layer on 20 tokens: 1.27x torch.func's time, 1.61x with the
+# tensors' identity kept, A/B on an Intel Xeon).
 def _python_body(function):
     """``function``'s own body: the function rebuilt with ``has_torch_function`` False."""
     namespace = dict(function.__globals__, has_torch_function=lambda *args: False)
