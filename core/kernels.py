@@ -1,10 +1,11 @@
 """Kernel choices that depend on the CPU: facts about the machine, read once at import.
 
 NOTE [Kernel choices that depend on the CPU]
-Two derivative rules can compute the same result with two different torch kernels, and which
-of the two is faster depends on the CPU's vector instructions, not on the shapes alone. torch
-itself dispatches its CPU kernels by that capability (``torch.backends.cpu.get_cpu_capability()``,
-"AVX2" or "AVX512" on x86), and oneDNN does the same inside its convolutions; so do these rules:
+Two of the engine's rules can compute the same result with two different torch kernels,
+and which of the two is faster depends on the CPU's vector instructions, not on the shapes
+alone. torch itself dispatches its CPU kernels by that capability
+(``torch.backends.cpu.get_cpu_capability()``, "AVX2" or "AVX512" on x86), and oneDNN does the
+same inside its convolutions; so do these rules:
 
 - grad_input of a stride-1 convolution (NOTE [grad_input as a forward convolution] in nn.py):
   oneDNN's backward-data kernel (torch.func's choice), or its forward kernel on the flipped
