@@ -70,6 +70,8 @@ def promoted_dtype(operands):
 
 def normalize_dim(dim: int, rank: int, *, op: str) -> int:
     """A dim in [-rank, rank) as a non-negative int (a 0-d tensor accepts 0 and -1)."""
+    if type(dim) is int and 0 <= dim < rank:  # (the common case, first: views and reductions)
+        return dim
     bound = builtins.max(rank, 1)
     if not -bound <= dim < bound:
         raise DimOutOfRangeError(

@@ -266,7 +266,9 @@ def _operator(func, x, y):
     if depth and _stack_at(depth - 1) is _MODE:
         _pop_mode()
         try:
-            if type(y) in NUMBERS and x._view is None:
+            view = x._view  # (up to date: NOTE [Views that outlive a write])
+            current = view is None or view.checked == _writes
+            if type(y) in NUMBERS and current:
                 value = x.value
                 prim = _NUMBER_SECOND.get(func)
                 if type(value) is batched_value_type:
@@ -277,7 +279,7 @@ def _operator(func, x, y):
                 elif prim is not None and isinstance(value, Value):
                     # call_function's case "x * 1.1", without its lookups
                     return _wrapped(value.dispatcher.apply(prim, value, y), func, (x, y))
-            elif isinstance(y, torch.Tensor) and type(y) is not FuncTensor and x._view is None:
+            elif isinstance(y, torch.Tensor) and type(y) is not FuncTensor and current:
                 value = x.value
                 if type(value) is batched_value_type and not value.dispatcher.exited:
                     # NOTE [An unbatched tensor beside a batched value] (batching.py)
@@ -356,7 +358,8 @@ def as_tensors(tree):
 
 def value_of(t):
     """The current value of a FuncTensor (a view is brought up to date with its base)."""
-    if t._view is not None:
+    view = t._view
+    if view is not None and view.checked != _writes:  # (NOTE [Views that outlive a write])
         _refresh_view(t)
     return t.value
 
@@ -364,7 +367,7 @@ def value_of(t):
 def unwrap(x):
     """A FuncTensor's value; anything else unchanged."""
     if type(x) is FuncTensor:
-        return x.value if x._view is None else value_of(x)
+        return value_of(x)
     return x
 
 
@@ -389,7 +392,9 @@ def unwrap_all(args, func=None):
     out = []
     for a in args:
         if type(a) is FuncTensor:
-            out.append(a.value if a._view is None else value_of(a))
+            out.append(value_of(a))
+        elif type(a) in NUMBERS:  # (dims and sizes: x.transpose(0, 1), x.view(4, -1))
+            out.append(a)
         elif isinstance(a, (list, tuple)):
             out.append(_same_sequence(a, [unwrap(item) for item in a]))
         elif isinstance(a, numpy.generic):
@@ -646,10 +651,9 @@ def _refresh_view(t):
     also remembers the count of writes when it was last brought up to date: while no write
     has happened anywhere since, the walk down its chain of bases is skipped, and a long
     chain of views (``x.flatten().unflatten(...)`` in a loop) costs one comparison per read
-    rather than its depth."""
-    view = t._view
-    if view.checked == _writes:
-        return
+    rather than its depth. The front door's shortcuts (``_operator``, the transform mode's
+    one-argument case) take such an up-to-date view as they take a tensor that is no view."""
+    view = t._view  # (value_of has found it checked before the last write)
     base = view.base
     value_of(base)
     if view.generation != base._generation:
@@ -941,8 +945,8 @@ def call_function(func, args, kwargs):
             if "axis" in kwargs or "keepdims" in kwargs:
                 kwargs = _torch_names(kwargs)
             out = op(*unwrap_all(args, func), **_unwrap_kwargs(kwargs))
-        elif len(args) == 1 and type(args[0]) is FuncTensor and args[0]._view is None:
-            value = args[0].value  # one plain FuncTensor argument: unwrap_all written out
+        elif len(args) == 1 and type(args[0]) is FuncTensor:
+            value = value_of(args[0])  # one FuncTensor argument: unwrap_all written out
             prim = _ONE_PRIMITIVE.get(func)
             if prim is not None and isinstance(value, Value):
                 # NOTE [Functions that are one primitive] (torch_api.py)
@@ -1273,7 +1277,8 @@ class _TransformMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if len(args) == 1 and not kwargs:
             x = args[0]
-            if type(x) is FuncTensor and x._view is None:
+            # (a tensor that is no view, or an up-to-date one: NOTE [Views that outlive a write])
+            if type(x) is FuncTensor and (x._view is None or x._view.checked == _writes):
                 value = x.value
                 prim = _ONE_PRIMITIVE.get(func)
                 if type(value) is batched_value_type:
