@@ -367,7 +367,7 @@ def value_of(t):
 def unwrap(x):
     """A FuncTensor's value; anything else unchanged."""
     if type(x) is FuncTensor:
-        return value_of(x)
+        return x.value if x._view is None else value_of(x)
     return x
 
 
@@ -392,7 +392,7 @@ def unwrap_all(args, func=None):
     out = []
     for a in args:
         if type(a) is FuncTensor:
-            out.append(value_of(a))
+            out.append(a.value if a._view is None else value_of(a))
         elif type(a) in NUMBERS:  # (dims and sizes: x.transpose(0, 1), x.view(4, -1))
             out.append(a)
         elif isinstance(a, (list, tuple)):
@@ -653,7 +653,7 @@ def _refresh_view(t):
     chain of views (``x.flatten().unflatten(...)`` in a loop) costs one comparison per read
     rather than its depth. The front door's shortcuts (``_operator``, the transform mode's
     one-argument case) take such an up-to-date view as they take a tensor that is no view."""
-    view = t._view  # (value_of has found it checked before the last write)
+    view = t._view  # (value_of calls this only if a write has happened since its last check)
     base = view.base
     value_of(base)
     if view.generation != base._generation:
@@ -946,7 +946,8 @@ def call_function(func, args, kwargs):
                 kwargs = _torch_names(kwargs)
             out = op(*unwrap_all(args, func), **_unwrap_kwargs(kwargs))
         elif len(args) == 1 and type(args[0]) is FuncTensor:
-            value = value_of(args[0])  # one FuncTensor argument: unwrap_all written out
+            x = args[0]  # one FuncTensor argument: unwrap_all written out
+            value = x.value if x._view is None else value_of(x)
             prim = _ONE_PRIMITIVE.get(func)
             if prim is not None and isinstance(value, Value):
                 # NOTE [Functions that are one primitive] (torch_api.py)
