@@ -1026,8 +1026,8 @@ _inverse_permutations: dict = {}  # dims -> the dims that undo them
 def _reshape_back_vjp(prim):
     """Rules of the ops whose backward is a reshape to the input's shape."""
     def vjp(x, **params):
-        x_shape = ops.shape_of(x)
-        return bind(prim, x, **params), lambda ct: (ops.reshape(ct, *x_shape),)
+        x_shape = ops.shape_of(x)  # (x's own shape: bound without ops.reshape's checks)
+        return bind(prim, x, **params), lambda ct: (bind(P.reshape_p, ct, shape=x_shape),)
     return vjp
 
 
