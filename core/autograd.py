@@ -1012,15 +1012,9 @@ vjp_rules[P.matmul_p] = matmul_vjp
 
 # --- shape -------------------------------------------------------------------------------------
 def permute_vjp(x, *, dims):
-    inverse = _inverse_permutations.get(dims)
-    if inverse is None:  # (kept: a model permutes the same few ways on every call)
-        if len(_inverse_permutations) >= 1024:
-            _inverse_permutations.clear()
-        inverse = _inverse_permutations[dims] = tuple(
-            sorted(range(len(dims)), key=dims.__getitem__))
+    inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
     return bind(P.permute_p, x, dims=dims), lambda ct: (bind(P.permute_p, ct, dims=inverse),)
 vjp_rules[P.permute_p] = permute_vjp
-_inverse_permutations: dict = {}  # dims -> the dims that undo them
 
 
 def _reshape_back_vjp(prim):
