@@ -30,7 +30,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import minifunctorch.core as mft
 
 from .harness import (
-    COMPILE, HAND, LOOP, MAKE_FX, MFT, MFT_INDUCTOR, MFT_JIT, TORCH_FUNC, Case, NotAvailable,
+    COMPILE, COMPILE_HAND, HAND, LOOP, MAKE_FX, MFT, MFT_INDUCTOR, MFT_JIT, TORCH_FUNC, Case,
+    NotAvailable,
     find_jit,
 )
 
@@ -88,6 +89,7 @@ INDUCTOR_NOTE = ("not built for this case (compile time): see S2, S4 vmap(hessia
                  "S7-S10")
 QUICK_INDUCTOR_NOTE = "not built in --quick (compile time)"
 NO_INDUCTOR_NOTE = "not built: run with --no-inductor (compile time)"
+NO_HAND_NOTE = "no hand-batched floor to compile"  # (the hand-batched row says why)
 
 
 def engine_case(group, name, transform, args, *, sizes, inductor=False, loop=None, hand=None,
@@ -121,17 +123,26 @@ def engine_case(group, name, transform, args, *, sizes, inductor=False, loop=Non
         compiled = torch.compile(make_fx(transform(torch.func))(*args))
         return lambda: compiled(*args)
 
+    def compiled_hand():
+        compiled = torch.compile(hand)
+        return lambda: compiled(*args)
+
     builders = {MFT: minifunctorch_eager, MFT_JIT: minifunctorch_jit,
                 TORCH_FUNC: torch_func_eager, MAKE_FX: make_fx_replay}
     notes = dict(notes or {})
+    if hand is None:  # nothing for inductor to compile (hand-batched's note says why)
+        notes.setdefault(COMPILE_HAND, NO_HAND_NOTE)
     if inductor and sizes.inductor:
         builders[MFT_INDUCTOR] = functools.partial(minifunctorch_jit, "inductor")
         builders[COMPILE] = compiled_make_fx
+        if hand is not None:
+            builders[COMPILE_HAND] = compiled_hand
     else:
         note = (INDUCTOR_NOTE if sizes.inductor else
                 QUICK_INDUCTOR_NOTE if sizes == QUICK else NO_INDUCTOR_NOTE)
         notes.setdefault(MFT_INDUCTOR, note)
         notes.setdefault(COMPILE, note)
+        notes.setdefault(COMPILE_HAND, note)
     if loop is not None:
         builders[LOOP] = lambda: functools.partial(loop, *args)
     if hand is not None:

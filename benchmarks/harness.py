@@ -54,7 +54,8 @@ MAKE_FX = "make_fx(torch.func)"
 COMPILE = "compile(make_fx)"
 LOOP = "python loop"
 HAND = "hand-batched"
-CONTENDERS = (MFT, MFT_JIT, MFT_INDUCTOR, TORCH_FUNC, MAKE_FX, COMPILE, LOOP, HAND)
+COMPILE_HAND = "compile(hand-batched)"
+CONTENDERS = (MFT, MFT_JIT, MFT_INDUCTOR, TORCH_FUNC, MAKE_FX, COMPILE, LOOP, HAND, COMPILE_HAND)
 BASELINE = TORCH_FUNC
 ENGINE_CONTENDERS = (MFT, MFT_JIT, MFT_INDUCTOR)  # an error here is a failure, not a note
 
@@ -70,6 +71,8 @@ DESCRIPTIONS = {
     LOOP: "a Python loop: `torch.autograd.grad` per sample (S2, S7), per task (S8), per "
           "example and output (S9); one module call per model (S5, S10)",
     HAND: "hand-batched closed form (einsum; S10: a grouped convolution), the floor",
+    COMPILE_HAND: "`torch.compile(hand-batched)` (inductor): what inductor makes of the floor "
+                  "itself, beside what it makes of the engines' programs",
 }
 
 

@@ -4,8 +4,8 @@ import re
 from pathlib import Path
 
 from .harness import (
-    BASELINE, COMPILE, CONTENDERS, DESCRIPTIONS, HAND, LOOP, MAKE_FX, MFT, MFT_INDUCTOR,
-    MFT_JIT, format_seconds,
+    BASELINE, COMPILE, COMPILE_HAND, CONTENDERS, DESCRIPTIONS, HAND, LOOP, MAKE_FX, MFT,
+    MFT_INDUCTOR, MFT_JIT, format_seconds,
 )
 
 GROUP_TITLES = {
@@ -428,6 +428,15 @@ def targets_section(suite) -> str:
             for row in suite.targets]
     out.append(_table(["target", "case", "contender", "value", "goal", "status",
                        "by how much"], rows))
+    compiled_floor = [f"{by_contender[HAND].case.name}: "
+                      f"{ratio(by_contender, COMPILE_HAND, HAND):.2f}×"
+                      for by_contender in suite.results("S2")
+                      if ratio(by_contender, COMPILE_HAND, HAND) is not None]
+    if compiled_floor:
+        out.append(f"\nT8 in context: inductor's program for the hand-batched floor itself, "
+                   f"`{COMPILE_HAND}`, takes {', '.join(compiled_floor)} the eager floor's time "
+                   "in this run (S2's tables), a bound on what an inductor program reaches on "
+                   "this machine.")
     return "\n".join(out)
 
 
@@ -601,7 +610,7 @@ def gpu_section(path: Path = GPU_RESULTS) -> str:
 
 
 # --- the plot ------------------------------------------------------------------------------------
-PLOTTED = (MFT, MFT_JIT, MFT_INDUCTOR, MAKE_FX, COMPILE, LOOP, HAND)
+PLOTTED = (MFT, MFT_JIT, MFT_INDUCTOR, MAKE_FX, COMPILE, LOOP, HAND, COMPILE_HAND)
 
 
 def plot_data(suite) -> list:

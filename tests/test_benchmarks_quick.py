@@ -325,5 +325,38 @@ def test_the_gpu_section_quotes_the_gpu_runs_targets(tmp_path):
 def test_no_inductor_leaves_out_the_compile_contenders_and_says_so():
     sizes = run.dataclasses.replace(cases.FULL, inductor=False)
     case = cases.s2_cases(sizes, "cpu")[0]
-    assert harness.MFT_INDUCTOR not in case.builders and harness.COMPILE not in case.builders
-    assert case.notes[harness.MFT_INDUCTOR] == cases.NO_INDUCTOR_NOTE
+    for contender in (harness.MFT_INDUCTOR, harness.COMPILE, harness.COMPILE_HAND):
+        assert contender not in case.builders
+        assert case.notes[contender] == cases.NO_INDUCTOR_NOTE
+
+
+def test_inductor_compiles_the_floor_where_there_is_one():
+    """compile(hand-batched) runs beside the inductor contenders wherever a case has a
+    hand-batched floor (nothing is built here); a case without one says why."""
+    (s2_64, *_), (s9, *_) = cases.s2_cases(cases.FULL, "cpu"), cases.s9_cases(cases.FULL, "cpu")
+    assert {harness.MFT_INDUCTOR, harness.HAND, harness.COMPILE_HAND} <= set(s2_64.builders)
+    assert harness.HAND not in s9.builders and harness.COMPILE_HAND not in s9.builders
+    assert s9.notes[harness.HAND] == cases.S9_HAND_NOTE
+    assert s9.notes[harness.COMPILE_HAND] == cases.NO_HAND_NOTE
+    (s3,) = [c for c in cases.s3_cases(cases.FULL, "cpu") if c.name == "jacrev 32→64"]
+    assert harness.HAND in s3.builders and s3.notes[harness.COMPILE_HAND] == cases.INDUCTOR_NOTE
+
+
+def test_t8_is_shown_beside_inductors_own_program_for_the_floor(quick_suite):
+    """With (made-up) times, the targets section says how far torch.compile of the floor
+    itself is from the floor, per S2 case; without that contender it says nothing."""
+    measured = [[{c: r.fresh() for c, r in by_c.items()} for by_c in together]
+                for together in quick_suite.groups["S2"]]
+    suite = report.Suite(env={"device": "cpu"}, quick=False, groups={"S2": measured},
+                         s1_ops=1, threads=1)
+    suite.targets = report.evaluate_targets(suite)
+    assert "T8 in context" not in report.targets_section(suite)
+    for by_contender in suite.results("S2"):
+        for contender, seconds in ((harness.TORCH_FUNC, 4.0), (harness.MFT_INDUCTOR, 4.0),
+                                   (harness.HAND, 2.0), (harness.COMPILE_HAND, 5.0)):
+            by_contender[contender].times = [seconds]
+    suite.targets = report.evaluate_targets(suite)
+    text = report.targets_section(suite)
+    names = [by_contender[harness.HAND].case.name for by_contender in suite.results("S2")]
+    assert f"`compile(hand-batched)`, takes {names[0]}: 2.50×" in text
+    assert all(f"{name}: 2.50×" in text for name in names)
