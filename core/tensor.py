@@ -389,6 +389,8 @@ def unwrap_all(args, func=None):
                     return (a.value, b.value)
             elif not isinstance(b, (list, tuple, numpy.generic, numpy.ndarray)):
                 return (a.value, b)
+        elif type(b) is FuncTensor and b._view is None and type(a) is torch.Tensor:
+            return (a, b.value)  # a plain tensor first: a constant matrix, ``w @ x``
     out = []
     for a in args:
         if type(a) is FuncTensor:
