@@ -55,7 +55,8 @@ COMPILE = "compile(make_fx)"
 LOOP = "python loop"
 HAND = "hand-batched"
 COMPILE_HAND = "compile(hand-batched)"
-CONTENDERS = (MFT, MFT_JIT, MFT_INDUCTOR, TORCH_FUNC, MAKE_FX, COMPILE, LOOP, HAND, COMPILE_HAND)
+CONTENDERS = (MFT, MFT_JIT, MFT_INDUCTOR, TORCH_FUNC, MAKE_FX, COMPILE, LOOP, HAND,
+              COMPILE_HAND)
 BASELINE = TORCH_FUNC
 ENGINE_CONTENDERS = (MFT, MFT_JIT, MFT_INDUCTOR)  # an error here is a failure, not a note
 

@@ -270,8 +270,8 @@ def log_softmax(x, dim=None, _stacklevel=3, dtype=None):
 
 # --- linear algebra ------------------------------------------------------------------------
 def matmul(x, y):
-    if type(x) is torch.Tensor and type(y) is torch.Tensor:  # NOTE [Plain tensors skip the
-        return torch.matmul(x, y)                            # checks]: a rule's payloads
+    if type(x) is torch.Tensor and type(y) is torch.Tensor:
+        return torch.matmul(x, y)  # a rule's payloads (NOTE [Plain tensors skip the checks])
     if _rank(x) == 0 or _rank(y) == 0:
         raise TransformUsageError(
             f"matmul(x, y): both arguments need at least 1 dim, got shapes {shape_of(x)} and "

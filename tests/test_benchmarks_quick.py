@@ -358,5 +358,5 @@ def test_t8_is_shown_beside_inductors_own_program_for_the_floor(quick_suite):
     suite.targets = report.evaluate_targets(suite)
     text = report.targets_section(suite)
     names = [by_contender[harness.HAND].case.name for by_contender in suite.results("S2")]
-    assert f"`compile(hand-batched)`, takes {names[0]}: 2.50×" in text
-    assert all(f"{name}: 2.50×" in text for name in names)
+    assert f"(`compile(hand-batched)`) takes 2.50× ({names[0]})" in text
+    assert all(f"2.50× ({name})" in text for name in names)
