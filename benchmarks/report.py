@@ -428,9 +428,9 @@ def targets_section(suite) -> str:
             for row in suite.targets]
     out.append(_table(["target", "case", "contender", "value", "goal", "status",
                        "by how much"], rows))
-    compiled_floor = [f"{ratio(by_contender, COMPILE_HAND, HAND):.2f}× "
-                      f"({by_contender[HAND].case.name})" for by_contender in suite.results("S2")
-                      if ratio(by_contender, COMPILE_HAND, HAND) is not None]
+    compiled_floor = [f"{value:.2f}× ({by_contender[HAND].case.name})"
+                      for by_contender in suite.results("S2")
+                      if (value := ratio(by_contender, COMPILE_HAND, HAND)) is not None]
     if compiled_floor:
         out.append(f"\nT8 in context: torch.compile of the hand-batched floor itself "
                    f"(`{COMPILE_HAND}`) takes {', '.join(compiled_floor)} the eager floor's "
